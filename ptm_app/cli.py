@@ -1,0 +1,133 @@
+"""The command line: LightningCLI for fit/validate/test/predict, plus plain subcommands.
+
+Every run writes to ``checkpoints/<run_name>/`` (``$PTM_RUNS_DIR`` moves it): the resolved
+``config.yaml``, ``checkpoints/last.ckpt`` and ``checkpoints/best.ckpt``, CSV and TensorBoard logs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from ptm_app.data.loader import DataPositionCallback
+from ptm_app.errors import PtmError
+from ptm_app.paths import runs_root
+from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback
+from ptm_app.training.checkpoint_io import AtomicCheckpointIO
+
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+
+
+class RunConfigSaver(SaveConfigCallback):
+    """Writes the fully resolved config to ``<run_dir>/config.yaml`` (overwritten on resume)."""
+
+    def __init__(self, *args, run_dir: Path, **kwargs):
+        super().__init__(*args, overwrite=True, **kwargs)
+        self.run_dir = run_dir
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if trainer.is_global_zero:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, self.run_dir / self.config_filename, skip_none=False,
+                             overwrite=True, multifile=False)
+
+
+class PtmCLI(LightningCLI):
+    """LightningCLI with a run directory, exact resume and one-line errors."""
+
+    def __init__(self, args=None, **kwargs):
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("save_config_callback", None)  # RunConfigSaver is added per run
+        kwargs.setdefault("parser_kwargs", {"exit_on_error": False, "default_env": False})
+        super().__init__(args=args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--run_name", type=Optional[str], default=None,
+                            help="Run directory name under checkpoints/ (default: the config file's name).")
+        parser.add_argument("--checkpoint_every", type=int, default=0,
+                            help="Also write last.ckpt every N training steps (it is always written at epoch ends).")
+        parser.add_argument("--stop_at_step", type=int, default=0,
+                            help="Pause after this global step (with last.ckpt), keeping the full run's LR schedule.")
+
+    # -- run directory ----------------------------------------------------------------------
+    def _sub(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def _run_name(self) -> str:
+        cfg = self._sub()
+        if cfg.get("run_name"):
+            return cfg.run_name
+        configs = cfg.get("config") or []
+        if configs:
+            return Path(str(configs[-1])).stem
+        raise PtmError("no run name: pass --config FILE.yaml or --run_name NAME")
+
+    def before_instantiate_classes(self) -> None:
+        self.run_dir = runs_root() / self._run_name()
+        cfg = self._sub()
+        _check_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
+        if "ckpt_path" in cfg and cfg.ckpt_path in ("last", "best"):
+            path = self.run_dir / "checkpoints" / f"{cfg.ckpt_path}.ckpt"
+            if not path.is_file():
+                raise PtmError(f"--ckpt_path {cfg.ckpt_path}: no checkpoint at {path}; "
+                               f"run 'fit' first (without --ckpt_path) or pass a checkpoint file")
+            cfg.ckpt_path = str(path)
+        elif cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
+            raise PtmError(f"--ckpt_path {cfg.ckpt_path}: no such checkpoint file; use 'last', 'best' or a .ckpt path")
+
+    def instantiate_trainer(self, **kwargs):
+        cfg = self._sub()
+        run_dir = self.run_dir
+        ckpt_dir = run_dir / "checkpoints"
+        monitor, mode = getattr(self.model, "monitor", ("val/loss", "min"))
+        callbacks = [
+            DataPositionCallback(),
+            RNGStateCallback(),
+            LastCheckpoint(ckpt_dir / "last.ckpt", cfg.get("checkpoint_every") or 0, cfg.get("stop_at_step") or 0),
+            PredictionWriter(run_dir / "predictions.jsonl"),
+            ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1,
+                            enable_version_counter=False),
+        ]
+        if self.subcommand == "fit":
+            callbacks.append(RunConfigSaver(self._parser(self.subcommand), self.config.get(self.subcommand),
+                                            run_dir=run_dir))
+        kwargs.setdefault("default_root_dir", str(run_dir))
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        if trainer_cfg.get("logger") in (None, True):
+            kwargs["logger"] = [CSVLogger(run_dir, name="logs", version=""),
+                                TensorBoardLogger(run_dir, name="tensorboard", version="")]
+        plugins = trainer_cfg.get("plugins") or []
+        kwargs["plugins"] = (plugins if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]
+        user_callbacks = trainer_cfg.get("callbacks") or []
+        kwargs["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
+        return super().instantiate_trainer(**kwargs)
+
+
+def _check_precision(precision, accelerator) -> None:
+    """fp16 has no fast path on CPUs: refuse it instead of running ~1000x slower."""
+    if precision is None or "16" not in str(precision) or "bf16" in str(precision):
+        return
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
+    if on_cpu:
+        raise PtmError(f"precision={precision} (fp16) is not supported on CPU here; "
+                       f"use trainer.precision: bf16-mixed (fast on CPUs with bf16) or 32-true")
+
+
+def run_lightning(argv: list[str]) -> int:
+    from ptm_app.training.module import PtmModule  # noqa: F401  (registers short class names)
+    import ptm_app.adaptation  # noqa: F401
+    import ptm_app.data.datamodules  # noqa: F401
+    import ptm_app.objectives  # noqa: F401
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    PtmCLI(args=None if argv == sys.argv[1:] else argv, model_class=LightningModule, datamodule_class=LightningDataModule,
+           trainer_defaults={"use_distributed_sampler": False, "log_every_n_steps": 10})
+    return 0

@@ -1,0 +1,87 @@
+"""Export a ptm_app checkpoint as a transformers ``save_pretrained`` directory (+ tokenizer).
+
+``AutoModelFor<head>.from_pretrained(output_dir)`` then gives the same outputs as the module's
+``.backbone``.  No LightningModule is instantiated: the checkpoint is self-contained.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_dir, cache_root
+
+PREFIX = "backbone."
+
+
+def read_checkpoint(ckpt_path: str | Path) -> dict:
+    path = Path(ckpt_path)
+    if path.is_dir() and (path / "checkpoints" / "last.ckpt").is_file():
+        path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise PtmError(f"checkpoint {ckpt_path} not found; pass a .ckpt file or a run directory")
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if "ptm_app" not in ckpt or "state_dict" not in ckpt:
+        raise PtmError(f"{path} is not a ptm_app checkpoint (no backbone config inside)")
+    return ckpt
+
+
+def backbone_from_checkpoint(ckpt: dict):
+    """Rebuild the plain transformers model stored in a checkpoint."""
+    import transformers
+
+    from ptm_app.backbones.build import auto_class
+
+    config = dict(ckpt["hyper_parameters"]["backbone_config"])
+    hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+    model = auto_class(ckpt["ptm_app"]["head"]).from_config(hf_config)
+    state = {k[len(PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    real_missing = [k for k in missing if k not in tied and not any(k.endswith(t) for t in tied)]
+    if real_missing or unexpected:
+        raise PtmError(f"checkpoint does not match its backbone: missing {real_missing[:3]}, unexpected {unexpected[:3]}")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model.eval()
+
+
+def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path) -> Path:
+    """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance."""
+    ckpt = read_checkpoint(ckpt_path)
+    model = backbone_from_checkpoint(ckpt)
+    output_dir = Path(output_dir)
+    with atomic_dir(output_dir) as tmp:
+        model.save_pretrained(tmp)
+        for name, text in ckpt["ptm_app"].get("tokenizer", {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt["ptm_app"]["head"],
+                      "module": ckpt["ptm_app"]["module"], "global_step": ckpt.get("global_step"),
+                      "epoch": ckpt.get("epoch")}
+        (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
+    return output_dir
+
+
+def exported_cache_dir(ckpt_path: str | Path) -> Path:
+    """Export a checkpoint once into the cache (for ``backbone: path/to/run.ckpt``) and return the dir."""
+    path = Path(ckpt_path).resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_root() / "exported" / key
+    if not (target / "config.json").exists():
+        export_checkpoint(path, target)
+    return target
+
+
+def export_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="main.py export", description=__doc__.splitlines()[0])
+    parser.add_argument("--ckpt_path", required=True, help="a .ckpt file or a run directory (uses its last.ckpt)")
+    parser.add_argument("--output_dir", required=True, help="where to write the save_pretrained directory")
+    args = parser.parse_args(argv)
+    out = export_checkpoint(args.ckpt_path, args.output_dir)
+    print(f"exported {args.ckpt_path} -> {out}")
+    return 0

@@ -1,0 +1,74 @@
+"""Where things live: the prepared-data root, run directories, atomic writes."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_root() -> Path:
+    """Root of prepared data: ``$PTM_DATA_DIR`` or ``<project>/data`` (independent of the cwd)."""
+    return Path(os.environ.get("PTM_DATA_DIR") or PROJECT_ROOT / "data").expanduser().resolve()
+
+
+def cache_root() -> Path:
+    """Caches (downloads, tokenized corpora, trained tokenizers) live under ``<data_root>/.cache``."""
+    return data_root() / ".cache"
+
+
+def runs_root() -> Path:
+    """Run directories: ``$PTM_RUNS_DIR`` or ``./checkpoints`` relative to the working directory."""
+    return Path(os.environ.get("PTM_RUNS_DIR") or "checkpoints").expanduser().resolve()
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Build a directory in a sibling temp dir and move it into place only on success.
+
+    Readers never see a half-written directory; a failure leaves the old one (if any) intact.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[Any]:
+    """Open a temp file next to ``target``; rename it over ``target`` when the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_file(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, ensure_ascii=False)
+        fh.write("\n")

@@ -1,0 +1,112 @@
+"""Callbacks that make runs exact and safe: RNG state in checkpoints, a last checkpoint on
+Ctrl-C / SIGTERM, and prediction files."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from ptm_app.paths import atomic_file
+
+
+class RNGStateCallback(Callback):
+    """Saves the Python/NumPy/torch RNG states and restores them when training resumes, so
+    dropout draws after a resume are the ones an uninterrupted run would have made."""
+
+    def __init__(self) -> None:
+        self._pending: dict | None = None
+
+    def state_dict(self) -> dict:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        numpy_state = [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)]  # loadable with weights_only
+        return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._pending = state
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self._pending is not None:
+            random.setstate(self._pending["python"])
+            kind, keys, pos, has_gauss, gauss = self._pending["numpy"]
+            np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+            torch.set_rng_state(self._pending["torch"])
+            self._pending = None
+
+
+class LastCheckpoint(Callback):
+    """Writes ``last.ckpt`` at the end of a training step, where Lightning's restart logic is exact.
+
+    It saves every ``every_n_steps`` steps, at the last step of every epoch, and before stopping:
+    on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
+    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.
+    """
+
+    def __init__(self, path: str | Path, every_n_steps: int = 0, stop_at_step: int = 0):
+        self.path = Path(path)
+        self.every_n_steps, self.stop_at_step = every_n_steps, stop_at_step
+        self.requested = False
+        self._previous = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step and writing the last checkpoint (Ctrl-C again to abort)", flush=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        stop = (self.requested or getattr(trainer, "received_sigterm", False)
+                or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step)
+        periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        epoch_end = batch_idx + 1 >= trainer.num_training_batches
+        if stop or periodic or epoch_end:
+            trainer.save_checkpoint(self.path)
+        if stop:
+            trainer.should_stop = True
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+class PredictionWriter(Callback):
+    """Writes ``predictions.jsonl``: id, text, predicted label and every label's probability."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.rows: list[dict] = []
+
+    def on_predict_epoch_start(self, trainer, pl_module) -> None:
+        self.rows = []
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if not isinstance(outputs, dict) or "probs" not in outputs:
+            return
+        labels = list(pl_module.hparams.labels)
+        records = trainer.datamodule.records("test") if hasattr(trainer.datamodule, "records") else None
+        for key, probs in zip(outputs["keys"], outputs["probs"].tolist()):
+            index = key[1] if isinstance(key, (tuple, list)) else int(key)
+            best = int(np.argmax(probs))
+            row = {"label": labels[best], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
+            if records is not None:
+                row = {"id": records["ids"][index], "text": records["texts"][index], **row}
+            self.rows.append(row)
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        if not self.rows or not trainer.is_global_zero:
+            return
+        with atomic_file(self.path, "w", encoding="utf-8") as fh:
+            for row in self.rows:
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        print(f"wrote {len(self.rows)} predictions to {self.path}")

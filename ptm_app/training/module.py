@@ -1,0 +1,133 @@
+"""The base LightningModule: a plain transformers model at ``.backbone``, AdamW + warm-up, and
+self-contained checkpoints (resolved backbone config + tokenizer files inside the ``.ckpt``)."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+
+from ptm_app.backbones.build import build_backbone, max_positions
+from ptm_app.errors import PtmError
+from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
+
+CKPT_KEY = "ptm_app"
+
+
+class PtmModule(pl.LightningModule):
+    """Shared by every objective and adaptation style.
+
+    Subclasses set ``head`` (see ``backbones.build.HEADS``), ``monitor`` (metric, mode) for the
+    best checkpoint, implement ``make_collator`` and the steps, and may extend ``config_updates``.
+    """
+
+    head: str = "base"
+    monitor: tuple[str, str] = ("val/loss", "min")
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False):
+        super().__init__()
+        self.save_hyperparameters()
+        self.optim = as_optim_config(optim)
+        self.backbone = None
+        self.tokenizer = None
+        if self.can_build():
+            self.configure_model()
+
+    # -- building -----------------------------------------------------------------------------
+    def can_build(self) -> bool:
+        """True when the backbone can be built without the data module (pretrained, or a full config)."""
+        cfg = self.hparams.backbone_config or {}
+        return bool(self.hparams.backbone) or "vocab_size" in cfg
+
+    def config_updates(self) -> dict[str, Any]:
+        """Config values taken from the data (vocabulary size, special ids ...) for a from-scratch build."""
+        tok = self.tokenizer
+        if tok is None or self.hparams.backbone:
+            return {}
+        updates = {"vocab_size": len(tok), "pad_token_id": tok.pad_token_id}
+        for name in ("bos_token_id", "eos_token_id"):
+            if getattr(tok, name, None) is not None:
+                updates[name] = getattr(tok, name)
+        return {k: v for k, v in updates.items() if k not in (self.hparams.backbone_config or {})}
+
+    def configure_model(self) -> None:
+        if self.backbone is not None:
+            return
+        datamodule = self._datamodule()
+        if datamodule is not None and self.tokenizer is None:
+            self.tokenizer = datamodule.load_tokenizer()
+        self.backbone = build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config,
+                                       **self.config_updates())
+        if self.hparams.gradient_checkpointing:
+            self.backbone.gradient_checkpointing_enable()
+        if datamodule is not None:
+            self.check_lengths(datamodule)
+
+    def _datamodule(self):
+        trainer = self._trainer
+        return getattr(trainer, "datamodule", None) if trainer is not None else None
+
+    def setup(self, stage: str) -> None:
+        datamodule = self._datamodule()
+        if datamodule is not None:
+            self.tokenizer = datamodule.load_tokenizer()
+            if self.backbone is not None:
+                self.check_lengths(datamodule)
+
+    def check_lengths(self, datamodule) -> None:
+        """Refuse a data max_length the backbone's position embeddings cannot hold."""
+        limit, wanted = max_positions(self.backbone), getattr(datamodule, "max_length", None)
+        if limit is not None and wanted is not None and wanted > limit:
+            raise PtmError(f"data.max_length={wanted} is longer than the backbone allows ({limit} positions); "
+                           f"set data.init_args.max_length <= {limit}")
+
+    # -- optimisation -------------------------------------------------------------------------
+    def configure_optimizers(self):
+        return build_optimizer(self, self.optim, self.trainer.estimated_stepping_batches)
+
+    def model_inputs(self, batch: dict) -> dict:
+        keep = ("input_ids", "attention_mask", "token_type_ids")
+        return {k: batch[k] for k in keep if k in batch}
+
+    # -- self-contained checkpoints -------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        hparams = dict(checkpoint.get("hyper_parameters", {}))
+        hparams["optim"] = asdict(self.optim)
+        hparams["backbone"] = None  # rebuild from the resolved config: no files needed at load time
+        hparams["backbone_config"] = self.backbone.config.to_dict()
+        checkpoint["hyper_parameters"] = hparams
+        checkpoint[CKPT_KEY] = {
+            "head": self.head,
+            "module": f"{type(self).__module__}.{type(self).__qualname__}",
+            "backbone_source": self.hparams.backbone,
+            "tokenizer": tokenizer_files(self.tokenizer) if self.tokenizer is not None else {},
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        files = checkpoint.get(CKPT_KEY, {}).get("tokenizer")
+        if files and self.tokenizer is None:
+            self.tokenizer = tokenizer_from_files(files)
+
+
+def tokenizer_files(tokenizer) -> dict[str, str]:
+    """The tokenizer's ``save_pretrained`` files as text (kept inside checkpoints)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_text(encoding="utf-8") for p in Path(tmp).iterdir() if p.is_file()}
+
+
+def tokenizer_from_files(files: dict[str, str]):
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in files.items():
+            (Path(tmp) / name).write_text(text, encoding="utf-8")
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def weighted_mean_update(metric, value: torch.Tensor, weight: int | torch.Tensor) -> None:
+    metric.update(value.detach().float(), weight=torch.as_tensor(weight, dtype=torch.float32))
