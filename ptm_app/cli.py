@@ -13,13 +13,14 @@ from typing import Optional
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
 from ptm_app.paths import runs_root
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
+from ptm_app.training.loggers import RunCSVLogger
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
@@ -102,7 +103,7 @@ class PtmCLI(LightningCLI):
         kwargs.setdefault("default_root_dir", str(run_dir))
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         if trainer_cfg.get("logger") in (None, True):
-            kwargs["logger"] = [CSVLogger(run_dir, name="logs", version=""),
+            kwargs["logger"] = [RunCSVLogger(run_dir, name="logs", version=""),
                                 TensorBoardLogger(run_dir, name="tensorboard", version="")]
         plugins = trainer_cfg.get("plugins") or []
         kwargs["plugins"] = (plugins if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]

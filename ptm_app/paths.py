@@ -18,8 +18,8 @@ def data_root() -> Path:
 
 
 def cache_root() -> Path:
-    """Caches (downloads, tokenized corpora, trained tokenizers) live under ``<data_root>/.cache``."""
-    return data_root() / ".cache"
+    """Caches (downloads, tokenized corpora, trained tokenizers): ``$PTM_CACHE_DIR`` or ``<data_root>/.cache``."""
+    return Path(os.environ.get("PTM_CACHE_DIR") or data_root() / ".cache").expanduser().resolve()
 
 
 def runs_root() -> Path:
@@ -38,6 +38,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp
+        tmp.chmod(0o755)  # mkdtemp creates 0700
         old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -61,6 +62,7 @@ def atomic_file(target: str | os.PathLike, mode: str = "w", **kwargs: Any) -> It
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

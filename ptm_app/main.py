@@ -1,0 +1,36 @@
+"""Dispatch: data/export subcommands are plain functions; fit/validate/test/predict go to LightningCLI."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    from ptm_app.errors import PtmError
+
+    command = argv[0] if argv else "--help"
+    try:
+        if command == "data":
+            from ptm_app.data.prepare import data_command
+
+            return data_command(argv[1:])
+        if command == "export":
+            from ptm_app.export import export_command
+
+            return export_command(argv[1:])
+        from ptm_app.cli import run_lightning
+
+        return run_lightning(argv)
+    except PtmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # config errors from jsonargparse: one line, no traceback
+        from jsonargparse import ArgumentError
+
+        if isinstance(exc, ArgumentError):
+            from ptm_app.config_errors import one_line
+
+            print(f"error: {one_line(exc)}", file=sys.stderr)
+            return 2
+        raise
+

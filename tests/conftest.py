@@ -1,0 +1,78 @@
+"""Shared fixtures: isolated caches and run dirs, a tiny labelled corpus, tiny model configs."""
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TINY_BERT = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 64, "max_position_embeddings": 64}
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 64}
+WORDS = ("the cat sat on a mat while dogs ran in the park and birds sang songs of joy every morning "
+         "markets rose as shares fell after the bank said profits would grow").split()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory) -> Path:
+    """Tokenizer/tokenization caches go to a session temp dir; the prepared real data stays shared."""
+    cache = tmp_path_factory.mktemp("cache")
+    os.environ["PTM_CACHE_DIR"] = str(cache)
+    return cache
+
+
+@pytest.fixture(autouse=True)
+def runs_dir(tmp_path, monkeypatch) -> Path:
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("PTM_RUNS_DIR", str(runs))
+    return runs
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def make_docs(n: int, seed: int, labels=("pos", "neg")) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for d in range(n):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 15))) for _ in range(rng.randint(2, 5))]
+        rows.append({"id": f"doc{seed}-{d}", "text": "\n".join(lines), "label": labels[d % len(labels)]})
+    return rows
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """A directory with train/validation/test JSONL splits (text + label)."""
+    root = tmp_path_factory.mktemp("tiny_corpus")
+    write_jsonl(root / "train.jsonl", make_docs(60, 1))
+    write_jsonl(root / "validation.jsonl", make_docs(10, 2))
+    write_jsonl(root / "test.jsonl", make_docs(10, 3))
+    return root
+
+
+def tiny_mlm_config(corpus: Path, tmp: Path, **trainer) -> Path:
+    """A YAML for a tiny BERT MLM run on the fixture corpus (2 blocks of 4 per 6-step epoch)."""
+    import yaml
+
+    cfg = {
+        "seed_everything": 7,
+        "trainer": {"max_steps": 20, "accelerator": "cpu", "devices": 1, "val_check_interval": 3,
+                    "log_every_n_steps": 1, "enable_progress_bar": False, "enable_model_summary": False,
+                    **trainer},
+        "model": {"class_path": "MaskedLMModule",
+                  "init_args": {"backbone_config": TINY_BERT, "optim": {"lr": 1e-3, "warmup": 2}}},
+        "data": {"class_path": "PretrainDataModule",
+                 "init_args": {"source": str(corpus), "max_length": 32, "batch_size": 4, "limit_documents": 20,
+                               "tokenizer": {"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}}},
+    }
+    path = tmp / "tiny_mlm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
