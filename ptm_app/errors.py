@@ -10,6 +10,11 @@ class PtmError(Exception):
     """
 
     exit_code = 2
+    last: "PtmError | None" = None  # the latest one raised: config parsing may wrap it in another error
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        PtmError.last = self
 
     def __str__(self) -> str:  # keep it on one line
         return " ".join(str(a) for a in self.args).replace("\n", " ")
@@ -18,5 +23,5 @@ class PtmError(Exception):
 class DataFormatError(PtmError):
     """A malformed line in a data file; the message starts with ``file:line``."""
 
-    def __init__(self, path, line: int, problem: str, fix: str = "fix or remove that line"):
+    def __init__(self, path, line: int, problem: str, fix: str = "fix or remove that line"):  # noqa: D107
         super().__init__(f"{path}:{line}: {problem}; {fix}")

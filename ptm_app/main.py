@@ -27,6 +27,10 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # config errors from jsonargparse: one line, no traceback
         from jsonargparse import ArgumentError
 
+        wrapped = PtmError.last
+        if wrapped is not None and str(wrapped) in str(exc).replace("\n", " "):
+            print(f"error: {wrapped}", file=sys.stderr)  # our error, raised while the config was instantiated
+            return wrapped.exit_code
         if isinstance(exc, ArgumentError):
             from ptm_app.config_errors import one_line
 

@@ -76,3 +76,12 @@ def tiny_mlm_config(corpus: Path, tmp: Path, **trainer) -> Path:
     path = tmp / "tiny_mlm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def run_main(argv: list[str], runs: Path) -> int:
+    """``main.py`` in-process with ``PTM_RUNS_DIR`` pointing at ``runs`` for this call only."""
+    from ptm_app.main import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTM_RUNS_DIR", str(runs))
+        return main(argv)

@@ -62,6 +62,7 @@ class PtmModule(pl.LightningModule):
             self.tokenizer = datamodule.load_tokenizer()
         self.backbone = build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config,
                                        **self.config_updates())
+        self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
         if self.hparams.gradient_checkpointing:
             self.backbone.gradient_checkpointing_enable()
         if datamodule is not None:

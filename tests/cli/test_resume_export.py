@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptm_app.main import main
-from tests.conftest import tiny_mlm_config
+from tests.conftest import run_main, tiny_mlm_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,14 +24,13 @@ def runs(tiny_corpus, tmp_path_factory):
     """One uninterrupted 20-step run and two paused-and-resumed ones (mid-epoch, epoch end)."""
     tmp = tmp_path_factory.mktemp("resume")
     runs = tmp / "runs"
-    os.environ["PTM_RUNS_DIR"] = str(runs)
     cfg = str(tiny_mlm_config(tiny_corpus, tmp))
-    assert main(["fit", "--config", cfg, "--run_name", "full"]) == 0
-    for name, stop in (("mid", 7), ("edge", 6)):
-        assert main(["fit", "--config", cfg, "--run_name", name, "--stop_at_step", str(stop)]) == 0
+    assert run_main(["fit", "--config", cfg, "--run_name", "full"], runs) == 0
+    for name, stop in (("mid", 5), ("edge", 7)):  # 7 batches per epoch: step 7 ends epoch 0
+        assert run_main(["fit", "--config", cfg, "--run_name", name, "--stop_at_step", str(stop)], runs) == 0
         paused = train_losses(runs / name)
         assert max(paused) == stop - 1  # it really stopped
-        assert main(["fit", "--config", cfg, "--run_name", name, "--ckpt_path", "last"]) == 0
+        assert run_main(["fit", "--config", cfg, "--run_name", name, "--ckpt_path", "last"], runs) == 0
     return runs
 
 
@@ -61,7 +59,7 @@ def test_export_round_trip_gives_identical_outputs(runs, tmp_path):
     from ptm_app.objectives import MaskedLMModule
 
     out = tmp_path / "export"
-    assert main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)]) == 0
+    assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     hf = AutoModelForMaskedLM.from_pretrained(out).eval()
     tok = AutoTokenizer.from_pretrained(out)
     module = MaskedLMModule.load_from_checkpoint(runs / "full" / "checkpoints" / "last.ckpt").eval()

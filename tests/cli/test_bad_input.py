@@ -1,0 +1,127 @@
+"""Bad input gives a non-zero exit and exactly one clear line on stderr, never a traceback."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ptm_app.main import main
+from tests.conftest import TINY_BERT, tiny_mlm_config, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(argv, capsys) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0
+    errors = [line for line in err if line.startswith("error:")]
+    assert len(errors) == 1 and err[-1] == errors[0], err  # one line, and the last thing said
+    return errors[0]
+
+
+def override(tmp_path, base: Path, **sections) -> Path:
+    cfg = yaml.safe_load(base.read_text())
+    for section, values in sections.items():
+        target = cfg[section]["init_args"] if "init_args" in cfg.get(section, {}) else cfg[section]
+        target.update(values)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def base(tiny_corpus, tmp_path) -> Path:
+    return tiny_mlm_config(tiny_corpus, tmp_path, max_steps=2)
+
+
+def test_unknown_config_key_is_named(base, tmp_path, capsys):
+    cfg = override(tmp_path, base, model={"mlm_probabilty": 0.2})
+    line = run(["fit", "--config", str(cfg)], capsys)
+    assert "mlm_probabilty" in line and "unknown config key" in line
+
+
+def test_unknown_class_is_named(base, tmp_path, capsys):
+    cfg = yaml.safe_load(base.read_text())
+    cfg["model"]["class_path"] = "MaskedLMModul"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    line = run(["fit", "--config", str(tmp_path / "c.yaml")], capsys)
+    assert "MaskedLMModul" in line
+
+
+def test_missing_prepared_data_says_how_to_prepare(base, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PTM_DATA_DIR", str(tmp_path / "empty-data-root"))
+    cfg = override(tmp_path, base, data={"source": "tweets"})
+    line = run(["fit", "--config", str(cfg)], capsys)
+    assert "python main.py data prepare tweets" in line
+
+
+def test_missing_model_says_how_to_prepare(base, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PTM_DATA_DIR", str(tmp_path / "empty-data-root"))
+    cfg = override(tmp_path, base, model={"backbone": "minilm", "backbone_config": None})
+    line = run(["fit", "--config", str(cfg)], capsys)
+    assert "minilm" in line and "data prepare" in line
+
+
+def test_malformed_jsonl_line_gives_file_and_line(base, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "train.jsonl", [{"text": "a fine line of text"}] * 5)
+    with open(corpus / "train.jsonl", "a") as fh:
+        fh.write('{"text": "broken\n')
+    cfg = override(tmp_path, base, data={"source": str(corpus)})
+    line = run(["fit", "--config", str(cfg)], capsys)
+    assert "train.jsonl:6: malformed JSON" in line
+
+
+def test_empty_corpus(base, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "train.jsonl", [{"text": ""}, {"text": "  "}])
+    cfg = override(tmp_path, base, data={"source": str(corpus),
+                                         "tokenizer": {"pretrained": None, "train": "wordpiece", "vocab_size": 100}})
+    line = run(["fit", "--config", str(cfg)], capsys)
+    assert "empty" in line or "no text" in line
+
+
+def test_label_outside_label_set(tiny_corpus, tmp_path, capsys):
+    corpus = tmp_path / "task"
+    write_jsonl(corpus / "train.jsonl", [{"text": "good film", "label": "pos"}, {"text": "bad film", "label": "neg"}])
+    write_jsonl(corpus / "validation.jsonl", [{"text": "fine", "label": "pos"}, {"text": "meh", "label": "meh"}])
+    cfg = {
+        "trainer": {"max_steps": 1, "accelerator": "cpu", "enable_progress_bar": False},
+        "model": {"class_path": "SequenceClassificationModule", "init_args": {"backbone_config": TINY_BERT}},
+        "data": {"class_path": "TaskDataModule", "init_args": {
+            "source": str(corpus), "tokenizer": {"train": "wordpiece", "vocab_size": 60, "min_frequency": 1}}},
+    }
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
+    line = run(["fit", "--config", str(tmp_path / "t.yaml")], capsys)
+    assert "validation.jsonl:2" in line and "'meh'" in line
+
+
+def test_sequence_longer_than_backbone(base, tmp_path, capsys):
+    cfg = override(tmp_path, base, data={"max_length": 100})  # TINY_BERT has 64 positions
+    line = run(["fit", "--config", str(cfg)], capsys)
+    assert "max_length=100" in line and "64" in line
+
+
+def test_fp16_on_cpu_is_refused(base, capsys):
+    line = run(["fit", "--config", str(base), "--trainer.precision", "16-mixed"], capsys)
+    assert "bf16-mixed" in line
+
+
+def test_resume_without_checkpoint_is_an_error(base, capsys):
+    line = run(["fit", "--config", str(base), "--ckpt_path", "last"], capsys)
+    assert "no checkpoint" in line
+
+
+@pytest.mark.parametrize("section,values,expected", [
+    ("model", {"nonsense_key": 1}, "error: unknown config key 'model.init_args.nonsense_key'"),
+    ("data", {"source": "no-such-dataset"}, "error: data source 'no-such-dataset' not found"),
+])
+def test_exit_code_and_single_line_from_a_real_process(base, tmp_path, section, values, expected):
+    cfg = override(tmp_path, base, **{section: values})
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith(expected), out.stderr[-1500:]
+    assert "Traceback" not in out.stderr
