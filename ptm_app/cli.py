@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root
+from ptm_app.paths import atomic_dir, runs_root
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
 from ptm_app.training.loggers import RunCSVLogger
@@ -37,6 +37,10 @@ class RunConfigSaver(SaveConfigCallback):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.parser.save(self.config, self.run_dir / self.config_filename, skip_none=False,
                              overwrite=True, multifile=False)
+            tokenizer = getattr(trainer.datamodule, "tokenizer", None)
+            if tokenizer is not None:  # the run's tokenizer, next to its config (it is in every .ckpt too)
+                with atomic_dir(self.run_dir / "tokenizer") as tmp:
+                    tokenizer.save_pretrained(tmp)
 
 
 class PtmCLI(LightningCLI):

@@ -21,6 +21,9 @@ def main(argv: list[str]) -> int:
         from ptm_app.cli import run_lightning
 
         return run_lightning(argv)
+    except _sigterm() as exc:  # Lightning stops on SIGTERM after LastCheckpoint wrote last.ckpt
+        print("stopped by SIGTERM; last.ckpt is written, resume with --ckpt_path last", file=sys.stderr)
+        return 143
     except PtmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -38,3 +41,15 @@ def main(argv: list[str]) -> int:
             return 2
         raise
 
+
+
+def _sigterm() -> type[BaseException]:
+    if "lightning" not in sys.modules:
+        return _Never
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    return SIGTERMException
+
+
+class _Never(BaseException):
+    """Placeholder exception type that is never raised."""

@@ -1,0 +1,38 @@
+"""Ctrl-C and SIGTERM finish the current step, write last.ckpt, and the run resumes from it."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import tiny_mlm_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 0)], ids=["sigterm", "ctrl-c"])
+def test_signal_writes_last_checkpoint_then_resume_continues(tiny_corpus, tmp_path, sig, code):
+    cfg = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=100000, val_check_interval=3)
+    env = {**os.environ, "PTM_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(cfg), "--run_name", "sig"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    best = tmp_path / "runs" / "sig" / "checkpoints" / "best.ckpt"
+    deadline = time.time() + 120
+    while not best.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert best.exists(), proc.communicate()[0][-2000:]
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, out[-2000:]
+    ckpt = torch.load(tmp_path / "runs" / "sig" / "checkpoints" / "last.ckpt", weights_only=True)
+    step = ckpt["global_step"]
+    assert 3 <= step < 100000
+    resumed = subprocess.run(cmd + ["--ckpt_path", "last", "--stop_at_step", str(step + 2)], env=env,
+                             capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = torch.load(tmp_path / "runs" / "sig" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert after["global_step"] == step + 2
