@@ -5,10 +5,24 @@ import os
 import sys
 
 
+USAGE = """usage: python main.py COMMAND [options]
+
+commands:
+  fit | validate | test | predict   LightningCLI runs: --config FILE.yaml [--key value ...] [--ckpt_path last|best|FILE]
+  data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
+  export --ckpt_path RUN_OR_CKPT --output_dir DIR
+                                     write a transformers save_pretrained directory with the tokenizer
+
+'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
+
+
 def main(argv: list[str]) -> int:
     from ptm_app.errors import PtmError
 
     command = argv[0] if argv else "--help"
+    if command in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
     try:
         if command == "data":
             from ptm_app.data.prepare import data_command

@@ -1,0 +1,95 @@
+"""A DataLoader that resumes mid-epoch exactly, without replaying what it already served.
+
+The sampler hands out ``(epoch, index)`` keys: a seeded permutation per epoch, sharded by rank.
+The loader counts the batches the training loop has *consumed* (``DataPositionCallback``; Lightning
+prefetches one batch, so "served" would be off by one) and saves ``{epoch, consumed}`` in the
+checkpoint through Lightning's stateful-dataloader protocol.  On resume it skips ``consumed``
+batches by index arithmetic, so resuming at step 10 or 10,000 costs the same.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader, Sampler
+
+
+class EpochSampler(Sampler):
+    """Yields ``(epoch, index)``: a fresh seeded order every epoch, this rank's shard only."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1):
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self.skip = 0  # samples to skip at the start of the next iteration (resume)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(self.size / self.world_size)
+
+    def order(self) -> list[int]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=gen).tolist()
+        else:
+            order = list(range(self.size))
+        order += order[: len(self) * self.world_size - self.size]  # pad so every rank gets the same count
+        return order[self.rank:: self.world_size]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        skip, self.skip = self.skip, 0
+        epoch = self.epoch
+        for index in self.order()[skip:]:
+            yield epoch, index
+
+
+class ResumableLoader(DataLoader):
+    """``DataLoader`` over an ``EpochSampler`` with ``state_dict``/``load_state_dict``."""
+
+    def __init__(self, dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
+                 **kwargs: Any):
+        self.epoch_sampler = EpochSampler(len(dataset), shuffle, seed, rank, world_size)
+        kwargs.setdefault("generator", torch.Generator().manual_seed(seed))  # never touch the global RNG
+        super().__init__(dataset, batch_size=batch_size, sampler=self.epoch_sampler, **kwargs)
+        self.consumed = 0
+        self._resume: dict | None = None
+
+    def __iter__(self):
+        if self._resume is not None:
+            self.epoch_sampler.set_epoch(self._resume["epoch"])
+            self.consumed = self._resume["consumed"]
+            self.epoch_sampler.skip = self.consumed * self.batch_size
+            self._resume = None
+        else:
+            self.consumed = 0
+        return super().__iter__()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch_sampler.epoch, "consumed": self.consumed, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("batch_size", self.batch_size) != self.batch_size:
+            # positions are counted in batches; a new batch size cannot continue the same order exactly
+            from ptm_app.errors import PtmError
+
+            raise PtmError(
+                f"cannot resume: the checkpoint was written with batch_size={state['batch_size']}, "
+                f"this run uses {self.batch_size}; resume with the same batch size"
+            )
+        if state["consumed"] >= len(self):  # saved at the last step of an epoch: start the next one
+            self._resume = {"epoch": state["epoch"] + 1, "consumed": 0}
+        else:
+            self._resume = {"epoch": state["epoch"], "consumed": state["consumed"]}
+
+
+class DataPositionCallback(Callback):
+    """Counts batches consumed by the training loop (runs before ModelCheckpoint saves)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loader = trainer.train_dataloader
+        if isinstance(loader, ResumableLoader):
+            loader.consumed += 1

@@ -1,0 +1,81 @@
+"""Labelled text classification data: single sentences and sentence pairs.
+
+Each split is tokenized once (cached by file content, fields, tokenizer and length settings).
+Labels are checked against the label set with ``file:line`` on any stranger.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from ptm_app.data.corpus import file_digest
+from ptm_app.data.formats import read_records
+from ptm_app.data.tokenizer import tokenizer_fingerprint
+from ptm_app.errors import DataFormatError, PtmError
+from ptm_app.paths import atomic_file, cache_root
+
+FORMAT_VERSION = 1
+Overlong = Literal["truncate", "error"]
+
+
+@dataclass
+class EncodedSplit:
+    input_ids: list[list[int]]
+    token_type_ids: Optional[list[list[int]]]
+    labels: list[str]
+    lines: list[int]
+    ids: list[str]
+    texts: list[str]
+    path: str
+
+
+def encode_split(
+    path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
+    max_length: int, overlong: Overlong, id_field: str = "id",
+) -> EncodedSplit:
+    """Tokenize a labelled file once; later calls read the cache."""
+    key = json.dumps([FORMAT_VERSION, file_digest(path), text_field, text_pair_field, label_field, id_field,
+                      max_length, overlong, tokenizer_fingerprint(tokenizer)])
+    cache = cache_root() / "encoded" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+    if cache.exists():
+        return EncodedSplit(**json.loads(cache.read_text()))
+    required = (text_field, label_field) + ((text_pair_field,) if text_pair_field else ())
+    rows = list(read_records(path, required))
+    if not rows:
+        raise PtmError(f"data file {path} has no records; check the file")
+    texts = [str(r[text_field]) for _, r in rows]
+    pairs = [str(r[text_pair_field]) for _, r in rows] if text_pair_field else None
+    enc = tokenizer(texts, pairs, truncation=(overlong == "truncate"), max_length=max_length, verbose=False)
+    if overlong == "error":
+        for (line, _), ids in zip(rows, enc["input_ids"]):
+            if len(ids) > max_length:
+                raise DataFormatError(path, line, f"text is {len(ids)} tokens, longer than max_length={max_length}",
+                                      "raise data.max_length (up to the backbone's limit) or set data.overlong: truncate")
+    split = EncodedSplit(
+        input_ids=enc["input_ids"],
+        token_type_ids=enc.get("token_type_ids") if pairs is not None or "token_type_ids" in enc else None,
+        labels=[str(r[label_field]) for _, r in rows],
+        lines=[line for line, _ in rows],
+        ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows],
+        texts=texts,
+        path=str(path),
+    )
+    with atomic_file(cache, "w", encoding="utf-8") as fh:
+        json.dump(split.__dict__, fh)
+    return split
+
+
+def label_ids(split: EncodedSplit, label_set: list[str], from_training: bool) -> list[int]:
+    """Map label strings to ids; a label outside the set is an error naming ``file:line``."""
+    index = {name: i for i, name in enumerate(label_set)}
+    out = []
+    for label, line in zip(split.labels, split.lines):
+        if label not in index:
+            origin = "the labels seen in training" if from_training else "data.labels"
+            raise DataFormatError(split.path, line, f"label '{label}' is not in the label set {label_set} ({origin})",
+                                  "fix the label or add it to data.labels")
+        out.append(index[label])
+    return out
