@@ -7,11 +7,22 @@ token and 10 % stay unchanged.  Labels hold the original id at selected position
 from __future__ import annotations
 
 import hashlib
+import random
 from typing import Iterable
 
 import torch
 
 IGNORE_INDEX = -100
+
+
+def _seed_from(seed: int, keys: Iterable) -> int:
+    digest = hashlib.blake2b(repr((seed, tuple(keys))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def draw_rng(seed: int, keys: Iterable) -> random.Random:
+    """Like ``draw_generator`` but a ``random.Random`` (for per-sequence list operations)."""
+    return random.Random(_seed_from(seed, keys))
 
 
 def draw_generator(seed: int, keys: Iterable) -> torch.Generator:
@@ -20,9 +31,8 @@ def draw_generator(seed: int, keys: Iterable) -> torch.Generator:
     Every batch gets its own, reproducible stream: masks change from batch to batch and from
     epoch to epoch (keys include the epoch) yet are identical when a run is resumed.
     """
-    digest = hashlib.blake2b(repr((seed, tuple(keys))).encode(), digest_size=8).digest()
     gen = torch.Generator()
-    gen.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    gen.manual_seed(_seed_from(seed, keys))
     return gen
 
 
