@@ -34,11 +34,11 @@ def backbone_from_checkpoint(ckpt: dict):
     """Rebuild the plain transformers model stored in a checkpoint."""
     import transformers
 
-    from ptm_app.backbones.build import auto_class
+    from ptm_app.backbones.build import from_config
 
     config = dict(ckpt["hyper_parameters"]["backbone_config"])
     hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
-    model = auto_class(ckpt["ptm_app"]["head"]).from_config(hf_config)
+    model = from_config(ckpt["ptm_app"]["head"], hf_config)
     state = {k[len(PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])

@@ -16,13 +16,21 @@ from ptm_app.errors import PtmError
 HEADS = {
     "masked_lm": "AutoModelForMaskedLM",
     "causal_lm": "AutoModelForCausalLM",
+    "seq2seq_lm": "AutoModelForSeq2SeqLM",
     "sequence_classification": "AutoModelForSequenceClassification",
     "base": "AutoModel",
+    "rtd": "ElectraForPreTraining",  # ELECTRA's discriminator (Clark et al. 2020 §2)
 }
 
 
 def auto_class(head: str):
     return getattr(transformers, HEADS[head])
+
+
+def from_config(head: str, config):
+    """Instantiate a head class from a config (Auto classes and concrete classes alike)."""
+    cls = auto_class(head)
+    return cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
 
 
 def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict], **updates: Any):
@@ -47,7 +55,7 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         hf_config = transformers.AutoConfig.for_model(model_type, **overrides)
     except ValueError as exc:
         raise PtmError(f"backbone_config: {str(exc).splitlines()[0]}") from None
-    return auto.from_config(hf_config)
+    return from_config(head, hf_config)
 
 
 def max_positions(model) -> Optional[int]:

@@ -7,10 +7,13 @@ reproducible when a run resumes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, Optional
 
 import torch
 
-from ptm_app.data.corruption import IGNORE_INDEX, draw_generator, mlm_mask
+from ptm_app.data.corruption import IGNORE_INDEX, draw_generator, draw_rng, mlm_mask
+
+SCALAR_FIELDS = {"label": "labels", "sentence_label": "sentence_labels"}
 
 
 def pad(seqs: list[torch.Tensor], value: int) -> torch.Tensor:
@@ -32,8 +35,9 @@ class PadCollator:
         }
         if "token_type_ids" in examples[0]:
             batch["token_type_ids"] = pad([e["token_type_ids"] for e in examples], 0)
-        if "label" in examples[0]:
-            batch["labels"] = torch.tensor([e["label"] for e in examples])
+        for name, batch_name in SCALAR_FIELDS.items():
+            if name in examples[0]:
+                batch[batch_name] = torch.tensor([e[name] for e in examples])
         return batch
 
     def __call__(self, examples: list[dict]) -> dict:
@@ -42,7 +46,14 @@ class PadCollator:
 
 @dataclass
 class MLMCollator(PadCollator):
-    """BERT masked-LM inputs/labels (15 %, 80/10/10); special tokens and padding are never selected."""
+    """Masked-LM inputs/labels; special tokens and padding are never selected.
+
+    ``masking``: ``token`` (BERT §3.1: 15 %, 80/10/10 per token), ``whole_word`` (BERT-wwm: every
+    sub-token of a chosen word), or ``span`` (SpanBERT §3.1: geometric span lengths, p=0.2, at most
+    10 words, 80/10/10 per span; also emits span-boundary targets for SBO).
+    ``static``: draw each sample's mask once and reuse it every epoch (BERT's static masking) instead
+    of anew every epoch (RoBERTa §4.1 dynamic masking).
+    """
 
     mask_token_id: int = 0
     special_ids: tuple[int, ...] = ()
@@ -51,23 +62,78 @@ class MLMCollator(PadCollator):
     mlm_probability: float = 0.15
     mask_ratio: float = 0.8
     random_ratio: float = 0.1
+    masking: Literal["token", "whole_word", "span"] = "token"
+    static: bool = False
+    word_start: Optional[torch.Tensor] = None  # bool per vocab id: does this token begin a word?
+    span_p: float = 0.2
+    max_span_length: int = 10
 
     def __post_init__(self) -> None:
         normal = torch.ones(self.vocab_size, dtype=torch.bool)
         normal[list(self.special_ids)] = False
         self._random_ids = normal.nonzero().squeeze(1)
         self._special = torch.tensor(sorted(self.special_ids), dtype=torch.long)
+        if self.masking != "token" and self.word_start is None:
+            raise ValueError(f"masking={self.masking!r} needs word_start (from the tokenizer's vocabulary)")
+
+    def _keys(self, batch: dict) -> list:
+        keys = batch["keys"]
+        return [k[1] if isinstance(k, tuple) else k for k in keys] if self.static else keys
 
     def __call__(self, examples: list[dict]) -> dict:
         batch = self.pad_batch(examples)
         ids = batch["input_ids"]
         maskable = batch["attention_mask"].bool() & ~torch.isin(ids, self._special)
-        batch["input_ids"], batch["labels"] = mlm_mask(
-            ids, maskable, mask_token_id=self.mask_token_id, vocab_size=self.vocab_size,
-            generator=draw_generator(self.seed, batch["keys"]), mlm_probability=self.mlm_probability,
-            mask_ratio=self.mask_ratio, random_ratio=self.random_ratio, random_ids=self._random_ids,
-        )
+        if self.masking == "token":
+            batch["input_ids"], batch["labels"] = mlm_mask(
+                ids, maskable, mask_token_id=self.mask_token_id, vocab_size=self.vocab_size,
+                generator=draw_generator(self.seed, self._keys(batch)), mlm_probability=self.mlm_probability,
+                mask_ratio=self.mask_ratio, random_ratio=self.random_ratio, random_ids=self._random_ids,
+            )
+            return batch
+        return self._word_level(batch, maskable)
+
+    def _word_level(self, batch: dict, maskable: torch.Tensor) -> dict:
+        from ptm_app.data.corruption import spans as sp
+
+        rng = draw_rng(self.seed, self._keys(batch))
+        random_ids = self._random_ids.tolist()
+        out_ids, labels = batch["input_ids"].clone(), torch.full_like(batch["input_ids"], IGNORE_INDEX)
+        sbo_rows, sbo_left, sbo_right, sbo_offset = [], [], [], []
+        for row in range(out_ids.shape[0]):
+            positions = maskable[row].nonzero().squeeze(1)
+            content = out_ids[row, positions].tolist()
+            starts = self.word_start[content].tolist()
+            if self.masking == "whole_word":
+                corrupted, lab = sp.whole_word_mask(
+                    content, starts, rng, mask_token_id=self.mask_token_id, vocab_size=self.vocab_size,
+                    rate=self.mlm_probability, mask_ratio=self.mask_ratio, random_ratio=self.random_ratio,
+                    random_ids=random_ids)
+            else:
+                spans = sp.geometric_spans(len(content), rng, rate=self.mlm_probability, p=self.span_p,
+                                           max_len=self.max_span_length, word_starts=starts)
+                corrupted, lab = sp.span_mask(content, spans, rng, mask_token_id=self.mask_token_id,
+                                              vocab_size=self.vocab_size, random_ids=random_ids)
+                for start, end in spans:  # boundaries are the tokens just outside the span, in the full row
+                    left, right = int(positions[start]) - 1, min(int(positions[end - 1]) + 1, out_ids.shape[1] - 1)
+                    for k in range(end - start):
+                        sbo_rows.append(row), sbo_left.append(left), sbo_right.append(right), sbo_offset.append(k)
+            out_ids[row, positions] = torch.tensor(corrupted, dtype=out_ids.dtype)
+            labels[row, positions] = torch.tensor(lab, dtype=labels.dtype)
+        batch["input_ids"], batch["labels"] = out_ids, labels
+        if self.masking == "span":
+            batch["sbo"] = {k: torch.tensor(v, dtype=torch.long) for k, v in
+                            (("rows", sbo_rows), ("left", sbo_left), ("right", sbo_right), ("offset", sbo_offset))}
         return batch
+
+
+def word_start_table(tokenizer, vocab_size: int) -> torch.Tensor:
+    """Per vocabulary id: True if the token begins a word (WordPiece: no ``##``; byte BPE: ``Ġ``)."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(vocab_size)))
+    byte_level = any(t.startswith("Ġ") for t in tokens if t)
+    if byte_level:
+        return torch.tensor([bool(t) and t.startswith("Ġ") for t in tokens])
+    return torch.tensor([not (t or "").startswith("##") for t in tokens])
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from ptm_app.data.collators import PadCollator
 from ptm_app.data.corpus import Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
-from ptm_app.data.datasets import BlockDataset, EncodedDataset
+from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader
 from ptm_app.data.tasks import Overlong, encode_split, label_ids
@@ -126,14 +126,23 @@ class PretrainDataModule(_Base):
         packing: ``pack`` (full blocks across documents) or ``split_documents`` (no block spans two documents).
         holdout: fraction of documents held out for validation perplexity when the source has no validation split.
         limit_documents: use only the first N training documents (quick runs).
+        examples: ``blocks`` (packed token blocks) or ``nsp``/``sop`` sentence pairs; by default what the
+            LightningModule asks for (its ``example_format``).
     """
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "bbc", text_field: str = "text", max_length: int = 128, packing: Packing = "pack", batch_size: int = 16,
                  eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
-                 holdout: float = 0.05, limit_documents: Optional[int] = None):
+                 holdout: float = 0.05, limit_documents: Optional[int] = None,
+                 examples: Optional[Literal["blocks", "nsp", "sop"]] = None):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
         self.text_field, self.max_length, self.packing = text_field, max_length, packing
-        self.limit_documents = limit_documents
+        self.limit_documents, self.examples = limit_documents, examples
+
+    def example_format(self) -> str:
+        if self.examples:
+            return self.examples
+        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+        return getattr(module, "example_format", "blocks")
 
     def prepare_data(self) -> None:
         tokenizer = self.load_tokenizer()
@@ -157,9 +166,17 @@ class PretrainDataModule(_Base):
             prefix, suffix, sep = [tok.cls_token_id], [tok.sep_token_id], [tok.sep_token_id]
         else:
             prefix, suffix, sep = [], [], [tok.eos_token_id]
+        kind = self.example_format()
         for split, corpus in corpora.items():
-            blocks = pack_blocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split])
-            self.datasets[split] = BlockDataset(blocks)
+            if kind in ("nsp", "sop"):
+                if not is_bert_style(tok):
+                    raise PtmError(f"{kind} examples need a BERT-style tokenizer ([CLS]/[SEP]); use train: wordpiece")
+                documents = [[line.tolist() for line in corpus.lines(d)] for d in docs[split]]
+                self.datasets[split] = SentencePairDataset(documents, kind, self.max_length, self.seed,
+                                                           tok.cls_token_id, tok.sep_token_id)
+            else:
+                blocks = pack_blocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split])
+                self.datasets[split] = BlockDataset(blocks)
 
 
 class TaskDataModule(_Base):

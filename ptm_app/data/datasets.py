@@ -40,3 +40,41 @@ class EncodedDataset(Dataset):
         if self.labels is not None:
             item["label"] = self.labels[i]
         return item
+
+
+class SentencePairDataset(Dataset):
+    """NSP / SOP examples drawn from document boundaries (BERT §3.1 task 2; ALBERT §4.1).
+
+    One anchor per (document, sentence) that has a following sentence.  The pair for a key
+    ``(epoch, index)`` is drawn from an rng seeded by the key, so pairs change every epoch
+    (like dynamic masking) yet a resumed run sees the same ones.  ``sentence_label``:
+    0 = the real continuation / original order, 1 = a random segment (NSP) / swapped (SOP),
+    the convention of transformers' ``BertForPreTraining`` and ``AlbertForPreTraining``.
+    """
+
+    def __init__(self, documents: list[list[list[int]]], kind: str, max_length: int, seed: int,
+                 cls_id: int, sep_id: int):
+        self.documents, self.kind, self.seed = documents, kind, seed
+        self.max_tokens, self.cls_id, self.sep_id = max_length - 3, cls_id, sep_id
+        self.anchors = [(d, s) for d, doc in enumerate(documents) for s in range(len(doc) - 1)]
+        if not self.anchors:
+            from ptm_app.errors import PtmError
+
+            raise PtmError(f"{kind} needs documents with at least two sentences (lines); none found in the corpus")
+
+    def __len__(self) -> int:
+        return len(self.anchors)
+
+    def __getitem__(self, key) -> dict:
+        from ptm_app.data.corruption import pairs
+        from ptm_app.data.corruption.masking import draw_rng
+
+        doc, sentence = self.anchors[_index(key)]
+        rng = draw_rng(self.seed, [key])
+        make = pairs.nsp_example if self.kind == "nsp" else pairs.sop_example
+        a, b, label = make(self.documents, doc, sentence, rng, max_tokens=self.max_tokens)
+        if self.kind == "nsp":
+            label = 0 if label else 1  # nsp_example returns is_next
+        ids, types = pairs.pair_input(a, b, cls_id=self.cls_id, sep_id=self.sep_id)
+        return {"input_ids": torch.tensor(ids), "token_type_ids": torch.tensor(types), "sentence_label": label,
+                "key": key}

@@ -1,41 +1,127 @@
-"""Masked language modelling (BERT: Devlin et al. 2019 §3.1; dynamic masking: RoBERTa §4.1)."""
+"""Masked language modelling and its variants, with optional extra targets summed into one loss.
+
+BERT (Devlin et al. 2019 §3.1): 15 %, 80/10/10, + NSP.  RoBERTa (Liu et al. 2019 §4): dynamic
+masking, no NSP.  ALBERT (Lan et al. 2020 §4.1): + SOP.  SpanBERT (Joshi et al. 2020 §3): span
+masking + span boundary objective.  BERT-wwm: whole-word masking.  These are configs of one module.
+"""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
-from ptm_app.data.collators import MLMCollator
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from ptm_app.data.collators import MLMCollator, word_start_table
+from ptm_app.errors import PtmError
+from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead
 from ptm_app.objectives.lm_base import LanguageModelModule
+from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
 
 class MaskedLMModule(LanguageModelModule):
-    """MLM pre-training: 15 % of non-special tokens selected; 80 % [MASK], 10 % random, 10 % kept.
-
-    Masks are drawn by the collator each time a batch is built (dynamic masking).
+    """MLM pre-training on any ``AutoModelForMaskedLM`` backbone, plus optional targets.
 
     Args:
-        backbone: prepared name / local dir / hub id of a pretrained model (continued pre-training).
-        backbone_config: transformers config dict with ``model_type`` (from scratch), or overrides.
-        optim: optimiser and schedule.
-        mlm_probability / mask_ratio / random_ratio: the masking recipe.
+        backbone / backbone_config / optim / gradient_checkpointing: see ``PtmModule``.
+        mlm_probability / mask_ratio / random_ratio: the masking recipe (0.15 / 0.8 / 0.1).
+        masking: ``token``, ``whole_word`` or ``span`` (SpanBERT geometric spans, ``span_p``, ``max_span_length``).
+        static_masking: one mask per sample for the whole run instead of a fresh one every epoch.
+        sentence_objective: ``nsp`` (random next segment from another document) or ``sop`` (swapped order);
+            the data module then builds sentence-pair examples from document boundaries.
+        span_boundary_objective: add SpanBERT's SBO target (needs ``masking: span``).
+        loss_weights: weights of ``mlm``, ``sentence`` and ``sbo`` in the summed loss.
     """
 
     head = "masked_lm"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False,
-                 mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1):
+                 mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
+                 masking: Literal["token", "whole_word", "span"] = "token", static_masking: bool = False,
+                 span_p: float = 0.2, max_span_length: int = 10,
+                 sentence_objective: Optional[Literal["nsp", "sop"]] = None, span_boundary_objective: bool = False,
+                 loss_weights: Optional[dict[str, float]] = None):
+        if span_boundary_objective and masking != "span":
+            raise PtmError("span_boundary_objective needs masking: span (SpanBERT §3.2)")
+        self.heads = None
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+        self.weights = {"mlm": 1.0, "sentence": 1.0, "sbo": 1.0, **(loss_weights or {})}
+        self.val_parts = nn.ModuleDict({"sentence": MeanMetric(), "sentence_acc": MeanMetric(), "sbo": MeanMetric()})
+
+    @property
+    def example_format(self) -> str:
+        """What the data module must build: token blocks, or NSP/SOP sentence pairs."""
+        return self.hparams.sentence_objective or "blocks"
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.heads is None:
+            hidden = self.backbone.config.hidden_size
+            heads = {}
+            if self.hparams.sentence_objective:
+                heads["sentence"] = SentenceRelationHead(hidden)
+            if self.hparams.span_boundary_objective:
+                heads["sbo"] = SpanBoundaryHead(hidden, self.hparams.max_span_length)
+            self.heads = nn.ModuleDict(heads)
 
     def make_collator(self, tokenizer, seed: int = 0) -> MLMCollator:
         if tokenizer.mask_token_id is None:
-            from ptm_app.errors import PtmError
-
             raise PtmError("MaskedLMModule needs a tokenizer with a [MASK] token; use a BERT-style (wordpiece) tokenizer")
         vocab = min(len(tokenizer), self.backbone.config.vocab_size) if self.backbone is not None else len(tokenizer)
+        hp = self.hparams
         return MLMCollator(
             pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id,
             special_ids=tuple(i for i in tokenizer.all_special_ids if i < vocab), vocab_size=vocab, seed=seed,
-            mlm_probability=self.hparams.mlm_probability, mask_ratio=self.hparams.mask_ratio,
-            random_ratio=self.hparams.random_ratio,
+            mlm_probability=hp.mlm_probability, mask_ratio=hp.mask_ratio, random_ratio=hp.random_ratio,
+            masking=hp.masking, static=hp.static_masking, span_p=hp.span_p, max_span_length=hp.max_span_length,
+            word_start=word_start_table(tokenizer, vocab) if hp.masking != "token" else None,
         )
+
+    def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
+        needs_hidden = bool(self.heads)
+        out = self.backbone(**self.model_inputs(batch), labels=batch["labels"], output_hidden_states=needs_hidden)
+        losses = {"mlm": out.loss}
+        if "sentence" in self.heads:
+            logits = self.heads["sentence"](out.hidden_states[-1]).float()
+            losses["sentence"] = nn.functional.cross_entropy(logits, batch["sentence_labels"])
+            losses["sentence_acc"] = (logits.argmax(-1) == batch["sentence_labels"]).float().mean()
+        if "sbo" in self.heads:
+            sbo = batch["sbo"]
+            target = batch["labels"][sbo["rows"], (sbo["left"] + 1 + sbo["offset"]).clamp(max=batch["labels"].shape[1] - 1)]
+            decoder = self.backbone.get_output_embeddings().weight
+            logits = self.heads["sbo"](out.hidden_states[-1], sbo["rows"], sbo["left"], sbo["right"], sbo["offset"],
+                                       decoder).float()
+            losses["sbo"] = nn.functional.cross_entropy(logits, target, ignore_index=-100)
+        return losses
+
+    def _total(self, losses: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sum(self.weights[k] * v for k, v in losses.items() if k in self.weights)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        losses = self._losses(batch)
+        n = self.count_targets(batch["labels"])
+        loss = self._total(losses)
+        self.log("train/loss", loss, prog_bar=True, batch_size=max(n, 1))
+        for name, value in losses.items():
+            if len(losses) > 1:
+                self.log(f"train/{name}", value, batch_size=max(n, 1))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        losses = self._losses(batch)
+        weighted_mean_update(self.val_loss, losses["mlm"], self.count_targets(batch["labels"]))
+        for name, value in losses.items():
+            if name in self.val_parts:
+                weighted_mean_update(self.val_parts[name], value, len(batch["input_ids"]))
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()  # val/loss = the MLM loss, val/ppl
+        for name, metric in self.val_parts.items():
+            if metric.update_called:
+                self.log(f"val/{name}", metric.compute())
+                metric.reset()
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        weighted_mean_update(self.test_loss, self._losses(batch)["mlm"], self.count_targets(batch["labels"]))
