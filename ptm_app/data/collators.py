@@ -99,10 +99,12 @@ class MLMCollator(PadCollator):
         rng = draw_rng(self.seed, self._keys(batch))
         random_ids = self._random_ids.tolist()
         out_ids, labels = batch["input_ids"].clone(), torch.full_like(batch["input_ids"], IGNORE_INDEX)
-        sbo_rows, sbo_left, sbo_right, sbo_offset = [], [], [], []
+        sbo: dict[str, list[int]] = {"rows": [], "left": [], "right": [], "offset": [], "pos": []}
         for row in range(out_ids.shape[0]):
             positions = maskable[row].nonzero().squeeze(1)
             content = out_ids[row, positions].tolist()
+            if not content:
+                continue
             starts = self.word_start[content].tolist()
             if self.masking == "whole_word":
                 corrupted, lab = sp.whole_word_mask(
@@ -117,13 +119,14 @@ class MLMCollator(PadCollator):
                 for start, end in spans:  # boundaries are the tokens just outside the span, in the full row
                     left, right = int(positions[start]) - 1, min(int(positions[end - 1]) + 1, out_ids.shape[1] - 1)
                     for k in range(end - start):
-                        sbo_rows.append(row), sbo_left.append(left), sbo_right.append(right), sbo_offset.append(k)
+                        for name, value in (("rows", row), ("left", left), ("right", right), ("offset", k),
+                                            ("pos", int(positions[start + k]))):
+                            sbo[name].append(value)
             out_ids[row, positions] = torch.tensor(corrupted, dtype=out_ids.dtype)
             labels[row, positions] = torch.tensor(lab, dtype=labels.dtype)
         batch["input_ids"], batch["labels"] = out_ids, labels
         if self.masking == "span":
-            batch["sbo"] = {k: torch.tensor(v, dtype=torch.long) for k, v in
-                            (("rows", sbo_rows), ("left", sbo_left), ("right", sbo_right), ("offset", sbo_offset))}
+            batch["sbo"] = {k: torch.tensor(v, dtype=torch.long) for k, v in sbo.items()}
         return batch
 
 

@@ -31,6 +31,7 @@ class TokenizerSpec:
         lowercase: lowercase text before WordPiece training (ignored for byte-level BPE).
         min_frequency: minimum pair/word frequency when training.
         model_max_length: the longest sequence the tokenizer reports for trained tokenizers.
+        sentinels: add N sentinel tokens ``[X0]`` … (T5 span corruption) to a trained tokenizer.
     """
 
     pretrained: Optional[str] = None
@@ -39,6 +40,7 @@ class TokenizerSpec:
     lowercase: bool = True
     min_frequency: int = 2
     model_max_length: int = 512
+    sentinels: int = 0
 
     def __post_init__(self) -> None:
         if (self.pretrained is None) == (self.train is None):
@@ -70,13 +72,15 @@ def _train(spec: TokenizerSpec, texts: Iterable[str]):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    extra = [f"[X{i}]" for i in range(spec.sentinels)]
     if spec.train == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=spec.lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(
-            vocab_size=spec.vocab_size, min_frequency=spec.min_frequency, special_tokens=BERT_SPECIALS, show_progress=False
+            vocab_size=spec.vocab_size, min_frequency=spec.min_frequency, special_tokens=BERT_SPECIALS + extra,
+            show_progress=False,
         )
         tok.train_from_iterator(texts, trainer=trainer)
         cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
@@ -92,7 +96,7 @@ def _train(spec: TokenizerSpec, texts: Iterable[str]):
         trainer = trainers.BpeTrainer(
             vocab_size=spec.vocab_size,
             min_frequency=spec.min_frequency,
-            special_tokens=GPT_SPECIALS,
+            special_tokens=GPT_SPECIALS + extra,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
@@ -100,6 +104,8 @@ def _train(spec: TokenizerSpec, texts: Iterable[str]):
         names = dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>", pad_token="<|pad|>")
     if tok.get_vocab_size() < len(BERT_SPECIALS) + 10:
         raise PtmError("tokenizer training produced an almost empty vocabulary; the training corpus is too small")
+    if extra:
+        names["additional_special_tokens"] = extra
     return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=spec.model_max_length, **names)
 
 

@@ -89,7 +89,7 @@ class MaskedLMModule(LanguageModelModule):
             losses["sentence_acc"] = (logits.argmax(-1) == batch["sentence_labels"]).float().mean()
         if "sbo" in self.heads:
             sbo = batch["sbo"]
-            target = batch["labels"][sbo["rows"], (sbo["left"] + 1 + sbo["offset"]).clamp(max=batch["labels"].shape[1] - 1)]
+            target = batch["labels"][sbo["rows"], sbo["pos"]]
             decoder = self.backbone.get_output_embeddings().weight
             logits = self.heads["sbo"](out.hidden_states[-1], sbo["rows"], sbo["left"], sbo["right"], sbo["offset"],
                                        decoder).float()
