@@ -165,8 +165,8 @@ class BiLSTMModel(BiLSTMPreTrainedModel):
 
 
 class BiLSTMForLanguageModeling(BiLSTMPreTrainedModel):
-    """The biLM with its shared softmax; the loss is the mean of the forward and backward LM
-    cross-entropies (Peters et al. 2018 §3.1, eq. 1 averaged over tokens per direction)."""
+    """The biLM with its shared softmax; the loss is the mean of the forward and backward LM token
+    cross-entropies (the joint log likelihood of Peters et al. 2018 §3.1, each direction averaged over its targets)."""
 
     _tied_weights_keys = {"lm_head.weight": "bilm.embed_tokens.weight"}
 
@@ -190,7 +190,8 @@ class BiLSTMForLanguageModeling(BiLSTMPreTrainedModel):
         forward_top, backward_top = self.dropout(encoded.last_hidden_state).chunk(2, dim=-1)
         logits, backward_logits = self.lm_head(forward_top), self.lm_head(backward_top)
         targets = (input_ids if labels is None else labels).masked_fill(~mask, IGNORE_INDEX)
-        forward_targets = targets[:, 1:].masked_fill(~mask[:, :-1], IGNORE_INDEX)
+        forward_targets = targets[:, 1:]  # a real target's left neighbour is real (right padding)
+        # the first padding position must not predict the last real token
         backward_targets = targets[:, :-1].masked_fill(~mask[:, 1:], IGNORE_INDEX)
         forward_loss = token_mean_cross_entropy(logits[:, :-1], forward_targets)
         backward_loss = token_mean_cross_entropy(backward_logits[:, 1:], backward_targets)

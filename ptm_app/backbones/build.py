@@ -20,17 +20,22 @@ HEADS = {
     "sequence_classification": "AutoModelForSequenceClassification",
     "base": "AutoModel",
     "rtd": "ElectraForPreTraining",  # ELECTRA's discriminator (Clark et al. 2020 §2)
+    "bilm": "BiLSTMForLanguageModeling",  # ptm_app.backbones.bilstm (ELMo, Peters et al. 2018)
 }
 
 
 def auto_class(head: str):
+    if head == "bilm":  # ELMo's BiLSTM: ptm_app's own transformers-compatible model
+        from ptm_app.backbones.bilstm import HEAD_CLASSES
+
+        return HEAD_CLASSES["bilm"]
     return getattr(transformers, HEADS[head])
 
 
 def from_config(head: str, config):
     """Instantiate a head class from a config (Auto classes and concrete classes alike)."""
     cls = auto_class(head)
-    return cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+    return cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
 
 
 def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict], **updates: Any):

@@ -46,6 +46,10 @@ class MaskedLMModule(LanguageModelModule):
         if span_boundary_objective and masking != "span":
             raise PtmError("span_boundary_objective needs masking: span (SpanBERT §3.2)")
         self.heads = None
+        # kept as attributes, not only hparams: a subclass's CLI hparams hold just its own arguments
+        self.masking_cfg = dict(mlm_probability=mlm_probability, mask_ratio=mask_ratio, random_ratio=random_ratio,
+                                masking=masking, static=static_masking, span_p=span_p, max_span_length=max_span_length)
+        self.sentence_objective, self.span_boundary_objective = sentence_objective, span_boundary_objective
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.weights = {"mlm": 1.0, "sentence": 1.0, "sbo": 1.0, **(loss_weights or {})}
         self.val_parts = nn.ModuleDict({"sentence": MeanMetric(), "sentence_acc": MeanMetric(), "sbo": MeanMetric()})
@@ -53,30 +57,28 @@ class MaskedLMModule(LanguageModelModule):
     @property
     def example_format(self) -> str:
         """What the data module must build: token blocks, or NSP/SOP sentence pairs."""
-        return self.hparams.sentence_objective or "blocks"
+        return self.sentence_objective or "blocks"
 
     def configure_model(self) -> None:
         super().configure_model()
         if self.heads is None:
             hidden = self.backbone.config.hidden_size
             heads = {}
-            if self.hparams.sentence_objective:
+            if self.sentence_objective:
                 heads["sentence"] = SentenceRelationHead(hidden)
-            if self.hparams.span_boundary_objective:
-                heads["sbo"] = SpanBoundaryHead(hidden, self.hparams.max_span_length)
+            if self.span_boundary_objective:
+                heads["sbo"] = SpanBoundaryHead(hidden, self.masking_cfg["max_span_length"])
             self.heads = nn.ModuleDict(heads)
 
     def make_collator(self, tokenizer, seed: int = 0) -> MLMCollator:
         if tokenizer.mask_token_id is None:
             raise PtmError("MaskedLMModule needs a tokenizer with a [MASK] token; use a BERT-style (wordpiece) tokenizer")
         vocab = min(len(tokenizer), self.backbone.config.vocab_size) if self.backbone is not None else len(tokenizer)
-        hp = self.hparams
+        cfg = self.masking_cfg
         return MLMCollator(
             pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id,
             special_ids=tuple(i for i in tokenizer.all_special_ids if i < vocab), vocab_size=vocab, seed=seed,
-            mlm_probability=hp.mlm_probability, mask_ratio=hp.mask_ratio, random_ratio=hp.random_ratio,
-            masking=hp.masking, static=hp.static_masking, span_p=hp.span_p, max_span_length=hp.max_span_length,
-            word_start=word_start_table(tokenizer, vocab) if hp.masking != "token" else None,
+            word_start=word_start_table(tokenizer, vocab) if cfg["masking"] != "token" else None, **cfg,
         )
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:

@@ -75,8 +75,8 @@ class Seq2SeqCollator:
             inputs, targets, decoder_in = self._corrupt(content, rng)
             enc.append(torch.tensor(inputs + [self.eos_token_id]))
             tgt.append(torch.tensor(targets + [self.eos_token_id]))
-            if decoder_in is not None:
-                dec.append(torch.tensor(decoder_in + [decoder_in[-1] if decoder_in else self.eos_token_id]))
+            if decoder_in is not None:  # MASS: teacher forcing over the fragment, then EOS
+                dec.append(torch.tensor(decoder_in + targets[-1:]))
         batch = {
             "input_ids": pad(enc, self.pad_token_id),
             "attention_mask": pad([torch.ones_like(t) for t in enc], 0),

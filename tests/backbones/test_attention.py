@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertModel, XLNetConfig, XLNetModel
+from transformers import AutoConfig, AutoModel, BertConfig, BertForMaskedLM, BertModel, XLNetConfig, XLNetModel
 
 from ptm_app.backbones.attention import (
     bidirectional_mask,
@@ -18,6 +18,14 @@ from ptm_app.backbones.attention import (
 
 IMPLEMENTATIONS = ("eager", "sdpa")
 L = 8
+SMALL = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+             max_position_embeddings=64)
+FAMILIES = {
+    "roberta": SMALL,
+    "electra": dict(SMALL, embedding_size=16),
+    "albert": dict(SMALL, embedding_size=16),
+    "distilbert": dict(vocab_size=50, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64),
+}
 
 
 def tiny_bert(implementation: str, cls=BertModel) -> torch.nn.Module:
@@ -161,6 +169,19 @@ def test_bidirectional_mask_equals_the_plain_2d_call(implementation):
     valid = attention_mask.bool()
     assert torch.allclose(ours[valid], plain[valid], atol=1e-5)
     assert torch.isfinite(ours).all()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_other_encoder_families_respect_the_mask(model_type, implementation):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **FAMILIES[model_type])
+    model = AutoModel.from_config(config, attn_implementation=implementation).eval()
+    ids = ids_batch()
+    mask = causal_mask(torch.ones_like(ids))
+    base, out = hidden(model, ids, mask), hidden(model, change_token(ids, 5), mask)
+    assert torch.allclose(out[:, :5], base[:, :5], atol=1e-5)
+    assert not torch.allclose(out[:, 5:], base[:, 5:], atol=1e-3)
 
 
 def test_bool_4d_mask_is_misread_by_eager():

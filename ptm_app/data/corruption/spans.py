@@ -1,7 +1,7 @@
 """Word- and span-level masking on token-id lists (survey_recipes.md §2.4.2).
 
-* Whole-word masking (BERT-wwm: Devlin et al. 2019 release note; Cui et al. 2019): every sub-token
-  of a selected word is selected, so no word is ever partially masked.
+* Whole-word masking (Google BERT's 2019 "Whole Word Masking" models; Cui et al. 2019): every
+  sub-token of a selected word is selected, so no word is ever partially masked.
 * SpanBERT (Joshi et al. 2020): contiguous spans with geometric lengths (§3.1), the 80/10/10
   decision taken once per span (§3.1), and Span Boundary Objective targets (§3.2).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ptm_app.data.corruption.masking import IGNORE_INDEX
 
@@ -54,7 +54,7 @@ def whole_word_mask(
     random_ratio: float = 0.1,
     random_ids: Sequence[int] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Whole-word masking (BERT-wwm; Cui et al. 2019 §3.1), as Google's ``create_pretraining_data``.
+    """Whole-word masking (BERT-wwm; Cui et al. 2019), as Google's ``create_pretraining_data``.
 
     Words are visited in random order and selected while they fit in the budget of
     ``max(1, round(rate * len(ids)))`` tokens (a word that would overflow it is skipped), then each
@@ -94,6 +94,28 @@ def _span_length(rng: random.Random, p: float, max_len: int) -> int:
     return min(max_len, 1 + int(math.log1p(-u) / math.log(q)))
 
 
+def _geometric_tail(p: float, max_len: int) -> Callable[[int], float]:
+    """``d -> P(length > d)`` for ``_span_length``."""
+    if p >= 1.0:
+        return lambda d: float(d < 1)
+    q = 1.0 - p
+    return lambda d: max(0.0, (q**d - q**max_len) / (1.0 - q**max_len))
+
+
+def equilibrium_offset(rng: random.Random, tail: Callable[[int], float], mean: float) -> float:
+    """Random phase of a stationary renewal process with integer lengths (P(D = d) = P(L > d) / E[L]).
+
+    Budgeted span samplers start their running total at this offset and add a span while the total
+    is below the budget: whether a span is added is decided before its length is drawn, so span
+    lengths keep their distribution (Wald) and the expected coverage equals the budget exactly.
+    """
+    u, d = rng.random() * mean, 0
+    while u >= tail(d) > 0.0:
+        u -= tail(d)
+        d += 1
+    return d + rng.random()
+
+
 def _place(free: list[Span], size: int, n_words: int, rng: random.Random) -> Span | None:
     """A uniformly drawn start for ``size`` free words, or a shorter span when none fits.
 
@@ -127,10 +149,10 @@ def geometric_spans(
 
     Span lengths are counted in words (whole words when ``word_starts`` is given, else tokens) and
     drawn from Geometric(p) truncated to ``max_len``; each span starts at a word start at a
-    uniformly drawn free position, spans never overlap nor touch.  Spans are added until
-    ``rate * n_tokens`` tokens are covered; the span crossing the budget is kept with probability
-    ``remaining / its_length`` so the expected coverage equals the budget, and the total never
-    exceeds the budget by a whole span.
+    uniformly drawn free position, spans never overlap nor touch.  Spans are added while the
+    running total (started at an ``equilibrium_offset``) is below ``rate * n_tokens``: the
+    masked fraction equals ``rate`` in expectation, span lengths keep their distribution, and the
+    budget is never exceeded by a whole span.
     """
     if not 0.0 < p <= 1.0 or max_len < 1:
         raise ValueError("need 0 < p <= 1 and max_len >= 1")
@@ -138,20 +160,20 @@ def geometric_spans(
         raise ValueError(f"word_starts has {len(word_starts)} entries for {n_tokens} tokens")
     words = whole_word_spans(word_starts) if word_starts is not None else [(i, i + 1) for i in range(n_tokens)]
     budget = rate * n_tokens
-    free, spans, covered = [(0, len(words))], [], 0
-    while covered < budget:
+    tail = _geometric_tail(p, max_len)
+    tokens_per_word = n_tokens / max(len(words), 1)  # the offset is drawn in words
+    position = equilibrium_offset(rng, tail, sum(map(tail, range(max_len)))) * tokens_per_word
+    free, spans = [(0, len(words))], []
+    while position < budget:
         placed = _place(free, _span_length(rng, p, max_len), len(words), rng)
         if placed is None:
             break
         first, last = placed
-        start, end = words[first][0], words[last - 1][1]
-        if covered + end - start > budget and rng.random() >= (budget - covered) / (end - start):
-            break
         run = next(r for r in free if r[0] <= first < r[1])
         free.remove(run)
         free.extend(r for r in ((run[0], first), (last, run[1])) if r[1] > r[0])
-        spans.append((start, end))
-        covered += end - start
+        spans.append((words[first][0], words[last - 1][1]))
+        position += spans[-1][1] - spans[-1][0]
     return sorted(spans)
 
 
