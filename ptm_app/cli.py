@@ -15,6 +15,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes by their short names)
+import ptm_app.data.datamodules  # noqa: F401
+import ptm_app.objectives  # noqa: F401
+from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, runs_root
@@ -47,6 +51,9 @@ class PtmCLI(LightningCLI):
     """LightningCLI with a run directory, exact resume and one-line errors."""
 
     def __init__(self, args=None, **kwargs):
+        kwargs.setdefault("model_class", LightningModule)
+        kwargs.setdefault("datamodule_class", LightningDataModule)
+        kwargs.setdefault("trainer_defaults", {"use_distributed_sampler": False, "log_every_n_steps": 10})
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("auto_configure_optimizers", False)
@@ -127,12 +134,5 @@ def _check_precision(precision, accelerator) -> None:
 
 
 def run_lightning(argv: list[str]) -> int:
-    from ptm_app.training.module import PtmModule  # noqa: F401  (registers short class names)
-    import ptm_app.adaptation  # noqa: F401
-    import ptm_app.data.datamodules  # noqa: F401
-    import ptm_app.objectives  # noqa: F401
-    from lightning.pytorch import LightningDataModule, LightningModule
-
-    PtmCLI(args=None if argv == sys.argv[1:] else argv, model_class=LightningModule, datamodule_class=LightningDataModule,
-           trainer_defaults={"use_distributed_sampler": False, "log_every_n_steps": 10})
+    PtmCLI(args=None if argv == sys.argv[1:] else argv)
     return 0
