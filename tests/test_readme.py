@@ -15,3 +15,18 @@ def test_catalogue_matches_configs():
 def test_quickstart_has_the_two_commands():
     quick = (ROOT / "README.md").read_text().split("## Quickstart")[1].split("##")[0]
     assert "make demo" in quick and "make test" in quick
+
+
+def test_taxonomy_rows_match_their_configs():
+    import yaml
+
+    section = (ROOT / "README.md").read_text().split("## Pre-training taxonomy")[1].split("\n## ")[0]
+    rows = [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and "configs/" in line]
+    listed = {row[5] for row in rows}
+    shipped = {str(p.relative_to(ROOT)) for p in (ROOT / "configs" / "pretrain").glob("*.yaml")}
+    assert listed == shipped
+    for model, _, model_type, _, module, config in rows:
+        cfg = yaml.safe_load((ROOT / config).read_text())
+        assert cfg["model"]["class_path"].split(".")[-1] == module, model
+        assert cfg["model"]["init_args"]["backbone_config"]["model_type"] == model_type, model

@@ -99,6 +99,17 @@ def seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def dropout_on(module: nn.Module) -> Iterator[None]:
+    """Train mode (dropout on) inside the block, also during validation, then the previous mode."""
+    was_training = module.training
+    module.train(True)
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
 # -- model side -------------------------------------------------------------------------------
 @dataclass
 class ContrastiveOutput:
@@ -127,6 +138,7 @@ class ContrastiveModule(PtmModule):
 
     Logs ``train/loss`` and the parts, and per validation ``val/loss`` (the weighted sum), the parts,
     ``val/acc`` (rows whose positive scores highest) and ``val/alignment`` (mean positive cosine).
+    SimCSE's views keep dropout on in validation (seeded by the keys, so still deterministic).
     """
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
@@ -184,9 +196,10 @@ class ContrastiveModule(PtmModule):
 
     def _forward(self, batch: dict) -> ContrastiveOutput:
         with seeded_rng(batch["dropout_seed"], self.device):
-            if self.objective == "simcse":  # one pass over the doubled batch: two dropout masks per sequence
+            if self.objective == "simcse":  # one pass over the doubled batch: two dropout masks per sequence;
                 inputs = {k: torch.cat([v, v]) for k, v in self.model_inputs(batch).items()}
-                anchors, candidates = self.encode(inputs).chunk(2)
+                with dropout_on(self.backbone):  # in validation too, or the views are identical (acc = 1)
+                    anchors, candidates = self.encode(inputs).chunk(2)
                 mlm = None
             else:
                 out = self.backbone(**self.model_inputs(batch), labels=batch["labels"], output_hidden_states=True)

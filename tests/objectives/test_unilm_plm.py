@@ -1,0 +1,71 @@
+"""UniLM mixes its three attention masks across batches; XLNet's collator feeds a leak-free permutation."""
+from collections import Counter
+
+import torch
+
+from ptm_app.objectives import PermutationLMModule, UnifiedLMModule
+from ptm_app.objectives.unilm import MODES
+from tests.conftest import TINY_BERT
+
+
+class Tok:
+    pad_token_id, mask_token_id, cls_token_id, sep_token_id = 0, 4, 2, 3
+    all_special_ids = [0, 1, 2, 3, 4]
+
+    def __len__(self):
+        return 40
+
+
+def examples(epoch, n=4, length=12):
+    gen = torch.Generator().manual_seed(epoch)
+    return [{"input_ids": torch.cat([torch.tensor([2]), torch.randint(5, 40, (length,), generator=gen),
+                                     torch.tensor([3])]), "key": (epoch, i)} for i in range(n)]
+
+
+def test_unilm_draws_each_mode_about_equally_and_builds_its_mask():
+    module = UnifiedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40})
+    collate = module.make_collator(Tok(), seed=1)
+    counts = Counter()
+    for epoch in range(300):
+        b = collate(examples(epoch))
+        mode, mask = MODES[b["mode"]], b["attention_3d"]
+        counts[mode] += 1
+        L = mask.shape[-1]
+        if mode == "bidirectional":
+            assert mask.all()
+        elif mode == "left_to_right":
+            assert torch.equal(mask[0], torch.tril(torch.ones(L, L, dtype=torch.bool)))
+        else:
+            source = b["token_type_ids"][0] == 0
+            s = int(source.sum())
+            assert mask[0, :s, :s].all() and not mask[0, :s, s:].any()  # source sees only the source
+            assert mask[0, s:, :s].all()  # the target sees the whole source
+            assert torch.equal(mask[0, s:, s:], torch.tril(torch.ones(L - s, L - s, dtype=torch.bool)))
+    assert all(abs(counts[m] / 300 - 1 / 3) < 0.08 for m in MODES), counts
+
+
+def test_unilm_left_to_right_batches_do_not_leak_the_future():
+    module = UnifiedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40}, mode_weights={"left_to_right": 1.0}).eval()
+    b = module.make_collator(Tok(), seed=1)(examples(0))
+    changed = dict(b, input_ids=b["input_ids"].clone())
+    changed["input_ids"][:, 8:] = 5
+    with torch.no_grad():
+        a = module.backbone(**module.model_inputs(b)).logits
+        c = module.backbone(**module.model_inputs(changed)).logits
+    assert torch.allclose(a[:, :8], c[:, :8], atol=1e-5) and not torch.allclose(a[:, 8:], c[:, 8:], atol=1e-3)
+
+
+def test_xlnet_collator_targets_never_see_themselves():
+    module = PermutationLMModule(backbone_config={"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2,
+                                                  "d_inner": 64, "vocab_size": 40}).eval()
+    b = module.make_collator(Tok(), seed=2)(examples(0, n=2, length=30))
+    assert torch.equal(b["input_ids"][:, 0], torch.full((2,), 2))  # inputs keep their natural order
+    targets = b["target_mapping"].argmax(-1)  # [B, K] positions of the targets
+    row, k = 0, 0
+    pos = int(targets[row, k])
+    changed = b["input_ids"].clone()
+    changed[row, pos] = (changed[row, pos] + 1 - 5) % 35 + 5
+    with torch.no_grad():
+        a = module.backbone(**module.model_inputs(b)).logits
+        c = module.backbone(**module.model_inputs(dict(b, input_ids=changed))).logits
+    assert torch.allclose(a[row, k], c[row, k], atol=1e-5)
