@@ -22,7 +22,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, runs_root
-from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback
+from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
 from ptm_app.training.loggers import RunCSVLogger
 
@@ -105,6 +105,7 @@ class PtmCLI(LightningCLI):
             RNGStateCallback(),
             LastCheckpoint(ckpt_dir / "last.ckpt", cfg.get("checkpoint_every") or 0, cfg.get("stop_at_step") or 0),
             PredictionWriter(run_dir / "predictions.jsonl"),
+            RunSummary(run_dir, self.subcommand or "fit"),
             ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1,
                             enable_version_counter=False),
         ]

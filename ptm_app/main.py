@@ -12,6 +12,8 @@ commands:
   data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
   export --ckpt_path RUN_OR_CKPT --output_dir DIR
                                      write a transformers save_pretrained directory with the tokenizer
+  report RUN_DIR_OR_GLOB ... [--output results]
+                                     results table (.md + .csv) from the runs' summary.json files
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
 
@@ -32,6 +34,10 @@ def main(argv: list[str]) -> int:
             from ptm_app.export import export_command
 
             return export_command(argv[1:])
+        if command == "report":
+            from ptm_app.report import report_command
+
+            return report_command(argv[1:])
         from ptm_app.cli import run_lightning
 
         return run_lightning(argv)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -74,3 +75,12 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_file(path, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=2, sort_keys=True, ensure_ascii=False)
         fh.write("\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's content, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

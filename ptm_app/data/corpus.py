@@ -16,7 +16,7 @@ import numpy as np
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import tokenizer_fingerprint
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_dir, cache_root
+from ptm_app.paths import atomic_dir, cache_root, sha256_file
 
 FORMAT_VERSION = 1
 Packing = Literal["pack", "split_documents"]
@@ -47,16 +47,10 @@ class TokenizedCorpus:
         return [self.ids[self.line_offsets[i]: self.line_offsets[i + 1]] for i in range(first, last)]
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def cache_dir_for(path: Path, text_field: str, tokenizer) -> Path:
-    key = json.dumps([FORMAT_VERSION, file_digest(path), text_field, tokenizer_fingerprint(tokenizer)])
+    key = json.dumps([FORMAT_VERSION, sha256_file(path), text_field, tokenizer_fingerprint(tokenizer)])
     return cache_root() / "tokenized" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from ptm_app.data.corpus import file_digest
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import tokenizer_fingerprint
 from ptm_app.errors import DataFormatError, PtmError
-from ptm_app.paths import atomic_file, cache_root
+from ptm_app.paths import atomic_file, cache_root, sha256_file
 
 FORMAT_VERSION = 1
 Overlong = Literal["truncate", "error"]
@@ -37,7 +36,7 @@ def encode_split(
     max_length: int, overlong: Overlong, id_field: str = "id",
 ) -> EncodedSplit:
     """Tokenize a labelled file once; later calls read the cache."""
-    key = json.dumps([FORMAT_VERSION, file_digest(path), text_field, text_pair_field, label_field, id_field,
+    key = json.dumps([FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field,
                       max_length, overlong, tokenizer_fingerprint(tokenizer)])
     cache = cache_root() / "encoded" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
     if cache.exists():

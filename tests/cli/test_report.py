@@ -1,0 +1,34 @@
+"""`main.py report` builds the results table from run directories (summary.json), never by hand."""
+import csv
+import json
+
+import yaml
+
+from tests.conftest import TINY_BERT, run_main
+
+
+def test_report_table_from_two_runs(tiny_corpus, tmp_path):
+    cfg = {
+        "seed_everything": 3,
+        "trainer": {"max_steps": 4, "accelerator": "cpu", "val_check_interval": 2, "limit_val_batches": 2,
+                    "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1},
+        "model": {"class_path": "SequenceClassificationModule", "init_args": {"backbone_config": TINY_BERT}},
+        "data": {"class_path": "TaskDataModule", "init_args": {
+            "source": str(tiny_corpus), "batch_size": 8, "max_length": 32,
+            "tokenizer": {"train": "wordpiece", "vocab_size": 100, "min_frequency": 1}}},
+    }
+    path = tmp_path / "cls.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        assert run_main(["fit", "--config", str(path), "--run_name", name], runs) == 0
+    assert run_main(["test", "--config", str(path), "--run_name", "a", "--ckpt_path", "best"], runs) == 0
+    summary = json.loads((runs / "a" / "summary.json").read_text())
+    assert summary["trainable_params"] == summary["total_params"] > 0 and summary["global_step"] == 4
+    assert 0.0 <= summary["metrics"]["test/acc"] <= 1.0 and summary["fit_seconds"] > 0
+    out = tmp_path / "results"
+    assert run_main(["report", str(runs / "*"), "--output", str(out)], runs) == 0
+    rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
+    assert [r["run"] for r in rows] == ["a", "b"]
+    assert rows[0]["test/acc"] == f"{summary['metrics']['test/acc']:.4f}" and rows[1]["test/acc"] == ""
+    assert "| a | SequenceClassificationModule | bert |" in out.with_suffix(".md").read_text()
