@@ -5,7 +5,8 @@ from ptm_app.objectives.mlm import MaskedLMModule
 from ptm_app.objectives.plm import PermutationLMModule
 from ptm_app.objectives.rtd import ReplacedTokenDetectionModule
 from ptm_app.objectives.seq2seq import Seq2SeqDenoisingModule
+from ptm_app.objectives.tlm import TranslationLMModule
 from ptm_app.objectives.unilm import UnifiedLMModule
 
 __all__ = ["BiLMModule", "CausalLMModule", "MaskedLMModule", "PermutationLMModule", "ReplacedTokenDetectionModule",
-           "Seq2SeqDenoisingModule", "UnifiedLMModule"]
+           "Seq2SeqDenoisingModule", "TranslationLMModule", "UnifiedLMModule"]
