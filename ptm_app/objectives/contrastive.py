@@ -4,7 +4,7 @@ SimCSE (Gao et al. 2021 §3, unsupervised): every sequence is encoded twice with
 views are a positive pair and the other sequences of the batch are negatives.  Loss = InfoNCE over
 cosine similarities / τ (τ = 0.05).
 
-InfoWord (Kong et al. 2020 §3-4; Qiu et al. 2020 Table 1 "DIM" and fn. 2): the context x̂_{i:j} is
+InfoWord (Kong et al. 2020 §3; Qiu et al. 2020 Table 1 "DIM" and fn. 2): the context x̂_{i:j} is
 the sequence with one n-gram masked (one [MASK] per token, n ~ N(5, 1) clipped to [1, 10]); it is
 scored against its own n-gram x_{i:j}, encoded alone as ``[CLS] n-gram [SEP]``, and the other
 sequences' n-grams.  Score = dot product of first-token states; loss = InfoNCE with logsumexp (the
@@ -50,7 +50,7 @@ class DropoutPairCollator(PadCollator):
 
 @dataclass
 class NgramContextCollator(MLMCollator):
-    """InfoWord inputs (Kong et al. 2020 §4): one n-gram per sequence, masked in the context.
+    """InfoWord inputs (Kong et al. 2020 §3): one n-gram per sequence, masked in the context.
 
     Emits ``input_ids`` (the context: the n-gram as [MASK]s, and BERT 80/10/10 masking at
     ``mlm_probability`` elsewhere), ``labels`` (MLM targets: the n-gram and the other selected
@@ -128,7 +128,7 @@ class ContrastiveModule(PtmModule):
     Args:
         backbone / backbone_config / optim / gradient_checkpointing: see ``PtmModule``.
         objective: ``simcse`` (backbone head ``base``) or ``infoword`` (head ``masked_lm``, for its MLM term).
-        pooling: the representation: ``cls`` (last-layer first-token state; SimCSE §3, InfoWord §4) or
+        pooling: the representation: ``cls`` (last-layer first-token state; SimCSE §3, Kong et al. §3) or
             ``mean`` (over non-padding tokens).
         temperature: τ of SimCSE's cosine scores; InfoWord scores are plain dot products.
         ngram_mean / ngram_std / max_ngram: InfoWord n-gram length, round(N(mean, std)) clipped to [1, max_ngram].
@@ -161,6 +161,12 @@ class ContrastiveModule(PtmModule):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.weights = {**dict.fromkeys(parts, 1.0), **(loss_weights or {})}
         self.val_metrics = nn.ModuleDict({name: MeanMetric() for name in ("loss", *parts, "acc", "alignment")})
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        pooler = getattr(self.backbone, "pooler", None)  # AutoModel's BERT pooler: not part of either loss
+        if pooler is not None:
+            pooler.requires_grad_(False)  # DDP needs a gradient for every trainable parameter
 
     def make_collator(self, tokenizer, seed: int = 0) -> PadCollator:
         if self.objective == "simcse":
@@ -196,7 +202,7 @@ class ContrastiveModule(PtmModule):
 
     def _forward(self, batch: dict) -> ContrastiveOutput:
         with seeded_rng(batch["dropout_seed"], self.device):
-            if self.objective == "simcse":  # one pass over the doubled batch: two dropout masks per sequence;
+            if self.objective == "simcse":  # one pass over the doubled batch: two dropout masks per sequence
                 inputs = {k: torch.cat([v, v]) for k, v in self.model_inputs(batch).items()}
                 with dropout_on(self.backbone):  # in validation too, or the views are identical (acc = 1)
                     anchors, candidates = self.encode(inputs).chunk(2)
