@@ -1,4 +1,5 @@
-"""Fixtures: the four real sources prepared once per session into a temp data root.
+"""Fixtures: every registered real source (datasets, derived task sets, models) prepared once per session
+into a temp data root.
 
 Downloads go to the normal shared cache (``$PTM_DOWNLOAD_CACHE`` or ``<project>/data/.cache/downloads``),
 so after the first run nothing is downloaded again.
@@ -20,7 +21,7 @@ def shared_downloads() -> Path:
 
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory: pytest.TempPathFactory, shared_downloads: Path) -> Path:
-    """Data root holding bbc, tweets, brown and minilm (the environment is restored afterwards)."""
+    """Data root holding every registered source (the environment is restored afterwards)."""
     root = tmp_path_factory.mktemp("prepared")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PTM_DATA_DIR", str(root))

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ptm_app import paths
-from ptm_app.data.sources import bbc, brown, minilm, tweets
+from ptm_app.data.sources import bbc, bbc_headlines, brown, brown_pos, minilm, tweets, wordnet
 from ptm_app.data.sources.fetch import Artifact
 from ptm_app.errors import PtmError
 
@@ -21,6 +21,9 @@ class Source:
 
     Datasets give ``read(archive) -> (records, cleaning stats)`` and the field to stratify splits by;
     models give ``install(archive, out_dir) -> manifest facts``.
+    Derived task sets may also give ``group_by`` (records sharing that field's value, e.g. one document's
+    sentences, stay in one split), ``private_fields`` (used to split and count, not written to the jsonl),
+    ``derived_from`` and ``derivation`` (the rules, recorded in the manifest).
     """
 
     name: str
@@ -34,17 +37,29 @@ class Source:
     split_by: str | None = None
     measure: Callable[[dict], dict[str, int]] | None = None
     install: Callable[[Path, Path], dict] | None = None
+    group_by: str | None = None
+    private_fields: tuple[str, ...] = ()
+    derived_from: str | None = None
+    derivation: dict | None = None
+    split_unit: str = "document"  # what one record is, named in the manifest's split method
 
 
-def _source(name: str, mod: ModuleType) -> Source:
+def _source(name: str, mod: ModuleType | object) -> Source:
+    """A Source from a module's (or a namespace's, for modules that define several sets) attributes."""
     return Source(name=name, kind=mod.KIND, artifact=mod.ARTIFACT, licence=mod.LICENCE,
                   description=mod.DESCRIPTION, format_version=mod.FORMAT_VERSION, fields=mod.FIELDS,
                   read=getattr(mod, "read", None), split_by=getattr(mod, "SPLIT_BY", None),
-                  measure=getattr(mod, "measure", None), install=getattr(mod, "install", None))
+                  measure=getattr(mod, "measure", None), install=getattr(mod, "install", None),
+                  group_by=getattr(mod, "GROUP_BY", None), private_fields=tuple(getattr(mod, "PRIVATE_FIELDS", ())),
+                  derived_from=getattr(mod, "DERIVED_FROM", None), derivation=getattr(mod, "DERIVATION", None),
+                  split_unit=getattr(mod, "SPLIT_UNIT", "document"))
 
 
 SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
-                              (("bbc", bbc), ("tweets", tweets), ("brown", brown), ("minilm", minilm))}
+                              (("bbc", bbc), ("tweets", tweets), ("brown", brown), ("minilm", minilm),
+                               ("brown_pos", brown_pos), ("wordnet_qa", wordnet.QA),
+                               ("wordnet_pairs", wordnet.PAIRS), ("wordnet_supersense", wordnet.SUPERSENSE),
+                               ("bbc_headlines", bbc_headlines))}
 
 
 def prepared_dir(name: str) -> Path:

