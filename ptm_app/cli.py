@@ -19,6 +19,7 @@ import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes b
 import ptm_app.data.datamodules  # noqa: F401
 import ptm_app.data.parallel  # noqa: F401
 import ptm_app.objectives  # noqa: F401
+import ptm_app.training.unfreezing  # noqa: F401
 from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError

@@ -1,13 +1,17 @@
 """Full fine-tuning for sequence classification, single sentences or pairs
-(BERT: Devlin et al. 2019 §4.1: the final [CLS] state feeds a new output layer)."""
+(BERT: Devlin et al. 2019 §4.1: the final [CLS] state feeds a new output layer), with stage chaining
+(``init_from``) and the L2-SP penalty against catastrophic forgetting (Li et al. 2018)."""
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import asdict
+from typing import Iterator, Optional
 
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
+from ptm_app.adaptation.chaining import InitFrom, apply_init_from, as_init_from, freeze_prefixes
 from ptm_app.data.collators import PadCollator
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
@@ -23,6 +27,13 @@ class SequenceClassificationModule(PtmModule):
         backbone_config: config overrides (e.g. ``classifier_dropout``), or a from-scratch config.
         labels: the label names in order; by default taken from the data module.
         optim: optimiser and schedule.
+        l2_sp: α of the L2-SP penalty ``α/2·‖w − w⁰‖²`` (Li et al. 2018) pulling the pre-trained encoder
+            weights (not the new head) towards w⁰, their values when the fit starts (after ``init_from``);
+            logged as ``train/l2_sp`` and added to the loss (``train/loss`` stays the cross-entropy).
+        init_from: start from an earlier stage's weights (see ``adaptation.chaining.InitFrom``).  Applied once,
+            when a fit builds the module (before any restore: sharded strategies see the loaded weights); on
+            ``--ckpt_path`` resume the restored checkpoint then replaces them (the source is still read, so it
+            must exist), and ``load_from_checkpoint`` never applies it.  Its ``freeze`` always applies.
     """
 
     head = "sequence_classification"
@@ -30,8 +41,11 @@ class SequenceClassificationModule(PtmModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None):
         self.metrics: dict = {}
+        self.l2_sp, self.init_from = l2_sp, as_init_from(init_from)
+        self._init_from_pending = self.init_from is not None
+        self.l2_sp_anchor: Optional[WeightAnchor] = None
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
@@ -57,6 +71,31 @@ class SequenceClassificationModule(PtmModule):
                                              "f1_macro": MulticlassF1Score(n, average="macro")})
             self.val_metrics, self.test_metrics = make(), make()
             self.metrics = {"val": self.val_metrics, "test": self.test_metrics}
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        if self.init_from is not None:
+            if self._init_from_pending and fitting:
+                apply_init_from(self, self.init_from)
+                self._init_from_pending = False
+            else:
+                freeze_prefixes(self.backbone, self.init_from.freeze)
+        if self.l2_sp and fitting and self.l2_sp_anchor is None:
+            encoder = {id(p) for p in self.backbone.base_model.parameters()}
+            self.l2_sp_anchor = WeightAnchor({n: p for n, p in self.backbone.named_parameters()
+                                              if id(p) in encoder and p.requires_grad})
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._init_from_pending = False  # the weights come from the checkpoint
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.init_from is not None:  # plain data: checkpoints load with weights_only=True
+            checkpoint["hyper_parameters"]["init_from"] = asdict(self.init_from)
+
+    def l2_sp_penalty(self) -> torch.Tensor:
+        """``α/2 · Σ ‖w − w⁰‖²`` over the anchored encoder weights (Li et al. 2018, L2-SP)."""
+        params = dict(self.backbone.named_parameters())
+        return 0.5 * self.l2_sp * sum(((params[n] - w0) ** 2).sum() for n, w0 in self.l2_sp_anchor.items())
 
     def make_collator(self, tokenizer, seed: int = 0) -> PadCollator:
         return PadCollator(pad_token_id=tokenizer.pad_token_id)
@@ -67,6 +106,10 @@ class SequenceClassificationModule(PtmModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = torch.nn.functional.cross_entropy(self(batch).float(), batch["labels"])
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
+        if self.l2_sp_anchor is not None:
+            penalty = self.l2_sp_penalty()
+            self.log("train/l2_sp", penalty, batch_size=len(batch["labels"]))
+            loss = loss + penalty
         return loss
 
     def _eval_step(self, stage: str, batch: dict) -> None:
@@ -95,3 +138,17 @@ class SequenceClassificationModule(PtmModule):
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         probs = torch.softmax(self(batch).float(), dim=-1)
         return {"keys": batch["keys"], "probs": probs.cpu()}
+
+
+class WeightAnchor(torch.nn.Module):
+    """Copies of weights as non-persistent buffers: they follow the module across devices, stay out of
+    checkpoints and of the optimiser."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.names = list(weights)
+        for i, w in enumerate(weights.values()):
+            self.register_buffer(f"w{i}", w.detach().clone(), persistent=False)
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return zip(self.names, self.buffers())

@@ -1,0 +1,166 @@
+"""Full fine-tuning for extractive question answering (SQuAD v1.1 style).
+
+BERT (Devlin et al. 2019 §4.2): a start vector S and an end vector E are the only new parameters; the
+probability of token i starting the answer is a softmax of S·T_i over the window, likewise for the end, the
+loss is the mean of the two cross-entropies, and a span (i, j) scores S·T_i + E·T_j with j ≥ i.  Long
+contexts come as overlapping windows (``QADataModule``); every window's best span is kept and the best
+over an example's windows, mapped back to characters through the offsets, is its answer, scored with
+SQuAD EM/F1 (``val/em``, ``val/f1``; ``test/*``) once the epoch has seen all windows.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+from ptm_app.adaptation.token_classification import write_predictions
+from ptm_app.backbones.build import HEADS
+from ptm_app.data.token_tasks import QACollator
+from ptm_app.tasks.metrics import SquadMetric
+from ptm_app.training.module import PtmModule
+from ptm_app.training.optim import OptimConfig
+
+HEADS.setdefault("question_answering", "AutoModelForQuestionAnswering")
+SPLITS = {"val": "validation", "test": "test", "predict": "test"}
+
+
+def best_span(start_logits: torch.Tensor, end_logits: torch.Tensor, offsets: torch.Tensor, n_best: int = 20,
+              max_answer_length: int = 30) -> tuple[float, int, int]:
+    """The best ``(score, start_char, end_char)`` of one window, or ``(-inf, -1, -1)`` if none is valid.
+
+    Candidates: the ``n_best`` highest start and end logits among *context* tokens (``offsets >= 0``; the
+    question, specials and padding never qualify); a pair is valid if ``end >= start`` and it spans at most
+    ``max_answer_length`` tokens; its score is ``start_logit + end_logit`` (BERT §4.2).
+    """
+    context = offsets[:, 0] >= 0
+    if not context.any():
+        return float("-inf"), -1, -1
+    k = min(n_best, int(context.sum()))
+    starts = start_logits.float().masked_fill(~context, float("-inf")).topk(k).indices
+    ends = end_logits.float().masked_fill(~context, float("-inf")).topk(k).indices
+    length = ends[None, :] - starts[:, None]
+    scores = start_logits.float()[starts][:, None] + end_logits.float()[ends][None, :]
+    scores = scores.masked_fill((length < 0) | (length >= max_answer_length), float("-inf"))
+    best = int(scores.argmax())
+    score = float(scores.flatten()[best])
+    if score == float("-inf"):
+        return score, -1, -1
+    i, j = divmod(best, k)
+    return score, int(offsets[starts[i], 0]), int(offsets[ends[j], 1])
+
+
+class BestSpans(Metric):
+    """Collects each window's best span over an epoch (gathered across processes) and keeps, per example,
+    the highest-scoring one."""
+
+    full_state_update = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name in ("example", "score", "start", "end"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, example: torch.Tensor, score: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> None:
+        for name, value in (("example", example), ("score", score), ("start", start), ("end", end)):
+            getattr(self, name).append(value)
+
+    def compute(self) -> dict[int, tuple[float, int, int]]:
+        if not self.example:
+            return {}
+        best: dict[int, tuple[float, int, int]] = {}
+        rows = zip(*(dim_zero_cat(getattr(self, n)).tolist() for n in ("example", "score", "start", "end")))
+        for example, score, start, end in rows:
+            if int(example) not in best or score > best[int(example)][0]:
+                best[int(example)] = (score, int(start), int(end))
+        return best
+
+
+class QuestionAnsweringModule(PtmModule):
+    """Fine-tune every weight of the backbone plus a fresh start/end span layer.
+
+    Args:
+        backbone: prepared name / local dir / exported run / hub id of the pretrained encoder.
+        backbone_config: config overrides, or a from-scratch config.
+        optim: optimiser and schedule.
+        max_answer_length: longest answer considered, in tokens.
+        n_best: start and end candidates per window.
+    """
+
+    head = "question_answering"
+    monitor = ("val/f1", "max")
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
+                 max_answer_length: int = 30, n_best: int = 20):
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+        self.max_answer_length, self.n_best = max_answer_length, n_best
+        self.spans = nn.ModuleDict({stage: BestSpans() for stage in SPLITS})
+
+    def make_collator(self, tokenizer, seed: int = 0) -> QACollator:
+        return QACollator(pad_token_id=tokenizer.pad_token_id)
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.backbone(**self.model_inputs(batch))
+        return out.start_logits.float(), out.end_logits.float()
+
+    @staticmethod
+    def loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        ce = nn.functional.cross_entropy
+        return (ce(start_logits, batch["start_positions"]) + ce(end_logits, batch["end_positions"])) / 2
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(*self(batch), batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
+        return loss
+
+    def _collect(self, stage: str, batch: dict, start_logits: torch.Tensor, end_logits: torch.Tensor) -> list:
+        spans = [best_span(s, e, o, self.n_best, self.max_answer_length)
+                 for s, e, o in zip(start_logits, end_logits, batch["offsets"])]
+        score, start, end = (torch.tensor(v, device=self.device) for v in zip(*spans))
+        self.spans[stage].update(batch["examples"], score.float(), start, end)
+        return spans
+
+    def _eval_step(self, stage: str, batch: dict) -> None:
+        start_logits, end_logits = self(batch)
+        self.log(f"{stage}/loss", self.loss(start_logits, end_logits, batch), batch_size=len(batch["input_ids"]))
+        self._collect(stage, batch, start_logits, end_logits)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def answers(self, stage: str) -> dict[int, tuple[float, int, int, str]]:
+        """Per example seen this epoch: ``(score, start_char, end_char, text)`` of its best span (``""`` if none)."""
+        spans = self.spans[stage].compute()
+        self.spans[stage].reset()
+        contexts = self.trainer.datamodule.records(SPLITS[stage]).contexts
+        return {e: (score, s, t, contexts[e][s:t] if s >= 0 else "") for e, (score, s, t) in sorted(spans.items())}
+
+    def _log_metrics(self, stage: str) -> None:
+        answers = self.answers(stage)
+        golds = self.trainer.datamodule.records(SPLITS[stage]).answers
+        squad = SquadMetric(sync_on_compute=False)  # the spans are already gathered from every process
+        squad.update([a[3] for a in answers.values()], [golds[e] for e in answers])
+        self.log_dict({f"{stage}/{k}": v for k, v in squad.compute().items()}, prog_bar=(stage == "val"))
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        spans = self._collect("predict", batch, *self(batch))
+        return {"keys": batch["keys"], "examples": batch["examples"].tolist(), "spans": spans}
+
+    def on_predict_epoch_end(self) -> None:
+        examples = self.trainer.datamodule.records(SPLITS["predict"])
+        rows = [{"id": examples.ids[e], "question": examples.questions[e], "context": examples.contexts[e],
+                 "answer": text, "answer_start": start, "score": round(score, 4) if start >= 0 else None}
+                for e, (score, start, _, text) in self.answers("predict").items()]
+        write_predictions(self.trainer, rows)

@@ -1,0 +1,153 @@
+"""Full fine-tuning for token classification (tagging: POS, NER, chunking).
+
+BERT (Devlin et al. 2019 §4.3, NER): each word is represented by the final state of its *first* sub-token,
+fed to a new linear output layer, with no CRF; the other sub-tokens carry no label.  Logs token accuracy
+(``val/acc``) and, for BIO/IOB2 tag sets, exact-match entity-level precision/recall/F1 (``val/entity_f1``;
+seqeval's default mode, see ``tasks.metrics``).  ``predict`` writes one tag per word to
+``<run dir>/predictions.jsonl``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ptm_app.backbones.build import HEADS
+from ptm_app.data.datasets import _index
+from ptm_app.data.token_tasks import IGNORE_INDEX, TokenLabelCollator
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_file
+from ptm_app.tasks.metrics import EntityF1, is_bio, token_accuracy
+from ptm_app.training.module import PtmModule
+from ptm_app.training.optim import OptimConfig
+
+HEADS.setdefault("token_classification", "AutoModelForTokenClassification")
+
+
+def write_predictions(trainer, rows: list[dict]) -> None:
+    """Write ``rows`` to ``<trainer.default_root_dir>/predictions.jsonl`` (the run directory under main.py)."""
+    if not rows or not trainer.is_global_zero:
+        return
+    path = Path(trainer.default_root_dir) / "predictions.jsonl"
+    with atomic_file(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} predictions to {path}")
+
+
+class TokenClassificationModule(PtmModule):
+    """Fine-tune every weight of the backbone plus a fresh per-token classification layer.
+
+    Args:
+        backbone: prepared name / local dir / exported run / hub id of the pretrained encoder.
+        backbone_config: config overrides (e.g. ``classifier_dropout``), or a from-scratch config.
+        labels: the tag names in order; by default taken from the data module (``TokenTaskDataModule``).
+        optim: optimiser and schedule.
+    """
+
+    head = "token_classification"
+    monitor = ("val/acc", "max")
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
+                 gradient_checkpointing: bool = False):
+        self.stage_metrics: Optional[nn.ModuleDict] = None
+        self.predictions: list[dict] = []
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+
+    def can_build(self) -> bool:
+        return super().can_build() and self.hparams.labels is not None
+
+    def config_updates(self) -> dict:
+        datamodule = self._datamodule()
+        if self.hparams.labels is None and datamodule is not None and hasattr(datamodule, "label_set"):
+            self.hparams.labels = datamodule.label_set()
+        labels = list(self.hparams.labels or [])
+        if not labels:
+            raise PtmError("TokenClassificationModule needs labels: set model.init_args.labels or use a "
+                           "TokenTaskDataModule")
+        return {**super().config_updates(), "num_labels": len(labels),
+                "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.stage_metrics is None:
+            labels = list(self.hparams.labels)
+            make = lambda: nn.ModuleDict({"acc": token_accuracy(len(labels)),  # noqa: E731
+                                          **({"entities": EntityF1()} if is_bio(labels) else {})})
+            self.stage_metrics = nn.ModuleDict({"val": make(), "test": make()})
+
+    def make_collator(self, tokenizer, seed: int = 0) -> TokenLabelCollator:
+        return TokenLabelCollator(pad_token_id=tokenizer.pad_token_id)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.backbone(**self.model_inputs(batch)).logits
+
+    @staticmethod
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(self(batch), batch["labels"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
+        return loss
+
+    def word_tags(self, ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
+        """Tag names at the labelled (first sub-token) positions of each row, in word order."""
+        labels = self.hparams.labels
+        return [[labels[i] for i in row[keep].tolist()] for row, keep in zip(ids, where)]
+
+    def _eval_step(self, stage: str, batch: dict) -> None:
+        logits, labels = self(batch), batch["labels"]
+        self.log(f"{stage}/loss", self.loss(logits, labels), batch_size=len(labels))
+        preds = logits.argmax(-1)
+        metrics = self.stage_metrics[stage]
+        metrics["acc"].update(preds, labels)
+        if "entities" in metrics:
+            labelled = labels != IGNORE_INDEX
+            metrics["entities"].update(self.word_tags(preds, labelled), self.word_tags(labels, labelled))
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def _log_metrics(self, stage: str) -> None:
+        metrics = self.stage_metrics[stage]
+        values = {"acc": metrics["acc"].compute()}
+        if "entities" in metrics:
+            values.update(metrics["entities"].compute())
+        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=(stage == "val"))
+        for metric in metrics.values():
+            metric.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    def on_predict_epoch_start(self) -> None:
+        self.predictions = []
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """One predicted tag per word (from its first sub-token); ``None`` for words cut by ``max_length``."""
+        preds = self(batch).argmax(-1).cpu()
+        records = self.trainer.datamodule.records("test")
+        labels = self.hparams.labels
+        rows = []
+        for key, row, words in zip(batch["keys"], preds, batch["word_index"].cpu()):
+            i = _index(key)
+            tags: list[Optional[str]] = [None] * len(records["words"][i])
+            for pos in (words >= 0).nonzero().squeeze(1).tolist():
+                tags[int(words[pos])] = labels[int(row[pos])]
+            rows.append({"id": records["ids"][i], "words": records["words"][i], "tags": tags})
+        self.predictions.extend(rows)
+        return {"keys": batch["keys"], "tags": [r["tags"] for r in rows]}
+
+    def on_predict_epoch_end(self) -> None:
+        write_predictions(self.trainer, self.predictions)
