@@ -50,13 +50,42 @@ def backbone_from_checkpoint(ckpt: dict):
     return model.eval()
 
 
+def delta_backbone_from_checkpoint(ckpt_path: str | Path, ckpt: dict):
+    """A delta-tuned run: merge LoRA/IA3 into plain weights, or return (base, delta-tuned model) to save apart."""
+    import importlib
+
+    from ptm_app.adaptation.delta import merge_for_export
+
+    module_path, _, name = ckpt["ptm_app"]["module"].rpartition(".")
+    module = getattr(importlib.import_module(module_path), name).load_from_checkpoint(ckpt_path, map_location="cpu")
+    tuned = module.backbone.eval()
+    merged = merge_for_export(tuned)
+    return (merged, None) if merged is not None else (None, (module.delta, tuned))
+
+
 def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path) -> Path:
-    """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance."""
+    """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance.
+
+    Delta-tuned runs: LoRA/IA3 are merged into plain weights; adapters and prompt methods cannot be
+    merged, so the directory holds the unchanged base model plus ``delta.safetensors`` and
+    ``delta_config.json`` (load with ``adaptation.delta.load_delta``)."""
     ckpt = read_checkpoint(ckpt_path)
-    model = backbone_from_checkpoint(ckpt)
+    delta = None
+    if ckpt["hyper_parameters"].get("delta"):
+        model, delta = delta_backbone_from_checkpoint(Path(ckpt_path) if Path(ckpt_path).is_file()
+                                                      else Path(ckpt_path) / "checkpoints" / "last.ckpt", ckpt)
+    else:
+        model = backbone_from_checkpoint(ckpt)
     output_dir = Path(output_dir)
     with atomic_dir(output_dir) as tmp:
-        model.save_pretrained(tmp)
+        if delta is not None:
+            from ptm_app.adaptation.delta import save_delta, save_base
+
+            spec, tuned = delta
+            save_delta(tuned, spec, tmp)
+            save_base(tuned, tmp)
+        else:
+            model.save_pretrained(tmp)
         for name, text in ckpt["ptm_app"].get("tokenizer", {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
         provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt["ptm_app"]["head"],

@@ -12,6 +12,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ptm_app.adaptation.chaining import InitFrom, apply_init_from, as_init_from, freeze_prefixes
+from ptm_app.adaptation.delta import DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, trainable_report
 from ptm_app.data.collators import PadCollator
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
@@ -34,6 +35,9 @@ class SequenceClassificationModule(PtmModule):
             when a fit builds the module (before any restore: sharded strategies see the loaded weights); on
             ``--ckpt_path`` resume the restored checkpoint then replaces them (the source is still read, so it
             must exist), and ``load_from_checkpoint`` never applies it.  Its ``freeze`` always applies.
+        delta: parameter-efficient tuning (``adaptation.delta.DeltaSpec``): bottleneck adapters (houlsby,
+            pfeiffer, pals), lora, ia3, prefix, prompt, ptuning or bitfit; only the delta (+ head) trains.
+        delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
     """
 
     head = "sequence_classification"
@@ -41,8 +45,10 @@ class SequenceClassificationModule(PtmModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
-                 gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None):
+                 gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
+                 delta: Optional[DeltaSpec] = None, delta_only: bool = True):
         self.metrics: dict = {}
+        self.delta, self.delta_only = as_delta_spec(delta), delta_only
         self.l2_sp, self.init_from = l2_sp, as_init_from(init_from)
         self._init_from_pending = self.init_from is not None
         self.l2_sp_anchor: Optional[WeightAnchor] = None
@@ -64,7 +70,13 @@ class SequenceClassificationModule(PtmModule):
                 "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
 
     def configure_model(self) -> None:
+        fresh = self.backbone is None
         super().configure_model()
+        if fresh and self.delta is not None:
+            self.backbone = apply_delta(self.backbone, self.delta, self.head)
+            report = trainable_report(self.backbone)
+            print(f"delta {self.delta.method}: {report['trainable']:,} of {report['total']:,} parameters trainable "
+                  f"({report['percent']:.3f} %)")
         if not self.metrics:
             n = len(self.hparams.labels)
             make = lambda: MetricCollection({"acc": MulticlassAccuracy(n, average="micro"),  # noqa: E731
@@ -86,11 +98,24 @@ class SequenceClassificationModule(PtmModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         self._init_from_pending = False  # the weights come from the checkpoint
+        if self.delta is not None and checkpoint.get("ptm_app", {}).get("delta_only"):
+            base = {f"backbone.{k}": v for k, v in self.backbone.state_dict().items()}
+            checkpoint["state_dict"] = {**base, **checkpoint["state_dict"]}  # frozen base + saved delta
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
+        hp = checkpoint["hyper_parameters"]
         if self.init_from is not None:  # plain data: checkpoints load with weights_only=True
-            checkpoint["hyper_parameters"]["init_from"] = asdict(self.init_from)
+            hp["init_from"] = asdict(self.init_from)
+        if self.delta is None:
+            return
+        hp["delta"] = asdict(self.delta)
+        if self.delta_only:  # the base is rebuilt from its source: keep only the delta (+ head) weights
+            rest = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("backbone.")}
+            delta = {f"backbone.{k}": v for k, v in delta_state_dict(self.backbone).items()}
+            checkpoint["state_dict"] = {**rest, **delta}
+            hp["backbone"], hp["backbone_config"] = self.hparams.backbone, self.hparams.backbone_config
+            checkpoint["ptm_app"]["delta_only"] = True
 
     def l2_sp_penalty(self) -> torch.Tensor:
         """``α/2 · Σ ‖w − w⁰‖²`` over the anchored encoder weights (Li et al. 2018, L2-SP)."""

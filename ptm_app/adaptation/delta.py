@@ -24,7 +24,7 @@ from peft import (IA3Config, LoraConfig, PeftModel, PeftType, PrefixTuningConfig
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ptm_app.adaptation.adapters import ADAPTER_KINDS, add_adapter, list_adapters
+from ptm_app.adaptation.adapters import remove_adapter, ADAPTER_KINDS, add_adapter, list_adapters
 from ptm_app.errors import PtmError
 
 Method = Literal["houlsby", "pfeiffer", "pals", "lora", "ia3", "prefix", "prompt", "ptuning", "bitfit", "none"]
@@ -241,6 +241,19 @@ def save_delta(model: nn.Module, spec: DeltaSpec, directory: Union[str, Path]) -
             "model_type": transformers_model(model).config.model_type}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return directory
+
+
+def save_base(model: nn.Module, directory: Union[str, Path]) -> None:
+    """``save_pretrained`` the frozen base under a delta that cannot be merged (adapters, prompt methods)."""
+    import copy
+
+    if isinstance(model, PeftModel):
+        model.get_base_model().save_pretrained(directory)
+        return
+    base = copy.deepcopy(model)
+    for name in list(list_adapters(base)):
+        remove_adapter(base, name)
+    base.save_pretrained(directory)
 
 
 def load_delta(base_model: nn.Module, directory: Union[str, Path]) -> nn.Module:

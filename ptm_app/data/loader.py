@@ -57,6 +57,7 @@ class ResumableLoader(DataLoader):
         super().__init__(dataset, batch_size=batch_size, sampler=self.epoch_sampler, **kwargs)
         self.consumed = 0
         self._resume: dict | None = None
+        self.restored = False  # load_state_dict was called (by Lightning, or by DataPositionCallback)
 
     def __iter__(self):
         if self._resume is not None:
@@ -80,6 +81,7 @@ class ResumableLoader(DataLoader):
                 f"cannot resume: the checkpoint was written with batch_size={state['batch_size']}, "
                 f"this run uses {self.batch_size}; resume with the same batch size"
             )
+        self.restored = True
         if state["consumed"] >= len(self):  # saved at the last step of an epoch: start the next one
             self._resume = {"epoch": state["epoch"] + 1, "consumed": 0}
         else:
@@ -87,7 +89,27 @@ class ResumableLoader(DataLoader):
 
 
 class DataPositionCallback(Callback):
-    """Counts batches consumed by the training loop (runs before ModelCheckpoint saves)."""
+    """Counts batches consumed by the training loop (runs before ModelCheckpoint saves), and makes sure a
+    resumed run restores the loader position.
+
+    Lightning restores loader states only when it builds the train loader after the checkpoint; with
+    ``max_epochs`` set, ``trainer.estimated_stepping_batches`` (used by ``configure_optimizers``) builds
+    and starts iterating it before the restore, and the saved position would be silently dropped.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict | None = None
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        states = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+        self._pending = states[0] if states else None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        loader = trainer.train_dataloader
+        if self._pending is not None and isinstance(loader, ResumableLoader) and not loader.restored:
+            loader.load_state_dict(self._pending)
+            iter(trainer.fit_loop._data_fetcher)  # discard the iterator (and its prefetched batch) built too early
+        self._pending = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loader = trainer.train_dataloader
