@@ -1,5 +1,8 @@
 """One LightningModule per adaptation style; fine-tuning strategies are settings and callbacks."""
 from ptm_app.adaptation.classification import SequenceClassificationModule
 from ptm_app.adaptation.features import FeatureExtractionModule
+from ptm_app.adaptation.qa import QuestionAnsweringModule
+from ptm_app.adaptation.token_classification import TokenClassificationModule
 
-__all__ = ["FeatureExtractionModule", "SequenceClassificationModule"]
+__all__ = ["FeatureExtractionModule", "QuestionAnsweringModule", "SequenceClassificationModule",
+           "TokenClassificationModule"]

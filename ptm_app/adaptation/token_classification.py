@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from ptm_app.backbones.build import HEADS
+from ptm_app.data.corruption import IGNORE_INDEX
 from ptm_app.data.datasets import _index
-from ptm_app.data.token_tasks import IGNORE_INDEX, TokenLabelCollator
+from ptm_app.data.token_tasks import TokenLabelCollator
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_file
 from ptm_app.tasks.metrics import EntityF1, is_bio, token_accuracy

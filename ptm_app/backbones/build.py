@@ -18,6 +18,8 @@ HEADS = {
     "causal_lm": "AutoModelForCausalLM",
     "seq2seq_lm": "AutoModelForSeq2SeqLM",
     "sequence_classification": "AutoModelForSequenceClassification",
+    "token_classification": "AutoModelForTokenClassification",
+    "question_answering": "AutoModelForQuestionAnswering",
     "base": "AutoModel",
     "rtd": "ElectraForPreTraining",  # ELECTRA's discriminator (Clark et al. 2020 §2)
     "bilm": "BiLSTMForLanguageModeling",  # ptm_app.backbones.bilstm (ELMo, Peters et al. 2018)

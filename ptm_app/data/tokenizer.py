@@ -117,5 +117,10 @@ def is_bert_style(tokenizer) -> bool:
 def tokenizer_fingerprint(tokenizer) -> str:
     """A stable hash of the tokenizer's vocabulary and rules (for cache keys)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    payload = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    if backend is not None:  # drop per-call state (truncation/padding) so the key is the tokenizer itself
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None), state.pop("padding", None)
+        payload = json.dumps(state, sort_keys=True)
+    else:
+        payload = json.dumps(tokenizer.get_vocab(), sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -1,0 +1,144 @@
+"""Data for prompt-based learning (survey §5.7, App. C.4): labelled records whose text fields are tokenized once,
+without special tokens, so that the LightningModule's template can place them (a PET pattern, Schick & Schütze
+2021 §3, or GPT-3 in-context demonstrations, Brown et al. 2020 §2).  Few-shot training sets are a seeded random
+sample of the training split (PET §4 draws its small training sets at random).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from ptm_app.data.datamodules import TaskDataModule, holdout_split
+from ptm_app.data.datasets import _index
+from ptm_app.data.formats import read_records
+from ptm_app.data.tasks import label_ids
+from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_file, cache_root, sha256_file
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class EncodedFields:
+    """One split: each record's text (and text pair) as token ids without special tokens, cut to max_length."""
+
+    text_ids: list[list[int]]
+    pair_ids: Optional[list[list[int]]]
+    labels: list[str]
+    lines: list[int]
+    ids: list[str]
+    texts: list[str]
+    path: str
+
+
+def encode_fields(path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
+                  id_field: str, max_length: int) -> EncodedFields:
+    """Tokenize a labelled file's fields once; later calls read the cache (keyed like ``tasks.encode_split``)."""
+    key = json.dumps(["prompt", FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field,
+                      max_length, tokenizer_fingerprint(tokenizer)])
+    cache = cache_root() / "encoded" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+    if cache.exists():
+        return EncodedFields(**json.loads(cache.read_text()))
+    required = (text_field, label_field) + ((text_pair_field,) if text_pair_field else ())
+    rows = list(read_records(path, required))
+    if not rows:
+        raise PtmError(f"data file {path} has no records; check the file")
+    texts = [str(r[text_field]) for _, r in rows]
+
+    def ids(values: list[str]) -> list[list[int]]:
+        return tokenizer(values, add_special_tokens=False, truncation=True, max_length=max_length,
+                         verbose=False)["input_ids"]
+
+    split = EncodedFields(
+        text_ids=ids(texts),
+        pair_ids=ids([str(r[text_pair_field]) for _, r in rows]) if text_pair_field else None,
+        labels=[str(r[label_field]) for _, r in rows],
+        lines=[line for line, _ in rows],
+        ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows],
+        texts=texts,
+        path=str(path),
+    )
+    with atomic_file(cache, "w", encoding="utf-8") as fh:
+        json.dump(split.__dict__, fh)
+    return split
+
+
+class PromptDataset(Dataset):
+    """Examples as field token ids: ``text_ids``, ``pair_ids`` (None without a pair field), ``label``, ``key``."""
+
+    def __init__(self, text_ids: list[list[int]], labels: list[int], pair_ids: Optional[list[list[int]]] = None):
+        self.text_ids, self.labels, self.pair_ids = text_ids, labels, pair_ids
+
+    def __len__(self) -> int:
+        return len(self.text_ids)
+
+    def fields(self, i: int) -> dict[str, Optional[list[int]]]:
+        """The template fields of example ``i``: ``text`` and ``text_pair`` token ids."""
+        return {"text": self.text_ids[i], "text_pair": self.pair_ids[i] if self.pair_ids is not None else None}
+
+    def __getitem__(self, key) -> dict:
+        i = _index(key)
+        return {"fields": self.fields(i), "label": self.labels[i], "key": key}
+
+
+def few_shot_sample(index: list[int], n: int, seed: int) -> list[int]:
+    """``n`` of ``index`` drawn at random with ``seed`` (kept in file order); all of them if there are fewer."""
+    if n >= len(index):
+        return list(index)
+    picked = np.random.default_rng(seed).choice(len(index), size=n, replace=False)
+    return [index[i] for i in sorted(picked.tolist())]
+
+
+class PromptDataModule(TaskDataModule):
+    """Labelled records for ``PromptClassifierModule`` (cloze) and ``InContextEvalModule`` (demonstrations).
+
+    Args as ``TaskDataModule``, except:
+        max_length: the longest cloze input in tokens, special tokens included (texts are cut to fit, never the
+            template or its mask); for in-context learning, the longest text of one example.
+        limit_train: use N training examples drawn at random with ``seed`` (few-shot; also the pool of
+            in-context demonstrations).  ``TaskDataModule`` keeps the first N instead, which for a file sorted
+            by label (``bbc``, ``tweets``) is a single class.
+    """
+
+    def __init__(self, tokenizer: TokenizerSpec, source: str = "bbc", text_field: str = "text",
+                 text_pair_field: Optional[str] = None, label_field: str = "label", id_field: str = "id",
+                 labels: Optional[list[str]] = None, max_length: int = 128, batch_size: int = 8,
+                 eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234, holdout: float = 0.1,
+                 limit_train: Optional[int] = None):
+        super().__init__(tokenizer, source, text_field=text_field, text_pair_field=text_pair_field,
+                         label_field=label_field, id_field=id_field, labels=labels, max_length=max_length,
+                         batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed,
+                         holdout=holdout, limit_train=limit_train)
+
+    def _encode(self, path: Path) -> EncodedFields:
+        return encode_fields(path, self.load_tokenizer(), text_field=self.text_field,
+                             text_pair_field=self.text_pair_field, label_field=self.label_field,
+                             id_field=self.id_field, max_length=self.max_length)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        from_training = self.labels is None
+        labels = self.label_set()
+        for split, path in self.files.items():
+            enc = self._encode(path)
+            ids = label_ids(enc, labels, from_training)
+            index = list(range(len(ids)))
+            if split == "train" and "validation" not in self.files:
+                index, held = holdout_split(len(ids), self.holdout, self.seed)
+                self._add("validation", enc, ids, held)
+            if split == "train" and self.limit_train:
+                index = few_shot_sample(index, self.limit_train, self.seed)
+            self._add(split, enc, ids, index)
+
+    def _add(self, split: str, enc: EncodedFields, ids: list[int], index: list[int]) -> None:
+        pick = lambda seq: None if seq is None else [seq[i] for i in index]  # noqa: E731
+        self.splits[split] = {"ids": pick(enc.ids), "texts": pick(enc.texts), "path": enc.path}
+        self.datasets[split] = PromptDataset(pick(enc.text_ids), pick(ids), pick(enc.pair_ids))
