@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes by their short names)
 import ptm_app.data.datamodules  # noqa: F401
 import ptm_app.data.parallel  # noqa: F401
+import ptm_app.data.prompt_data  # noqa: F401
 import ptm_app.data.token_tasks  # noqa: F401
 import ptm_app.objectives  # noqa: F401
 import ptm_app.training.unfreezing  # noqa: F401

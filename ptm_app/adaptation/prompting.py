@@ -129,7 +129,7 @@ class Verbalizer:
 
 def label_scores(mask_logits: torch.Tensor, word_ids: list[list[int]],
                  reduce: Literal["mean", "max"] = "mean") -> torch.Tensor:
-    """PET's s(l|x) (§3): a label's score is the mean (PET) or max of the MLM logits [B, V] of its words; → [B, C]."""
+    """PET's s(l|x) (§3): a label's score is the mean (PET) or max of its words' MLM logits [B, V]; → [B, C]."""
     width = max(map(len, word_ids))
     ids = torch.tensor([w + [w[0]] * (width - len(w)) for w in word_ids], device=mask_logits.device)
     real = torch.tensor([[i < len(w) for i in range(width)] for w in word_ids], device=mask_logits.device)
@@ -425,8 +425,8 @@ class PromptClassifierModule(_LabelScoringModule):
     def make_collator(self, tokenizer, seed: int = 0) -> ClozeCollator:
         if tokenizer.mask_token_id is None:
             raise PtmError("PromptClassifierModule needs a masked LM's tokenizer (it has no mask token)")
-        datamodule = self._datamodule()
-        max_length = getattr(datamodule, "max_length", None) or max_positions(self.backbone) - self.hparams.soft_prompt_tokens
+        max_length = (getattr(self._datamodule(), "max_length", None)
+                      or max_positions(self.backbone) - self.hparams.soft_prompt_tokens)
         return ClozeCollator(pad_token_id=tokenizer.pad_token_id, encoder=PromptEncoder(self.template, tokenizer),
                              max_length=max_length)
 
@@ -507,8 +507,12 @@ class InContextEvalModule(_LabelScoringModule):
         if set(words) != set(self.labels):
             raise PtmError(f"verbalizer labels {sorted(words)} differ from the task's labels {sorted(self.labels)}; "
                            f"give every label its text (model.init_args.verbalizer)")
-        return [tokenizer(self.template.slot_space + words[label], add_special_tokens=False)["input_ids"]
-                for label in self.labels]
+        answers = [tokenizer(self.template.slot_space + words[label], add_special_tokens=False)["input_ids"]
+                   for label in self.labels]
+        empty = [label for label, ids in zip(self.labels, answers) if not ids]
+        if empty:
+            raise PtmError(f"verbalizer: label '{empty[0]}' stands for no tokens; give it a non-empty text")
+        return answers
 
     def build_collator(self, tokenizer, pool: PromptDataset) -> InContextCollator:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -7,6 +7,7 @@ Tokenization happens once, in ``prepare_data`` (global rank 0 only), into an on-
 """
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
@@ -231,7 +232,8 @@ class TaskDataModule(_Base):
                 index, held = holdout_split(len(ids), self.holdout, self.seed)
                 self._add("validation", enc, ids, held)
             if split == "train" and self.limit_train:
-                index = index[: self.limit_train]
+                # a seeded random subset: the prepared sets are sorted by label, so "the first N" is one class
+                index = sorted(random.Random(self.seed).sample(index, min(self.limit_train, len(index))))
             self._add(split, enc, ids, index)
 
     def _add(self, split: str, enc, ids: list[int], index: list[int]) -> None:

@@ -1,0 +1,330 @@
+"""Prompt-based learning (survey §5.7): PET cloze classification (Schick & Schütze 2021 §3), soft prompts
+(Lester et al. 2021) and in-context learning (Brown et al. 2020 §2), on tiny models, then MiniLM on real BBC."""
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+
+from ptm_app.adaptation.prompting import (InContextEvalModule, PromptClassifierModule, PromptEncoder, Template,
+                                          Verbalizer, longest_first)
+from ptm_app.data.prompt_data import PromptDataModule
+from ptm_app.data.sources import prepared_dir
+from ptm_app.data.tokenizer import TokenizerSpec
+from ptm_app.errors import PtmError
+from ptm_app.training.optim import OptimConfig
+from tests.conftest import TINY_BERT, TINY_GPT2, run_main, write_jsonl
+
+ADAPT = Path(__file__).resolve().parents[2] / "configs" / "adapt"
+FILLER = "the cat sat on a mat while dogs ran in park and every morning".split()
+CUES = {"pos": ["rose", "joy", "grew"], "neg": ["fell", "lost", "sank"]}
+VERBALIZER = {"pos": ["rose", "joy"], "neg": "fell"}
+GPT = {**TINY_GPT2, "n_positions": 512}
+
+
+def rows(n: int, seed: int) -> list[dict]:
+    """Filler words plus two cue words of the label: learnable from a handful of examples."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        label = ("pos", "neg")[i % 2]
+        words = [rng.choice(FILLER) for _ in range(rng.randint(4, 9))]
+        for _ in range(2):
+            words.insert(rng.randrange(len(words) + 1), rng.choice(CUES[label]))
+        out.append({"id": f"{seed}-{i}", "text": " ".join(words), "label": label})
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("prompt_corpus")
+    train = rows(40, 1)
+    write_jsonl(root / "train.jsonl", train + [{**train[0], "id": "duplicate"}])
+    write_jsonl(root / "validation.jsonl", rows(16, 2))
+    write_jsonl(root / "test.jsonl", rows(16, 3))
+    return root
+
+
+def data(corpus: Path, kind: str = "wordpiece", max_length: int = 64, **kwargs) -> PromptDataModule:
+    spec = TokenizerSpec(train=kind, vocab_size=200 if kind == "wordpiece" else 300, min_frequency=1)
+    dm = PromptDataModule(spec, source=str(corpus), max_length=max_length, batch_size=8, **kwargs)
+    dm.setup()
+    return dm
+
+
+@pytest.fixture(scope="module")
+def bert_data(corpus) -> PromptDataModule:
+    return data(corpus)
+
+
+def trainer(**kwargs) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, **kwargs)
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+# -- templates and verbalizers ----------------------------------------------------------------------------
+def test_cloze_input_is_the_rendered_template_with_one_mask(bert_data):
+    tok = bert_data.tokenizer
+    template = Template("{text} It was {mask}.")
+    assert template.render("[MASK]", "the cat sat") == "the cat sat It was [MASK]."
+    encoded, at = PromptEncoder(template, tok).cloze({"text": ids(tok, "the cat sat")}, max_length=64)
+    assert encoded == tok(template.render(tok.mask_token, "the cat sat"))["input_ids"]
+    assert encoded[at] == tok.mask_token_id and encoded.count(tok.mask_token_id) == 1
+    assert encoded[0] == tok.cls_token_id and encoded[-1] == tok.sep_token_id
+
+    pair = Template("{text} ? {mask} , {text_pair}")  # PET's pattern for sentence pairs (§4.1)
+    fields = {"text": ids(tok, "the cat sat"), "text_pair": ids(tok, "dogs ran")}
+    encoded, at = PromptEncoder(pair, tok).cloze(fields, max_length=64)
+    assert encoded == tok(pair.render(tok.mask_token, "the cat sat", "dogs ran"))["input_ids"]
+    assert encoded[at] == tok.mask_token_id
+    with pytest.raises(PtmError, match="text_pair_field"):
+        PromptEncoder(pair, tok).cloze({"text": fields["text"], "text_pair": None}, max_length=64)
+
+
+@pytest.mark.parametrize("pattern", ["{text} It was {mask}.", "{mask} News: {text}"])
+def test_truncation_cuts_the_text_never_the_mask(bert_data, pattern):
+    tok = bert_data.tokenizer
+    encoder = PromptEncoder(Template(pattern), tok)
+    long = ids(tok, " ".join(["the cat sat on a mat"] * 20))
+    encoded, at = encoder.cloze({"text": long}, max_length=16)
+    room = 16 - len(encoder.cloze({"text": []}, max_length=64)[0])
+    assert len(encoded) == 16 and encoded[at] == tok.mask_token_id
+    assert (encoded, at) == encoder.cloze({"text": long[:room]}, max_length=64)  # the text keeps its beginning
+    with pytest.raises(PtmError, match="leaving no room for the text"):
+        PromptEncoder(Template("{text} " + "and the cat sat " * 4 + "{mask}"), tok).cloze({"text": long}, 16)
+
+
+def test_sentence_pairs_are_cut_longest_first():
+    assert longest_first([30, 5], 20) == [15, 5]
+    assert longest_first([30, 25], 20) == [10, 10]
+    assert longest_first([3, 4], 20) == [3, 4]
+
+
+@pytest.mark.parametrize("pattern", ["{text}", "{text} {mask} {mask}", "{mask} {review}", "{mask} {text:>5}",
+                                     "{mask} {text"])
+def test_bad_templates_are_refused(pattern):
+    with pytest.raises(PtmError, match="template"):
+        Template(pattern)
+
+
+def test_label_words_must_be_single_known_tokens(bert_data):
+    tok, labels = bert_data.tokenizer, ["neg", "pos"]
+    token = tok.convert_tokens_to_ids
+    assert Verbalizer.of(VERBALIZER, labels).token_ids(tok, labels) == [[token("fell")], [token("rose"), token("joy")]]
+    assert Verbalizer.of(None, ["cat", "dogs"]).words == {"cat": ["cat"], "dogs": ["dogs"]}
+    assert len(ids(tok, "catdog")) > 1
+    with pytest.raises(PtmError, match=r"word 'catdog' of label 'pos' is \d tokens \(cat ##"):
+        Verbalizer({"pos": ["rose", "catdog"], "neg": "fell"}).token_ids(tok, labels)
+    with pytest.raises(PtmError, match="word 'zebra' of label 'neg' is not in the tokenizer's vocabulary"):
+        Verbalizer({"pos": "rose", "neg": "zebra"}).token_ids(tok, labels)
+    with pytest.raises(PtmError, match="differ from the task's labels"):
+        Verbalizer({"pos": "rose"}).token_ids(tok, labels)
+
+
+# -- PET scoring and training ---------------------------------------------------------------------------
+@pytest.mark.parametrize("scoring", ["mean", "max"])
+def test_label_scores_are_the_label_words_mlm_logits_at_the_mask(bert_data, scoring):
+    tok = bert_data.tokenizer
+    torch.manual_seed(0)
+    module = PromptClassifierModule(backbone_config={**TINY_BERT, "vocab_size": len(tok)}, labels=["neg", "pos"],
+                                    verbalizer=VERBALIZER, scoring=scoring)
+    module.tokenizer = tok
+    module.eval()
+    batch = module.make_collator(tok)([bert_data.datasets["validation"][i] for i in range(4)])
+    with torch.no_grad():
+        scores = module(batch)
+        logits = module.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    rows_, cols = (batch["input_ids"] == tok.mask_token_id).nonzero(as_tuple=True)
+    assert rows_.tolist() == [0, 1, 2, 3] and cols.tolist() == batch["mask_positions"].tolist()
+    at_mask = logits[rows_, cols]
+    pos = at_mask[:, tok.convert_tokens_to_ids(["rose", "joy"])]
+    expected = torch.stack([at_mask[:, tok.convert_tokens_to_ids("fell")],
+                            pos.mean(-1) if scoring == "mean" else pos.max(-1).values], dim=1)
+    assert torch.allclose(scores, expected, atol=1e-5)
+
+
+def test_few_shot_training_raises_accuracy_and_lowers_loss(corpus):
+    pl.seed_everything(0)
+    dm = data(corpus, limit_train=32)
+    assert len(dm.datasets["train"]) == 32 and set(dm.datasets["train"].labels) == {0, 1}
+    module = PromptClassifierModule(backbone_config=TINY_BERT, verbalizer=VERBALIZER,
+                                    optim=OptimConfig(lr=3e-3, warmup=0))
+    before = trainer().validate(module, datamodule=dm, verbose=False)[0]
+    trainer(max_steps=150, limit_val_batches=0).fit(module, datamodule=dm)
+    after = trainer().validate(module, datamodule=dm, verbose=False)[0]
+    assert module.hparams.labels == ["neg", "pos"]
+    # a from-scratch tiny BERT starts at chance (loss ~0.69); seeds 0-4 end at loss <= 0.31, accuracy >= 15/16
+    assert after["val/loss"] < before["val/loss"] - 0.3, (before, after)
+    assert after["val/acc"] >= 0.85 and after["val/acc"] > before["val/acc"], (before, after)
+
+
+def test_soft_prompt_with_frozen_backbone_trains_only_the_prompt(corpus, tmp_path):
+    pl.seed_everything(0)
+    dm = data(corpus, max_length=60, limit_train=16)  # + 4 prompt vectors = TINY_BERT's 64 positions
+    module = PromptClassifierModule(backbone_config=TINY_BERT, verbalizer=VERBALIZER, soft_prompt_tokens=4,
+                                    freeze_backbone=True, optim=OptimConfig(lr=1e-2, warmup=0))
+    trainer(limit_val_batches=1).validate(module, datamodule=dm, verbose=False)
+    assert [n for n, p in module.named_parameters() if p.requires_grad] == ["soft_prompt"]
+
+    batch = module.make_collator(dm.tokenizer)([dm.datasets["validation"][i] for i in range(3)])
+    inputs = module.model_inputs(batch)
+    embed = module.backbone.get_input_embeddings()
+    tokens = embed(batch["input_ids"])
+    assert torch.equal(inputs["inputs_embeds"][:, 1:5], module.soft_prompt.expand(3, -1, -1))  # after [CLS]
+    assert torch.equal(inputs["inputs_embeds"][:, [0]], tokens[:, [0]])
+    assert torch.equal(inputs["inputs_embeds"][:, 5:], tokens[:, 1:])
+    assert inputs["attention_mask"].shape == (3, batch["input_ids"].shape[1] + 4)
+    assert inputs["attention_mask"][:, :5].eq(1).all()
+    mask_rows = inputs["inputs_embeds"][torch.arange(3), batch["mask_positions"] + 4]
+    assert torch.equal(mask_rows, embed.weight[dm.tokenizer.mask_token_id].expand(3, -1))
+
+    backbone = {k: v.clone() for k, v in module.backbone.state_dict().items()}
+    prompt = module.soft_prompt.detach().clone()
+    fitted = trainer(max_steps=5, limit_val_batches=0)
+    fitted.fit(module, datamodule=dm)
+    assert all(torch.equal(v, module.backbone.state_dict()[k]) for k, v in backbone.items())
+    assert not torch.equal(module.soft_prompt.detach(), prompt)
+
+    fitted.save_checkpoint(tmp_path / "soft.ckpt")  # self-contained: backbone config, tokenizer, the prompt
+    loaded = PromptClassifierModule.load_from_checkpoint(tmp_path / "soft.ckpt", weights_only=True).eval()
+    assert torch.equal(loaded.soft_prompt, module.soft_prompt) and loaded.hparams.labels == ["neg", "pos"]
+    with torch.no_grad():
+        assert torch.equal(loaded(batch), module.eval()(batch))
+    with pytest.raises(PtmError, match="leaves nothing to train"):
+        PromptClassifierModule(backbone_config=TINY_BERT, freeze_backbone=True)
+
+
+# -- in-context learning --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def icl(corpus):
+    dm = data(corpus, "bpe")
+    tok = dm.tokenizer
+    torch.manual_seed(0)
+    module = InContextEvalModule(backbone_config={**GPT, "vocab_size": len(tok), "bos_token_id": tok.eos_token_id,
+                                                  "eos_token_id": tok.eos_token_id},
+                                 labels=dm.label_set(), verbalizer={"pos": "good news", "neg": "bad"}, k_shot=3, seed=5)
+    module.tokenizer = tok
+    module.eval()
+    return dm, module, module.build_collator(tok, dm.datasets["train"])
+
+
+def test_demonstrations_are_k_distinct_other_training_examples_fixed_per_seed(icl):
+    dm, module, collator = icl
+    pool = dm.datasets["train"]
+    draws = []
+    for i in range(len(pool)):
+        demos = collator.demonstrations(pool.fields(i))
+        assert len(set(demos)) == 3
+        assert all(pool.text_ids[d] != pool.text_ids[i] for d in demos)  # never itself, nor its duplicate
+        draws.append(demos)
+    assert draws == [module.build_collator(dm.tokenizer, pool).demonstrations(pool.fields(i)) for i in range(len(pool))]
+    assert len({tuple(d) for d in draws}) > len(pool) // 2  # drawn per example, not one fixed set
+    reseeded = dataclasses.replace(collator, seed=6)
+    assert sum(d != reseeded.demonstrations(pool.fields(i)) for i, d in enumerate(draws)) > len(pool) // 2
+
+
+def test_prompt_is_demonstrations_then_the_query(icl):
+    dm, _, collator = icl
+    tok, pool, texts = dm.tokenizer, dm.datasets["train"], dm.records("train")["texts"]
+    example = dm.datasets["test"][0]
+    demos = collator.demonstrations(example["fields"])
+    context, shots = collator.prompt(example["fields"])
+    words = [" bad", " good news"]  # labels ["neg", "pos"]; the template's space before {label} moves into them
+    expected = "".join(f"{texts[d]}\nLabel:{words[pool.labels[d]]}\n\n" for d in demos)
+    assert shots == 3 and tok.decode(context) == expected + dm.records("test")["texts"][0] + "\nLabel:"
+
+    fits_one = len(context) - sum(len(collator.encoder.encode(pool.fields(d), collator.answers[pool.labels[d]])[0])
+                                  for d in demos[:2]) + max(map(len, collator.answers))
+    context, shots = dataclasses.replace(collator, max_length=fits_one).prompt(example["fields"])
+    assert shots == 1 and tok.decode(context).startswith(texts[demos[2]])  # the earliest ones are dropped
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_label_scores_are_summed_token_log_probs(icl, normalize):
+    dm, module, collator = icl
+    module.hparams.length_normalize = normalize
+    examples = [dm.datasets["test"][i] for i in range(3)]
+    assert len({len(a) for a in collator.answers}) == 2  # the labels have different token counts
+    with torch.no_grad():
+        scores = module(collator(examples))
+        for b, example in enumerate(examples):
+            context, _ = collator.prompt(example["fields"])
+            for c, answer in enumerate(collator.answers):
+                logp = torch.log_softmax(module.backbone(input_ids=torch.tensor([context + answer])).logits[0], -1)
+                total = sum(logp[len(context) + j - 1, t] for j, t in enumerate(answer))
+                expected = total / len(answer) if normalize else total
+                assert scores[b, c].item() == pytest.approx(expected.item(), abs=1e-4)
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())["metrics"]
+
+
+def assert_predictions(run: Path, test_file: Path, labels: set[str], accuracy: float) -> None:
+    """predictions.jsonl: every test record in order, a distribution over the labels, the test accuracy."""
+    predicted = [json.loads(line) for line in open(run / "predictions.jsonl")]
+    gold = [json.loads(line) for line in open(test_file)]
+    assert [p["id"] for p in predicted] == [g["id"] for g in gold]
+    for p in predicted:
+        assert set(p["probs"]) == labels and abs(sum(p["probs"].values()) - 1) < 1e-3
+        assert p["label"] == max(p["probs"], key=p["probs"].get)
+    hits = sum(p["label"] == g["label"] for p, g in zip(predicted, gold)) / len(gold)
+    assert hits == pytest.approx(accuracy, abs=1e-6)
+
+
+def icl_config(corpus: Path, tmp_path: Path) -> Path:
+    cfg = yaml.safe_load((ADAPT / "icl_tweets.yaml").read_text())
+    cfg["model"]["init_args"].update(backbone=None, backbone_config=GPT, k_shot=3)
+    cfg["data"]["init_args"].update(source=str(corpus),
+                                    tokenizer={"train": "bpe", "vocab_size": 300, "min_frequency": 1})
+    cfg["trainer"].update(enable_progress_bar=False, enable_model_summary=False)
+    path = tmp_path / "icl_tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_in_context_learning_runs_test_and_refuses_fit(icl, corpus, tmp_path, capsys):
+    with pytest.raises(PtmError, match="no gradient steps"):
+        icl[1].setup("fit")
+    config = icl_config(corpus, tmp_path)
+    assert run_main(["test", "--config", str(config)], tmp_path) == 0
+    metrics = summary(tmp_path / "icl_tiny")
+    assert 0 <= metrics["test/acc"] <= 1 and metrics["test/shots"] == 3 and "test/f1_macro" in metrics
+    assert run_main(["predict", "--config", str(config)], tmp_path) == 0
+    assert_predictions(tmp_path / "icl_tiny", corpus / "test.jsonl", {"neg", "pos"}, metrics["test/acc"])
+    capsys.readouterr()
+    assert run_main(["fit", "--config", str(config)], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "no gradient steps" in err and "'main.py test' instead of fit" in err
+
+
+# -- MiniLM on the real BBC topics through main.py -------------------------------------------------------
+FAST = ["--trainer.enable_progress_bar", "false", "--data.init_args.max_length", "64"]
+
+def test_pet_zero_shot_then_few_shot_on_bbc(tmp_path):
+    prepared_dir("bbc"), prepared_dir("minilm")  # fail loudly (with the fix) if `make data` was not run
+    zero, few = ADAPT / "pet_zero_shot_bbc.yaml", ADAPT / "pet_few_shot_bbc.yaml"
+    assert run_main(["test", "--config", str(zero), *FAST], tmp_path) == 0
+    zero_shot = summary(tmp_path / "pet_zero_shot_bbc")
+    assert run_main(["fit", "--config", str(few), *FAST, "--trainer.max_steps", "10", "--trainer.limit_val_batches",
+                     "0"], tmp_path) == 0
+    assert run_main(["test", "--config", str(few), *FAST, "--ckpt_path", "last"], tmp_path) == 0
+    few_shot = summary(tmp_path / "pet_few_shot_bbc")
+    assert run_main(["predict", "--config", str(few), *FAST, "--ckpt_path", "last"], tmp_path) == 0
+    topics = {"business", "entertainment", "politics", "sports", "tech"}
+    assert_predictions(tmp_path / "pet_few_shot_bbc", prepared_dir("bbc") / "test.jsonl", topics, few_shot["test/acc"])
+    print(f"BBC test accuracy: zero-shot {zero_shot['test/acc']:.3f}, few-shot (32 examples, 10 steps) "
+          f"{few_shot['test/acc']:.3f}")
+    # MiniLM's MLM head transform is freshly initialised, so zero-shot sits near chance (5 topics);
+    # 10 steps on 32 articles must lift it clearly.
+    assert 0 <= zero_shot["test/acc"] <= 1
+    assert few_shot["test/acc"] >= zero_shot["test/acc"] + 0.1
+    assert few_shot["test/f1_macro"] > zero_shot["test/f1_macro"]
