@@ -53,6 +53,14 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[list[int], list[i
     return sorted(order[k:]), sorted(order[:k])
 
 
+def seeded_subset(index: list[int], n: int, seed: int) -> list[int]:
+    """``n`` of ``index`` drawn with ``seed``, kept in file order (prepared sets are sorted by label, so the
+    first N would often be a single class); all of them if there are fewer."""
+    if n >= len(index):
+        return list(index)
+    return sorted(random.Random(seed).sample(index, n))
+
+
 class _Base(pl.LightningDataModule):
     def __init__(self, source: str, tokenizer: TokenizerSpec, batch_size: int, eval_batch_size: Optional[int],
                  num_workers: int, seed: int, holdout: float):
@@ -92,6 +100,26 @@ class _Base(pl.LightningDataModule):
             self.collate_fn = module.make_collator(self.tokenizer, seed=self.seed)
             return self.collate_fn
         return PadCollator(self.tokenizer.pad_token_id)
+
+
+    def setup_labelled(self, to_ids) -> None:
+        """Encode every split (cached), map its labels to ids with ``to_ids(enc, labels, from_training)``,
+        hold out validation from train when there is no validation file, subsample train (``limit_train``),
+        and hand each split to ``self._add(split, enc, ids, index)``."""
+        if self.datasets:
+            return
+        from_training = self.labels is None
+        labels = self.label_set()
+        for split, path in self.files.items():
+            enc = self._encode(path)
+            ids = to_ids(enc, labels, from_training)
+            index = list(range(len(ids)))
+            if split == "train" and "validation" not in self.files:
+                index, held = holdout_split(len(ids), self.holdout, self.seed)
+                self._add("validation", enc, ids, held)
+            if split == "train" and self.limit_train:
+                index = seeded_subset(index, self.limit_train, self.seed)
+            self._add(split, enc, ids, index)
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank()
@@ -220,21 +248,7 @@ class TaskDataModule(_Base):
         return len(self.label_set())
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        from_training = self.labels is None
-        labels = self.label_set()
-        for split, path in self.files.items():
-            enc = self._encode(path)
-            ids = label_ids(enc, labels, from_training)
-            index = list(range(len(ids)))
-            if split == "train" and "validation" not in self.files:
-                index, held = holdout_split(len(ids), self.holdout, self.seed)
-                self._add("validation", enc, ids, held)
-            if split == "train" and self.limit_train:
-                # a seeded random subset: the prepared sets are sorted by label, so "the first N" is one class
-                index = sorted(random.Random(self.seed).sample(index, min(self.limit_train, len(index))))
-            self._add(split, enc, ids, index)
+        self.setup_labelled(label_ids)
 
     def _add(self, split: str, enc, ids: list[int], index: list[int]) -> None:
         pick = lambda seq: None if seq is None else [seq[i] for i in index]  # noqa: E731

@@ -11,13 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 from torch.utils.data import Dataset
 
-from ptm_app.data.datamodules import TaskDataModule, holdout_split
+from ptm_app.data.datamodules import TaskDataModule
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records
-from ptm_app.data.tasks import label_ids
 from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_file, cache_root, sha256_file
@@ -88,14 +86,6 @@ class PromptDataset(Dataset):
         return {"fields": self.fields(i), "label": self.labels[i], "key": key}
 
 
-def few_shot_sample(index: list[int], n: int, seed: int) -> list[int]:
-    """``n`` of ``index`` drawn at random with ``seed`` (kept in file order); all of them if there are fewer."""
-    if n >= len(index):
-        return list(index)
-    picked = np.random.default_rng(seed).choice(len(index), size=n, replace=False)
-    return [index[i] for i in sorted(picked.tolist())]
-
-
 class PromptDataModule(TaskDataModule):
     """Labelled records for ``PromptClassifierModule`` (cloze) and ``InContextEvalModule`` (demonstrations).
 
@@ -122,21 +112,6 @@ class PromptDataModule(TaskDataModule):
                              text_pair_field=self.text_pair_field, label_field=self.label_field,
                              id_field=self.id_field, max_length=self.max_length)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        from_training = self.labels is None
-        labels = self.label_set()
-        for split, path in self.files.items():
-            enc = self._encode(path)
-            ids = label_ids(enc, labels, from_training)
-            index = list(range(len(ids)))
-            if split == "train" and "validation" not in self.files:
-                index, held = holdout_split(len(ids), self.holdout, self.seed)
-                self._add("validation", enc, ids, held)
-            if split == "train" and self.limit_train:
-                index = few_shot_sample(index, self.limit_train, self.seed)
-            self._add(split, enc, ids, index)
 
     def _add(self, split: str, enc: EncodedFields, ids: list[int], index: list[int]) -> None:
         pick = lambda seq: None if seq is None else [seq[i] for i in index]  # noqa: E731

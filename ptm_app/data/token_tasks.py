@@ -208,20 +208,7 @@ class TokenTaskDataModule(_Base):
         return len(self.label_set())
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        from_training = self.labels is None
-        labels = self.label_set()
-        for split, path in self.files.items():
-            enc = self._encode(path)
-            ids = tag_ids(enc, labels, from_training)
-            index = list(range(len(ids)))
-            if split == "train" and "validation" not in self.files:
-                index, held = holdout_split(len(ids), self.holdout, self.seed)
-                self._add("validation", enc, ids, held)
-            if split == "train" and self.limit_train:
-                index = index[: self.limit_train]
-            self._add(split, enc, ids, index)
+        self.setup_labelled(tag_ids)
 
     def _add(self, split: str, enc: TaggedSplit, ids: list[list[int]], index: list[int]) -> None:
         pick = lambda seq: [seq[i] for i in index]  # noqa: E731

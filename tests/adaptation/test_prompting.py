@@ -314,17 +314,17 @@ def test_pet_zero_shot_then_few_shot_on_bbc(tmp_path):
     zero, few = ADAPT / "pet_zero_shot_bbc.yaml", ADAPT / "pet_few_shot_bbc.yaml"
     assert run_main(["test", "--config", str(zero), *FAST], tmp_path) == 0
     zero_shot = summary(tmp_path / "pet_zero_shot_bbc")
-    assert run_main(["fit", "--config", str(few), *FAST, "--trainer.max_steps", "10", "--trainer.limit_val_batches",
+    assert run_main(["fit", "--config", str(few), *FAST, "--trainer.max_steps", "25", "--trainer.limit_val_batches",
                      "0"], tmp_path) == 0
     assert run_main(["test", "--config", str(few), *FAST, "--ckpt_path", "last"], tmp_path) == 0
     few_shot = summary(tmp_path / "pet_few_shot_bbc")
     assert run_main(["predict", "--config", str(few), *FAST, "--ckpt_path", "last"], tmp_path) == 0
     topics = {"business", "entertainment", "politics", "sports", "tech"}
     assert_predictions(tmp_path / "pet_few_shot_bbc", prepared_dir("bbc") / "test.jsonl", topics, few_shot["test/acc"])
-    print(f"BBC test accuracy: zero-shot {zero_shot['test/acc']:.3f}, few-shot (32 examples, 10 steps) "
+    print(f"BBC test accuracy: zero-shot {zero_shot['test/acc']:.3f}, few-shot (32 examples, 25 steps) "
           f"{few_shot['test/acc']:.3f}")
     # MiniLM's MLM head transform is freshly initialised, so zero-shot sits near chance (5 topics);
-    # 10 steps on 32 articles must lift it clearly.
+    # 25 steps on 32 articles must lift it clearly.
     assert 0 <= zero_shot["test/acc"] <= 1
     assert few_shot["test/acc"] >= zero_shot["test/acc"] + 0.1
     assert few_shot["test/f1_macro"] > zero_shot["test/f1_macro"]
