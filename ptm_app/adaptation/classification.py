@@ -8,17 +8,16 @@ from typing import Iterator, Optional
 
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ptm_app.adaptation.chaining import InitFrom, apply_init_from, as_init_from, freeze_prefixes
 from ptm_app.adaptation.delta import DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, trainable_report
 from ptm_app.data.collators import PadCollator
+from ptm_app.tasks.label_scores import LabelScoresMixin
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 
-class SequenceClassificationModule(PtmModule):
+class SequenceClassificationModule(LabelScoresMixin, PtmModule):
     """Fine-tune every weight of the backbone plus a fresh classification head.
 
     Logs ``val/acc``, ``val/f1_macro`` (and ``test/*``); ``predict`` yields labels and probabilities.
@@ -77,12 +76,7 @@ class SequenceClassificationModule(PtmModule):
             report = trainable_report(self.backbone)
             print(f"delta {self.delta.method}: {report['trainable']:,} of {report['total']:,} parameters trainable "
                   f"({report['percent']:.3f} %)")
-        if not self.metrics:
-            n = len(self.hparams.labels)
-            make = lambda: MetricCollection({"acc": MulticlassAccuracy(n, average="micro"),  # noqa: E731
-                                             "f1_macro": MulticlassF1Score(n, average="macro")})
-            self.val_metrics, self.test_metrics = make(), make()
-            self.metrics = {"val": self.val_metrics, "test": self.test_metrics}
+        self.build_label_metrics(len(self.hparams.labels))
         fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
         if self.init_from is not None:
             if self._init_from_pending and fitting:
@@ -136,33 +130,6 @@ class SequenceClassificationModule(PtmModule):
             self.log("train/l2_sp", penalty, batch_size=len(batch["labels"]))
             loss = loss + penalty
         return loss
-
-    def _eval_step(self, stage: str, batch: dict) -> None:
-        logits = self(batch).float()
-        loss = torch.nn.functional.cross_entropy(logits, batch["labels"])
-        self.log(f"{stage}/loss", loss, batch_size=len(batch["labels"]))
-        self.metrics[stage].update(logits.argmax(-1), batch["labels"])
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("val", batch)
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("test", batch)
-
-    def _log_metrics(self, stage: str) -> None:
-        values = self.metrics[stage].compute()
-        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=(stage == "val"))
-        self.metrics[stage].reset()
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
-
-    def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        probs = torch.softmax(self(batch).float(), dim=-1)
-        return {"keys": batch["keys"], "probs": probs.cpu()}
 
 
 class WeightAnchor(torch.nn.Module):

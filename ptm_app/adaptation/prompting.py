@@ -19,13 +19,12 @@ from typing import Literal, Optional, Sequence, Union
 import numpy as np
 import torch
 from torch import nn
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ptm_app.backbones.build import max_positions
 from ptm_app.data.collators import PadCollator, pad
 from ptm_app.data.prompt_data import PromptDataset
 from ptm_app.errors import PtmError
+from ptm_app.tasks.label_scores import LabelScoresMixin
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
@@ -294,7 +293,7 @@ def _text_key(fields: Fields) -> tuple:
     return tuple(fields["text"]), tuple(fields.get("text_pair") or ())
 
 
-class _LabelScoringModule(PtmModule):
+class _LabelScoringModule(LabelScoresMixin, PtmModule):
     """Shared: the label set, ``val``/``test`` accuracy and macro-F1 over label scores (as
     ``SequenceClassificationModule``), cross-entropy as ``*/loss``, predictions with label probabilities."""
 
@@ -324,38 +323,7 @@ class _LabelScoringModule(PtmModule):
 
     def configure_model(self) -> None:
         super().configure_model()
-        if not self.metrics:
-            n = len(self.labels)
-            make = lambda: MetricCollection({"acc": MulticlassAccuracy(n, average="micro"),  # noqa: E731
-                                             "f1_macro": MulticlassF1Score(n, average="macro")})
-            self.val_metrics, self.test_metrics = make(), make()
-            self.metrics = {"val": self.val_metrics, "test": self.test_metrics}
-
-    def _eval_step(self, stage: str, batch: dict) -> None:
-        scores = self(batch).float()
-        loss = torch.nn.functional.cross_entropy(scores, batch["labels"])
-        self.log(f"{stage}/loss", loss, batch_size=len(batch["labels"]))
-        self.metrics[stage].update(scores.argmax(-1), batch["labels"])
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("val", batch)
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("test", batch)
-
-    def _log_metrics(self, stage: str) -> None:
-        values = self.metrics[stage].compute()
-        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=(stage == "val"))
-        self.metrics[stage].reset()
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
-
-    def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu()}
+        self.build_label_metrics(len(self.labels))
 
 
 class PromptClassifierModule(_LabelScoringModule):

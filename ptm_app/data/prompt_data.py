@@ -5,20 +5,18 @@ sample of the training split (PET §4 draws its small training sets at random).
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 from torch.utils.data import Dataset
 
+from ptm_app.data.cache import cached_json
 from ptm_app.data.datamodules import TaskDataModule
 from ptm_app.data.datasets import _index
-from ptm_app.data.formats import read_records
+from ptm_app.data.tasks import read_labelled
 from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
-from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_file, cache_root, sha256_file
+from ptm_app.paths import sha256_file
 
 FORMAT_VERSION = 1
 
@@ -39,33 +37,20 @@ class EncodedFields:
 def encode_fields(path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
                   id_field: str, max_length: int) -> EncodedFields:
     """Tokenize a labelled file's fields once; later calls read the cache (keyed like ``tasks.encode_split``)."""
-    key = json.dumps(["prompt", FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field,
-                      max_length, tokenizer_fingerprint(tokenizer)])
-    cache = cache_root() / "encoded" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-    if cache.exists():
-        return EncodedFields(**json.loads(cache.read_text()))
-    required = (text_field, label_field) + ((text_pair_field,) if text_pair_field else ())
-    rows = list(read_records(path, required))
-    if not rows:
-        raise PtmError(f"data file {path} has no records; check the file")
-    texts = [str(r[text_field]) for _, r in rows]
+    key = ["prompt", FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field,
+           max_length, tokenizer_fingerprint(tokenizer)]
 
     def ids(values: list[str]) -> list[list[int]]:
         return tokenizer(values, add_special_tokens=False, truncation=True, max_length=max_length,
                          verbose=False)["input_ids"]
 
-    split = EncodedFields(
-        text_ids=ids(texts),
-        pair_ids=ids([str(r[text_pair_field]) for _, r in rows]) if text_pair_field else None,
-        labels=[str(r[label_field]) for _, r in rows],
-        lines=[line for line, _ in rows],
-        ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows],
-        texts=texts,
-        path=str(path),
-    )
-    with atomic_file(cache, "w", encoding="utf-8") as fh:
-        json.dump(split.__dict__, fh)
-    return split
+    def build() -> dict:
+        rec = read_labelled(path, text_field=text_field, text_pair_field=text_pair_field, label_field=label_field,
+                            id_field=id_field)
+        return asdict(EncodedFields(text_ids=ids(rec.texts), pair_ids=ids(rec.pairs) if rec.pairs else None,
+                                    labels=rec.labels, lines=rec.lines, ids=rec.ids, texts=rec.texts, path=rec.path))
+
+    return EncodedFields(**cached_json(key, build))
 
 
 class PromptDataset(Dataset):

@@ -5,16 +5,15 @@ Labels are checked against the label set with ``file:line`` on any stranger.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
+from ptm_app.data.cache import cached_json
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import tokenizer_fingerprint
 from ptm_app.errors import DataFormatError, PtmError
-from ptm_app.paths import atomic_file, cache_root, sha256_file
+from ptm_app.paths import sha256_file
 
 FORMAT_VERSION = 1
 Overlong = Literal["truncate", "error"]
@@ -31,40 +30,57 @@ class EncodedSplit:
     path: str
 
 
+@dataclass
+class LabelledRecords:
+    """A labelled file's fields in file order, with line numbers for ``file:line`` messages."""
+
+    texts: list[str]
+    pairs: Optional[list[str]]
+    labels: list[str]
+    lines: list[int]
+    ids: list[str]
+    path: str
+
+
+def read_labelled(path: Path, *, text_field: str, text_pair_field: Optional[str], label_field: str,
+                  id_field: str) -> LabelledRecords:
+    required = (text_field, label_field) + ((text_pair_field,) if text_pair_field else ())
+    rows = list(read_records(path, required))
+    if not rows:
+        raise PtmError(f"data file {path} has no records; check the file")
+    return LabelledRecords(
+        texts=[str(r[text_field]) for _, r in rows],
+        pairs=[str(r[text_pair_field]) for _, r in rows] if text_pair_field else None,
+        labels=[str(r[label_field]) for _, r in rows],
+        lines=[line for line, _ in rows],
+        ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows],
+        path=str(path),
+    )
+
+
 def encode_split(
     path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
     max_length: int, overlong: Overlong, id_field: str = "id",
 ) -> EncodedSplit:
     """Tokenize a labelled file once; later calls read the cache."""
-    key = json.dumps([FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field,
-                      max_length, overlong, tokenizer_fingerprint(tokenizer)])
-    cache = cache_root() / "encoded" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-    if cache.exists():
-        return EncodedSplit(**json.loads(cache.read_text()))
-    required = (text_field, label_field) + ((text_pair_field,) if text_pair_field else ())
-    rows = list(read_records(path, required))
-    if not rows:
-        raise PtmError(f"data file {path} has no records; check the file")
-    texts = [str(r[text_field]) for _, r in rows]
-    pairs = [str(r[text_pair_field]) for _, r in rows] if text_pair_field else None
-    enc = tokenizer(texts, pairs, truncation=(overlong == "truncate"), max_length=max_length, verbose=False)
-    if overlong == "error":
-        for (line, _), ids in zip(rows, enc["input_ids"]):
-            if len(ids) > max_length:
-                raise DataFormatError(path, line, f"text is {len(ids)} tokens, longer than max_length={max_length}",
-                                      "raise data.max_length (up to the backbone's limit) or set data.overlong: truncate")
-    split = EncodedSplit(
-        input_ids=enc["input_ids"],
-        token_type_ids=enc.get("token_type_ids") if pairs is not None or "token_type_ids" in enc else None,
-        labels=[str(r[label_field]) for _, r in rows],
-        lines=[line for line, _ in rows],
-        ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows],
-        texts=texts,
-        path=str(path),
-    )
-    with atomic_file(cache, "w", encoding="utf-8") as fh:
-        json.dump(split.__dict__, fh)
-    return split
+    key = [FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field, max_length,
+           overlong, tokenizer_fingerprint(tokenizer)]
+
+    def build() -> dict:
+        rec = read_labelled(path, text_field=text_field, text_pair_field=text_pair_field, label_field=label_field,
+                            id_field=id_field)
+        enc = tokenizer(rec.texts, rec.pairs, truncation=(overlong == "truncate"), max_length=max_length,
+                        verbose=False)
+        if overlong == "error":
+            for line, ids in zip(rec.lines, enc["input_ids"]):
+                if len(ids) > max_length:
+                    raise DataFormatError(path, line, f"text is {len(ids)} tokens, longer than max_length={max_length}",
+                                          "raise data.max_length (up to the backbone's limit) or set data.overlong: truncate")
+        types = enc.get("token_type_ids") if rec.pairs is not None or "token_type_ids" in enc else None
+        return asdict(EncodedSplit(input_ids=enc["input_ids"], token_type_ids=types, labels=rec.labels,
+                                   lines=rec.lines, ids=rec.ids, texts=rec.texts, path=rec.path))
+
+    return EncodedSplit(**cached_json(key, build))
 
 
 def label_ids(split: EncodedSplit, label_set: list[str], from_training: bool) -> list[int]:

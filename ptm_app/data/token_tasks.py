@@ -11,8 +11,6 @@ Each split is tokenized once (cached by file content, fields, tokenizer and leng
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -25,35 +23,19 @@ from ptm_app.data.corruption import IGNORE_INDEX
 from ptm_app.data.datamodules import _Base, holdout_split
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records
-from ptm_app.data.tokenizer import TokenizerSpec
+from ptm_app.data.cache import cached_json
+from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
 from ptm_app.errors import DataFormatError, PtmError
-from ptm_app.paths import atomic_file, cache_root, sha256_file
+from ptm_app.paths import sha256_file
 
 FORMAT_VERSION = 1
 
 
-def _cached(key: list, build: Callable[[], dict]) -> dict:
-    """``build()`` once per key; later calls read the JSON cache."""
-    digest = hashlib.sha256(json.dumps([FORMAT_VERSION, *key]).encode()).hexdigest()[:20]
-    cache = cache_root() / "encoded" / f"{digest}.json"
-    if cache.exists():
-        return json.loads(cache.read_text())
-    data = build()
-    with atomic_file(cache, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(data))  # one shot: the C encoder (json.dump streams through the Python one)
-    return data
-
-
 def _fingerprint(tokenizer) -> str:
-    """A hash of a fast tokenizer's vocabulary and rules, without its truncation/padding state (which every
-    call with ``truncation=...`` rewrites, so ``data.tokenizer.tokenizer_fingerprint`` would drift)."""
     if not getattr(tokenizer, "is_fast", False):
         raise PtmError("token tasks need a fast (Rust) tokenizer for word ids and character offsets; "
                        "use a tokenizer with a tokenizer.json")
-    state = json.loads(tokenizer.backend_tokenizer.to_str())
-    state.pop("truncation", None)
-    state.pop("padding", None)
-    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
+    return tokenizer_fingerprint(tokenizer)
 
 
 # -- sequence tagging --------------------------------------------------------------------------------
@@ -105,7 +87,7 @@ def encode_tagged(path: Path, tokenizer, *, words_field: str, tags_field: str, i
             truncated_words=truncated, empty_words=empty).__dict__
 
     key = [sha256_file(path), "tagged", words_field, tags_field, id_field, max_length, _fingerprint(tokenizer)]
-    return TaggedSplit(**_cached(key, build))
+    return TaggedSplit(**cached_json([FORMAT_VERSION, *key], build))
 
 
 def tag_ids(split: TaggedSplit, label_set: list[str], from_training: bool) -> list[list[int]]:
@@ -301,7 +283,7 @@ def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str,
 
     key = [sha256_file(path), "qa", question_field, context_field, answers_field, id_field, max_length, doc_stride,
            max_question_length, _fingerprint(tokenizer)]
-    return QAFeatures(**_cached(key, build))
+    return QAFeatures(**cached_json([FORMAT_VERSION, *key], build))
 
 
 class QADataset(Dataset):
