@@ -7,14 +7,16 @@ CONSTRAINTS := constraints-cpu.txt
 STAMP := $(VENV)/.installed
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
+# DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all clean-runs
+.PHONY: setup data demo test test-slow test-all results bench clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip -c $(CONSTRAINTS)
 	$(PIP) install -q -c $(CONSTRAINTS) torch==2.13.0
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[dev]"
+	DS_BUILD_OPS=0 $(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,deepspeed]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -32,6 +34,22 @@ demo: data
 
 test: data
 	$(PY) -m pytest -q
+
+# The adaptation results table (README): every style x task cell of the plan, fit + test, then the table.
+# Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
+results: data
+	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml
+
+# Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
+# cost, in subprocesses, alternating, 3 repeats (about 25 minutes on 2 cores; run it on a quiet machine).
+# Writes benchmarks/results.{md,json} and the table in benchmarks/README.md.  Not part of `make test`.
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[bench]"
+	touch $(BENCH_STAMP)
+
+bench: data $(BENCH_STAMP)
+	$(PY) -m benchmarks
 
 test-slow: data
 	$(PY) -m pytest -q -m slow

@@ -17,6 +17,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes by their short names)
 import ptm_app.data.datamodules  # noqa: F401
+import ptm_app.data.generation_data  # noqa: F401
+import ptm_app.data.multitask  # noqa: F401
 import ptm_app.data.parallel  # noqa: F401
 import ptm_app.data.prompt_data  # noqa: F401
 import ptm_app.data.token_tasks  # noqa: F401
@@ -28,6 +30,9 @@ from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, runs_root
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
+from ptm_app.training.throughput import ThroughputMonitor
+from ptm_app.training.precision import PtmTrainer
+from ptm_app.training.strategies import is_sharded
 from ptm_app.training.loggers import RunCSVLogger
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
@@ -56,6 +61,7 @@ class PtmCLI(LightningCLI):
 
     def __init__(self, args=None, **kwargs):
         kwargs.setdefault("model_class", LightningModule)
+        kwargs.setdefault("trainer_class", PtmTrainer)  # adds precision: auto
         kwargs.setdefault("datamodule_class", LightningDataModule)
         kwargs.setdefault("trainer_defaults", {"use_distributed_sampler": False, "log_every_n_steps": 10})
         kwargs.setdefault("subclass_mode_model", True)
@@ -91,12 +97,12 @@ class PtmCLI(LightningCLI):
         cfg = self._sub()
         _check_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
         if "ckpt_path" in cfg and cfg.ckpt_path in ("last", "best"):
-            path = self.run_dir / "checkpoints" / f"{cfg.ckpt_path}.ckpt"
-            if not path.is_file():
+            path = self.run_dir / "checkpoints" / f"{cfg.ckpt_path}.ckpt"  # a directory for sharded strategies
+            if not path.exists():
                 raise PtmError(f"--ckpt_path {cfg.ckpt_path}: no checkpoint at {path}; "
                                f"run 'fit' first (without --ckpt_path) or pass a checkpoint file")
             cfg.ckpt_path = str(path)
-        elif cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
+        elif cfg.get("ckpt_path") and not Path(cfg.ckpt_path).exists():
             raise PtmError(f"--ckpt_path {cfg.ckpt_path}: no such checkpoint file; use 'last', 'best' or a .ckpt path")
 
     def instantiate_trainer(self, **kwargs):
@@ -114,6 +120,7 @@ class PtmCLI(LightningCLI):
                             enable_version_counter=False),
         ]
         if self.subcommand == "fit":
+            callbacks.append(ThroughputMonitor())  # tokens/s, samples/s, padding fraction, MFU, peak memory
             callbacks.append(RunConfigSaver(self._parser(self.subcommand), self.config.get(self.subcommand),
                                             run_dir=run_dir))
         kwargs.setdefault("default_root_dir", str(run_dir))
@@ -122,7 +129,9 @@ class PtmCLI(LightningCLI):
             kwargs["logger"] = [RunCSVLogger(run_dir, name="logs", version=""),
                                 TensorBoardLogger(run_dir, name="tensorboard", version="")]
         plugins = trainer_cfg.get("plugins") or []
-        kwargs["plugins"] = (plugins if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        # sharded strategies (FSDP, DeepSpeed) write a directory from every rank, not through CheckpointIO
+        kwargs["plugins"] = plugins if is_sharded(trainer_cfg.get("strategy")) else plugins + [AtomicCheckpointIO()]
         user_callbacks = trainer_cfg.get("callbacks") or []
         kwargs["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
         return super().instantiate_trainer(**kwargs)

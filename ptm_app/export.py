@@ -18,13 +18,44 @@ from ptm_app.paths import atomic_dir, cache_root
 PREFIX = "backbone."
 
 
-def read_checkpoint(ckpt_path: str | Path) -> dict:
+def checkpoint_path(ckpt_path: str | Path) -> Path:
+    """A checkpoint file or sharded directory; a run directory stands for its ``checkpoints/last.ckpt``."""
     path = Path(ckpt_path)
-    if path.is_dir() and (path / "checkpoints" / "last.ckpt").is_file():
+    if path.is_dir() and (path / "checkpoints" / "last.ckpt").exists():
         path = path / "checkpoints" / "last.ckpt"
-    if not path.is_file():
+    if not path.exists():
         raise PtmError(f"checkpoint {ckpt_path} not found; pass a .ckpt file or a run directory")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return path
+
+
+def consolidate_sharded(path: Path) -> dict:
+    """One full, ordinary checkpoint dict from a sharded ``.ckpt`` directory, in this process, on the CPU.
+
+    FSDP (``torch.distributed.checkpoint``): Lightning's ``_load_distributed_checkpoint`` reads every shard into
+    full tensors and adds the trainer state from ``meta.pt``.  DeepSpeed: DeepSpeed's ``zero_to_fp32`` merges the
+    ZeRO partitions (any stage) into fp32 weights, through Lightning's ``convert_zero_checkpoint_to_fp32_state_dict``
+    (which also keeps the client state: hyper-parameters, loops, ``ptm_app``).
+    """
+    if (path / "latest").is_file():
+        import tempfile
+
+        from ptm_app.training.strategies import _require_deepspeed
+
+        _require_deepspeed()
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "full.ckpt")
+    if (path / ".metadata").is_file():
+        from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+        return _load_distributed_checkpoint(path)
+    raise PtmError(f"{path} is a directory but not a sharded checkpoint (FSDP or DeepSpeed); pass a .ckpt or run dir")
+
+
+def read_checkpoint(ckpt_path: str | Path) -> dict:
+    path = checkpoint_path(ckpt_path)
+    ckpt = consolidate_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
     if "ptm_app" not in ckpt or "state_dict" not in ckpt:
         raise PtmError(f"{path} is not a ptm_app checkpoint (no backbone config inside)")
     return ckpt
@@ -53,10 +84,16 @@ def backbone_from_checkpoint(ckpt: dict):
 def delta_backbone_from_checkpoint(ckpt_path: str | Path, ckpt: dict):
     """A delta-tuned run: merge LoRA/IA3 into plain weights, or return (base, delta-tuned model) to save apart."""
     import importlib
+    import io
 
     from ptm_app.adaptation.delta import merge_for_export
 
     module_path, _, name = ckpt["ptm_app"]["module"].rpartition(".")
+    if Path(ckpt_path).is_dir():  # consolidated from shards: hand Lightning the dict as an in-memory file
+        buffer = io.BytesIO()
+        torch.save(ckpt, buffer)
+        buffer.seek(0)
+        ckpt_path = buffer
     module = getattr(importlib.import_module(module_path), name).load_from_checkpoint(ckpt_path, map_location="cpu")
     tuned = module.backbone.eval()
     merged = merge_for_export(tuned)
@@ -68,12 +105,14 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path) -> Path:
 
     Delta-tuned runs: LoRA/IA3 are merged into plain weights; adapters and prompt methods cannot be
     merged, so the directory holds the unchanged base model plus ``delta.safetensors`` and
-    ``delta_config.json`` (load with ``adaptation.delta.load_delta``)."""
+    ``delta_config.json`` (load with ``adaptation.delta.load_delta``).
+    Weights the module keeps outside the transformers model (a soft prompt, a scalar mix and feature head,
+    multitask heads) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
+    rebuilds the whole module from the directory."""
     ckpt = read_checkpoint(ckpt_path)
     delta = None
     if ckpt["hyper_parameters"].get("delta"):
-        model, delta = delta_backbone_from_checkpoint(Path(ckpt_path) if Path(ckpt_path).is_file()
-                                                      else Path(ckpt_path) / "checkpoints" / "last.ckpt", ckpt)
+        model, delta = delta_backbone_from_checkpoint(checkpoint_path(ckpt_path), ckpt)
     else:
         model = backbone_from_checkpoint(ckpt)
     output_dir = Path(output_dir)
@@ -88,11 +127,58 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path) -> Path:
             model.save_pretrained(tmp)
         for name, text in ckpt["ptm_app"].get("tokenizer", {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
+        save_module_weights(ckpt, tmp)
         provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt["ptm_app"]["head"],
                       "module": ckpt["ptm_app"]["module"], "global_step": ckpt.get("global_step"),
                       "epoch": ckpt.get("epoch")}
         (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
     return output_dir
+
+
+MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.json"
+
+
+def save_module_weights(ckpt: dict, directory: Path) -> bool:
+    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
+    extra = {k: v.contiguous() for k, v in ckpt["state_dict"].items() if not k.startswith(PREFIX)}
+    if not extra:
+        return False
+    from safetensors.torch import save_file
+
+    hparams = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in ("backbone", "backbone_config",
+                                                                              "init_from", "_instantiator")}
+    save_file(extra, str(directory / MODULE_WEIGHTS))
+    (directory / MODULE_CONFIG).write_text(json.dumps({"module": ckpt["ptm_app"]["module"], "hparams": hparams},
+                                                      indent=2, default=str))
+    return True
+
+
+def load_exported_module(directory: str | Path):
+    """The LightningModule of an exported run, rebuilt from the directory alone: its backbone from the saved
+    transformers model, its own weights (soft prompt, heads ...) from ``module_weights.safetensors``."""
+    import importlib
+    import inspect
+
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    if not (directory / MODULE_CONFIG).is_file():
+        raise PtmError(f"{directory} has no {MODULE_CONFIG}: this export is a plain transformers model; "
+                       f"load it with AutoModel*.from_pretrained")
+    spec = json.loads((directory / MODULE_CONFIG).read_text())
+    module_path, _, name = spec["module"].rpartition(".")
+    cls = getattr(importlib.import_module(module_path), name)
+    accepted = set(inspect.signature(cls).parameters)  # drops CLI bookkeeping such as _class_path
+    module = cls(backbone=str(directory), **{k: v for k, v in spec["hparams"].items() if k in accepted})
+    module.tokenizer = AutoTokenizer.from_pretrained(directory)
+    module.configure_model()
+    weights = load_file(str(directory / MODULE_WEIGHTS))
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    own = [k for k in missing if not k.startswith(PREFIX)]
+    if own or unexpected:
+        raise PtmError(f"{directory}: module weights do not fit {name} (missing {own[:3]}, unexpected {unexpected[:3]})")
+    return module.eval()
 
 
 def exported_cache_dir(ckpt_path: str | Path) -> Path:

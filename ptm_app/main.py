@@ -14,6 +14,8 @@ commands:
                                      write a transformers save_pretrained directory with the tokenizer
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
+  sweep PLAN.yaml [--only GLOB ...] [--list]
+                                     run a grid of configs (fit + test), then its results table
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
 
@@ -38,6 +40,10 @@ def main(argv: list[str]) -> int:
             from ptm_app.report import report_command
 
             return report_command(argv[1:])
+        if command == "sweep":
+            from ptm_app.sweep import sweep_command
+
+            return sweep_command(argv[1:])
         from ptm_app.cli import run_lightning
 
         return run_lightning(argv)
@@ -59,7 +65,26 @@ def main(argv: list[str]) -> int:
 
             print(f"error: {one_line(exc)}", file=sys.stderr)
             return 2
+        if _lightning_config_error(exc):
+            message = " ".join(str(exc).split())
+            print(f"error: trainer settings: {message}", file=sys.stderr)
+            return 2
         raise
+
+
+def _lightning_config_error(exc: BaseException) -> bool:
+    """A ValueError / MisconfigurationException raised inside Lightning itself: a settings clash such as
+    ``val_check_interval`` longer than the epoch, not a bug of ours."""
+    if "lightning" not in sys.modules:
+        return False
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if not isinstance(exc, (ValueError, MisconfigurationException)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}lightning{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_file, runs_root
 
-COLUMNS = ["run", "module", "backbone", "data", "trainable_params", "trainable_percent", "last_ckpt_mb",
+COLUMNS = ["run", "style", "module", "backbone", "data", "trainable_params", "trainable_percent", "last_ckpt_mb",
            "fit_seconds"]
 METRIC_PREFIXES = ("test/", "val/")
 

@@ -85,3 +85,23 @@ def run_main(argv: list[str], runs: Path) -> int:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PTM_RUNS_DIR", str(runs))
         return main(argv)
+
+
+def logged_losses(run: Path) -> dict[int, float]:
+    """``train/loss`` by step from a run's ``logs/metrics.csv``."""
+    import csv
+
+    return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(open(run / "logs" / "metrics.csv"))
+            if r.get("train/loss")}
+
+
+def assert_resumes_exactly(argv: list[str], runs: Path, stop: int, steps: int) -> None:
+    """Run ``argv`` (a ``fit`` command) whole as run ``full`` and paused at ``stop`` then resumed as ``part``:
+    both must log the same losses at every step after the pause."""
+    assert run_main([*argv, "--run_name", "full"], runs) == 0
+    assert run_main([*argv, "--run_name", "part", "--stop_at_step", str(stop)], runs) == 0
+    assert run_main([*argv, "--run_name", "part", "--ckpt_path", "last"], runs) == 0
+    full, part = logged_losses(runs / "full"), logged_losses(runs / "part")
+    assert sorted(full) == sorted(part) == list(range(steps))
+    for step in range(stop, steps):
+        assert part[step] == pytest.approx(full[step], rel=1e-5, abs=1e-6), step

@@ -10,22 +10,26 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ptm_app.adaptation.chaining import InitFrom, apply_init_from, as_init_from, freeze_prefixes
-from ptm_app.adaptation.delta import DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, trainable_report
+from ptm_app.adaptation.delta import DeltaSpec
+from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.data.collators import PadCollator
-from ptm_app.tasks.label_scores import LabelScoresMixin
+from ptm_app.errors import PtmError
+from ptm_app.tasks.label_scores import LabelScoresMixin, RegressionScoresMixin, positive_index
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 
-class SequenceClassificationModule(LabelScoresMixin, PtmModule):
+class SequenceClassificationModule(DeltaTuningMixin, LabelScoresMixin, PtmModule):
     """Fine-tune every weight of the backbone plus a fresh classification head.
 
-    Logs ``val/acc``, ``val/f1_macro`` (and ``test/*``); ``predict`` yields labels and probabilities.
+    Logs ``val/acc``, ``val/f1_macro``, ``val/mcc`` and for two labels ``val/f1`` (the positive class's F1;
+    GLUE's pair-task metric) and the same under ``test/``; ``predict`` yields labels and probabilities.
 
     Args:
         backbone: prepared name / local dir / exported run / hub id of the pretrained encoder.
         backbone_config: config overrides (e.g. ``classifier_dropout``), or a from-scratch config.
         labels: the label names in order; by default taken from the data module.
+        positive_label: the positive class of a two-label task, for ``f1`` (default: the second label).
         optim: optimiser and schedule.
         l2_sp: α of the L2-SP penalty ``α/2·‖w − w⁰‖²`` (Li et al. 2018) pulling the pre-trained encoder
             weights (not the new head) towards w⁰, their values when the fit starts (after ``init_from``);
@@ -45,9 +49,9 @@ class SequenceClassificationModule(LabelScoresMixin, PtmModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
-                 delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+                 delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None):
         self.metrics: dict = {}
-        self.delta, self.delta_only = as_delta_spec(delta), delta_only
+        self.init_delta(delta, delta_only)
         self.l2_sp, self.init_from = l2_sp, as_init_from(init_from)
         self._init_from_pending = self.init_from is not None
         self.l2_sp_anchor: Optional[WeightAnchor] = None
@@ -60,23 +64,18 @@ class SequenceClassificationModule(LabelScoresMixin, PtmModule):
         datamodule = self._datamodule()
         if self.hparams.labels is None and datamodule is not None:
             self.hparams.labels = datamodule.label_set()
+        if getattr(datamodule, "task", "classification") == "regression":
+            raise PtmError(f"{type(self).__name__} classifies, and data.task is regression; "
+                           f"use model.class_path: SequenceRegressionModule")
         labels = list(self.hparams.labels or [])
         if not labels:
-            from ptm_app.errors import PtmError
-
             raise PtmError("SequenceClassificationModule needs labels: set model.init_args.labels or use a TaskDataModule")
         return {**super().config_updates(), "num_labels": len(labels),
                 "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
 
     def configure_model(self) -> None:
-        fresh = self.backbone is None
         super().configure_model()
-        if fresh and self.delta is not None:
-            self.backbone = apply_delta(self.backbone, self.delta, self.head)
-            report = trainable_report(self.backbone)
-            print(f"delta {self.delta.method}: {report['trainable']:,} of {report['total']:,} parameters trainable "
-                  f"({report['percent']:.3f} %)")
-        self.build_label_metrics(len(self.hparams.labels))
+        self.build_task_metrics()
         fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
         if self.init_from is not None:
             if self._init_from_pending and fitting:
@@ -89,27 +88,19 @@ class SequenceClassificationModule(LabelScoresMixin, PtmModule):
             self.l2_sp_anchor = WeightAnchor({n: p for n, p in self.backbone.named_parameters()
                                               if id(p) in encoder and p.requires_grad})
 
+    def build_task_metrics(self) -> None:
+        labels = list(self.hparams.labels)
+        self.build_label_metrics(len(labels), positive_index(labels, self.hparams.get("positive_label")))
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         self._init_from_pending = False  # the weights come from the checkpoint
-        if self.delta is not None and checkpoint.get("ptm_app", {}).get("delta_only"):
-            base = {f"backbone.{k}": v for k, v in self.backbone.state_dict().items()}
-            checkpoint["state_dict"] = {**base, **checkpoint["state_dict"]}  # frozen base + saved delta
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         hp = checkpoint["hyper_parameters"]
         if self.init_from is not None:  # plain data: checkpoints load with weights_only=True
             hp["init_from"] = asdict(self.init_from)
-        if self.delta is None:
-            return
-        hp["delta"] = asdict(self.delta)
-        if self.delta_only:  # the base is rebuilt from its source: keep only the delta (+ head) weights
-            rest = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("backbone.")}
-            delta = {f"backbone.{k}": v for k, v in delta_state_dict(self.backbone).items()}
-            checkpoint["state_dict"] = {**rest, **delta}
-            hp["backbone"], hp["backbone_config"] = self.hparams.backbone, self.hparams.backbone_config
-            checkpoint["ptm_app"]["delta_only"] = True
 
     def l2_sp_penalty(self) -> torch.Tensor:
         """``α/2 · Σ ‖w − w⁰‖²`` over the anchored encoder weights (Li et al. 2018, L2-SP)."""
@@ -123,13 +114,41 @@ class SequenceClassificationModule(LabelScoresMixin, PtmModule):
         return self.backbone(**self.model_inputs(batch)).logits
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = torch.nn.functional.cross_entropy(self(batch).float(), batch["labels"])
+        loss = self.task_loss(self(batch), batch["labels"])
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
         if self.l2_sp_anchor is not None:
             penalty = self.l2_sp_penalty()
             self.log("train/l2_sp", penalty, batch_size=len(batch["labels"]))
             loss = loss + penalty
         return loss
+
+
+class SequenceRegressionModule(RegressionScoresMixin, SequenceClassificationModule):
+    """Fine-tuning for a real-valued target (GLUE's STS-B: Wang et al. 2019 §3; BERT §4.1): one linear output
+    on the [CLS] state, mean-squared error loss; logs ``val/pearson``, ``val/spearman``, ``val/mse`` (and
+    ``test/*``); ``predict`` writes one value per example.  Takes every ``SequenceClassificationModule``
+    option but the label set (delta tuning, ``init_from``, L2-SP).
+    """
+
+    monitor = ("val/pearson", "max")
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 optim: OptimConfig = OptimConfig(lr=3e-5), gradient_checkpointing: bool = False, l2_sp: float = 0.0,
+                 init_from: Optional[InitFrom] = None, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+        super().__init__(backbone, backbone_config, None, optim, gradient_checkpointing, l2_sp, init_from, delta,
+                         delta_only)
+
+    def can_build(self) -> bool:
+        return PtmModule.can_build(self)
+
+    def config_updates(self) -> dict:
+        datamodule = self._datamodule()
+        if datamodule is not None and getattr(datamodule, "task", "regression") != "regression":
+            raise PtmError("SequenceRegressionModule needs real-valued targets: set data.init_args.task: regression")
+        return {**PtmModule.config_updates(self), "num_labels": 1, "problem_type": "regression"}
+
+    def build_task_metrics(self) -> None:
+        self.build_label_metrics()
 
 
 class WeightAnchor(torch.nn.Module):

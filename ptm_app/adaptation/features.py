@@ -31,6 +31,7 @@ class FeatureExtractionModule(SequenceClassificationModule):
         pooling: ``cls`` (first token) or ``mean`` (over the real tokens).
         head_hidden: width of the MLP's hidden layer; None = a linear head.
         dropout: dropout on the pooled features (and the MLP's hidden layer).
+        positive_label: the positive class of a two-label task, for ``val/f1`` (default: the second label).
     """
 
     head = "base"
@@ -39,12 +40,16 @@ class FeatureExtractionModule(SequenceClassificationModule):
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=1e-3),
                  representation: Literal["embedding", "top", "scalar_mix"] = "scalar_mix",
                  include_layer0: bool = True, do_layer_norm: bool = False, pooling: Literal["cls", "mean"] = "mean",
-                 head_hidden: Optional[int] = None, dropout: float = 0.1):
+                 head_hidden: Optional[int] = None, dropout: float = 0.1, positive_label: Optional[str] = None):
         self.representation, self.include_layer0, self.do_layer_norm = representation, include_layer0, do_layer_norm
         self.pooling, self.head_hidden, self.head_dropout = pooling, head_hidden, dropout
         self.mix: Optional[ScalarMix] = None
         self.task_head: Optional[nn.Sequential] = None
-        super().__init__(backbone, backbone_config, labels, optim)
+        super().__init__(backbone, backbone_config, labels, optim, positive_label=positive_label)
+
+    def style(self) -> str:
+        layer0 = "" if self.representation != "scalar_mix" else (" incl. layer 0" if self.include_layer0 else " excl. layer 0")
+        return f"frozen features: {self.representation.replace('_', ' ')}{layer0}"
 
     def configure_model(self) -> None:
         self.hparams.setdefault("gradient_checkpointing", False)  # not an argument: no gradients flow in the backbone

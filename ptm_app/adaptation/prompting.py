@@ -358,6 +358,10 @@ class PromptClassifierModule(_LabelScoringModule):
         self._words: Optional[tuple] = None
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
+    def style(self) -> str:
+        n = self.hparams.soft_prompt_tokens
+        return "PET cloze" + (f" + {n} soft prompt tokens" if n else "") + (" (frozen MLM)" if self.hparams.freeze_backbone else "")
+
     def configure_model(self) -> None:
         super().configure_model()
         if self.hparams.freeze_backbone:
@@ -455,6 +459,9 @@ class InContextEvalModule(_LabelScoringModule):
         if k_shot < 0:
             raise PtmError(f"k_shot must be >= 0 (got {k_shot})")
         super().__init__(backbone, backbone_config)
+
+    def style(self) -> str:
+        return f"in-context {self.hparams.k_shot}-shot"
 
     def configure_model(self) -> None:
         self.hparams.setdefault("gradient_checkpointing", False)  # not an argument: nothing trains

@@ -17,6 +17,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from ptm_app.adaptation.token_classification import write_predictions
+from ptm_app.adaptation.delta import DeltaSpec
+from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
 from ptm_app.data.token_tasks import QACollator
 from ptm_app.tasks.metrics import SquadMetric
@@ -78,13 +80,32 @@ class BestSpans(Metric):
         return best
 
 
-class QuestionAnsweringModule(PtmModule):
+def epoch_answers(spans: BestSpans, records) -> dict[int, tuple[float, int, int, str]]:
+    """Per example seen this epoch: ``(score, start_char, end_char, text)`` of its best span (``""`` if none);
+    resets ``spans``."""
+    best = spans.compute()
+    spans.reset()
+    contexts = records.contexts
+    return {e: (score, s, t, contexts[e][s:t] if s >= 0 else "") for e, (score, s, t) in sorted(best.items())}
+
+
+def squad_scores(answers: dict[int, tuple[float, int, int, str]], records) -> dict[str, torch.Tensor]:
+    """SQuAD EM / F1 of the answers against the records' gold answers."""
+    squad = SquadMetric(sync_on_compute=False)  # the spans are already gathered from every process
+    squad.update([a[3] for a in answers.values()], [records.answers[e] for e in answers])
+    return squad.compute()
+
+
+class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
     """Fine-tune every weight of the backbone plus a fresh start/end span layer.
 
     Args:
         backbone: prepared name / local dir / exported run / hub id of the pretrained encoder.
         backbone_config: config overrides, or a from-scratch config.
         optim: optimiser and schedule.
+        delta: parameter-efficient tuning instead of full fine-tuning (``adaptation.delta.DeltaSpec``:
+            adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.
+        delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
         max_answer_length: longest answer considered, in tokens.
         n_best: start and end candidates per window.
     """
@@ -94,7 +115,9 @@ class QuestionAnsweringModule(PtmModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
-                 max_answer_length: int = 30, n_best: int = 20):
+                 max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
+                 delta_only: bool = True):
+        self.init_delta(delta, delta_only)
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.max_answer_length, self.n_best = max_answer_length, n_best
         self.spans = nn.ModuleDict({stage: BestSpans() for stage in SPLITS})
@@ -135,18 +158,11 @@ class QuestionAnsweringModule(PtmModule):
         self._eval_step("test", batch)
 
     def answers(self, stage: str) -> dict[int, tuple[float, int, int, str]]:
-        """Per example seen this epoch: ``(score, start_char, end_char, text)`` of its best span (``""`` if none)."""
-        spans = self.spans[stage].compute()
-        self.spans[stage].reset()
-        contexts = self.trainer.datamodule.records(SPLITS[stage]).contexts
-        return {e: (score, s, t, contexts[e][s:t] if s >= 0 else "") for e, (score, s, t) in sorted(spans.items())}
+        return epoch_answers(self.spans[stage], self.trainer.datamodule.records(SPLITS[stage]))
 
     def _log_metrics(self, stage: str) -> None:
-        answers = self.answers(stage)
-        golds = self.trainer.datamodule.records(SPLITS[stage]).answers
-        squad = SquadMetric(sync_on_compute=False)  # the spans are already gathered from every process
-        squad.update([a[3] for a in answers.values()], [golds[e] for e in answers])
-        self.log_dict({f"{stage}/{k}": v for k, v in squad.compute().items()}, prog_bar=(stage == "val"))
+        squad = squad_scores(self.answers(stage), self.trainer.datamodule.records(SPLITS[stage]))
+        self.log_dict({f"{stage}/{k}": v for k, v in squad.items()}, prog_bar=(stage == "val"))
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val")

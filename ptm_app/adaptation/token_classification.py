@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ptm_app.adaptation.delta import DeltaSpec
+from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
 from ptm_app.data.corruption import IGNORE_INDEX
 from ptm_app.data.datasets import _index
@@ -39,7 +41,33 @@ def write_predictions(trainer, rows: list[dict]) -> None:
     print(f"wrote {len(rows)} predictions to {path}")
 
 
-class TokenClassificationModule(PtmModule):
+def word_tags(labels: list[str], ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
+    """Tag names at the labelled (first sub-token) positions of each row, in word order."""
+    return [[labels[i] for i in row[keep].tolist()] for row, keep in zip(ids, where)]
+
+
+def tagging_metrics(labels: list[str]) -> nn.ModuleDict:
+    """Token accuracy, plus entity-level P/R/F1 when the tags are BIO."""
+    return nn.ModuleDict({"acc": token_accuracy(len(labels)), **({"entities": EntityF1()} if is_bio(labels) else {})})
+
+
+def update_tagging_metrics(metrics: nn.ModuleDict, labels: list[str], preds: torch.Tensor, gold: torch.Tensor) -> None:
+    metrics["acc"].update(preds, gold)
+    if "entities" in metrics:
+        labelled = gold != IGNORE_INDEX
+        metrics["entities"].update(word_tags(labels, preds, labelled), word_tags(labels, gold, labelled))
+
+
+def compute_tagging_metrics(metrics: nn.ModuleDict) -> dict[str, torch.Tensor]:
+    values = {"acc": metrics["acc"].compute()}
+    if "entities" in metrics:
+        values.update(metrics["entities"].compute())
+    for metric in metrics.values():
+        metric.reset()
+    return values
+
+
+class TokenClassificationModule(DeltaTuningMixin, PtmModule):
     """Fine-tune every weight of the backbone plus a fresh per-token classification layer.
 
     Args:
@@ -47,6 +75,9 @@ class TokenClassificationModule(PtmModule):
         backbone_config: config overrides (e.g. ``classifier_dropout``), or a from-scratch config.
         labels: the tag names in order; by default taken from the data module (``TokenTaskDataModule``).
         optim: optimiser and schedule.
+        delta: parameter-efficient tuning instead of full fine-tuning (``adaptation.delta.DeltaSpec``:
+            adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.
+        delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
     """
 
     head = "token_classification"
@@ -54,7 +85,8 @@ class TokenClassificationModule(PtmModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+        self.init_delta(delta, delta_only)
         self.stage_metrics: Optional[nn.ModuleDict] = None
         self.predictions: list[dict] = []
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
@@ -77,9 +109,7 @@ class TokenClassificationModule(PtmModule):
         super().configure_model()
         if self.stage_metrics is None:
             labels = list(self.hparams.labels)
-            make = lambda: nn.ModuleDict({"acc": token_accuracy(len(labels)),  # noqa: E731
-                                          **({"entities": EntityF1()} if is_bio(labels) else {})})
-            self.stage_metrics = nn.ModuleDict({"val": make(), "test": make()})
+            self.stage_metrics = nn.ModuleDict({"val": tagging_metrics(labels), "test": tagging_metrics(labels)})
 
     def make_collator(self, tokenizer, seed: int = 0) -> TokenLabelCollator:
         return TokenLabelCollator(pad_token_id=tokenizer.pad_token_id)
@@ -97,19 +127,12 @@ class TokenClassificationModule(PtmModule):
         return loss
 
     def word_tags(self, ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
-        """Tag names at the labelled (first sub-token) positions of each row, in word order."""
-        labels = self.hparams.labels
-        return [[labels[i] for i in row[keep].tolist()] for row, keep in zip(ids, where)]
+        return word_tags(self.hparams.labels, ids, where)
 
     def _eval_step(self, stage: str, batch: dict) -> None:
         logits, labels = self(batch), batch["labels"]
         self.log(f"{stage}/loss", self.loss(logits, labels), batch_size=len(labels))
-        preds = logits.argmax(-1)
-        metrics = self.stage_metrics[stage]
-        metrics["acc"].update(preds, labels)
-        if "entities" in metrics:
-            labelled = labels != IGNORE_INDEX
-            metrics["entities"].update(self.word_tags(preds, labelled), self.word_tags(labels, labelled))
+        update_tagging_metrics(self.stage_metrics[stage], self.hparams.labels, logits.argmax(-1), labels)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch)
@@ -118,13 +141,8 @@ class TokenClassificationModule(PtmModule):
         self._eval_step("test", batch)
 
     def _log_metrics(self, stage: str) -> None:
-        metrics = self.stage_metrics[stage]
-        values = {"acc": metrics["acc"].compute()}
-        if "entities" in metrics:
-            values.update(metrics["entities"].compute())
+        values = compute_tagging_metrics(self.stage_metrics[stage])
         self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=(stage == "val"))
-        for metric in metrics.values():
-            metric.reset()
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val")

@@ -33,6 +33,11 @@ from torch import nn
 # and whose attention adds it to the scores (eager) or hands it to SDPA.
 MASK_AS_IS_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "albert", "distilbert"})
 MASK_HONOURING_IMPLEMENTATIONS = frozenset({"eager", "sdpa"})
+# Decoders whose v5 forward sends ``attention_mask`` through ``create_causal_mask`` (a 4-D mask is returned
+# as-is by ``_preprocess_mask_arguments``) and whose eager attention adds it to the scores.
+CAUSAL_MASK_AS_IS_MODEL_TYPES = frozenset({"gpt2", "llama", "mistral", "qwen2"})
+# RoBERTa-style position ids count from ``config.pad_token_id + 1``.
+OFFSET_POSITION_MODEL_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
 
 
 def _finalize(allowed: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -117,25 +122,51 @@ def to_additive(mask_bool: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
     return additive[:, None]
 
 
+def _mask_support_problem(config, model_types: frozenset) -> str | None:
+    """Why ``config``'s model would ignore or misread a custom 4-D mask, or None if it honours one."""
+    if config.model_type not in model_types:
+        return (f"custom attention masks are only supported for {sorted(model_types)}, "
+                f"not model_type={config.model_type!r}")
+    implementation = config._attn_implementation
+    if implementation not in MASK_HONOURING_IMPLEMENTATIONS:
+        return (f"attn_implementation={implementation!r} cannot apply a custom [B, L, L] mask "
+                "(flash attention only takes 2-D padding masks); load the model with "
+                "attn_implementation='sdpa' or 'eager', or call model.set_attn_implementation('sdpa')")
+    return None
+
+
 def encoder_attention_kwargs(model: nn.Module, mask_bool: torch.Tensor) -> dict[str, torch.Tensor]:
     """Keyword arguments that make a transformers v5 BERT-family model respect ``mask_bool`` [B, L, L].
 
     Returns ``{"attention_mask": <[B, 1, L, L] additive mask in the model's dtype and device>}``.
     Raises ``ValueError`` for model types or attention implementations that would ignore or misread it.
     """
-    config = model.config
-    if config.model_type not in MASK_AS_IS_MODEL_TYPES:
-        raise ValueError(
-            f"custom attention masks are only supported for {sorted(MASK_AS_IS_MODEL_TYPES)}, "
-            f"not model_type={config.model_type!r}"
-        )
-    implementation = config._attn_implementation
-    if implementation not in MASK_HONOURING_IMPLEMENTATIONS:
-        raise ValueError(
-            f"attn_implementation={implementation!r} cannot apply a custom [B, L, L] mask "
-            "(flash attention only takes 2-D padding masks); load the model with "
-            "attn_implementation='sdpa' or 'eager', or call model.set_attn_implementation('sdpa')"
-        )
+    problem = _mask_support_problem(model.config, MASK_AS_IS_MODEL_TYPES)
+    if problem:
+        raise ValueError(problem)
     if mask_bool.dim() != 3 or mask_bool.shape[1] != mask_bool.shape[2]:
         raise ValueError(f"expected a boolean mask of shape [B, L, L], got {tuple(mask_bool.shape)}")
     return {"attention_mask": to_additive(mask_bool.to(model.device), model.dtype)}
+
+
+def packed_document_inputs(model: nn.Module, attention_mask: torch.Tensor, doc_ids: torch.Tensor) -> dict:
+    """``attention_mask`` and ``position_ids`` that keep packed documents apart inside each block.
+
+    ``doc_ids`` [B, L] names the document of every token (runs of equal ids).  The mask is block-diagonal
+    (``document_mask``; lower-triangular blocks for decoders), padding masked, handed over as the 4-D
+    additive mask that transformers v5 passes through unchanged; position ids restart at every document
+    (``document_position_ids``; from ``pad_token_id + 1`` for RoBERTa-style models).  Packing that does not
+    leak attention across documents is what Krell et al. 2021 ("Efficient sequence packing without
+    cross-contamination") and Llama 3's pre-training (Dubey et al. 2024 §3.2) use.
+    """
+    from ptm_app.errors import PtmError
+
+    config = model.config
+    causal = config.model_type in CAUSAL_MASK_AS_IS_MODEL_TYPES
+    problem = _mask_support_problem(config, MASK_AS_IS_MODEL_TYPES | CAUSAL_MASK_AS_IS_MODEL_TYPES)
+    if problem:
+        raise PtmError(f"document_attention: {problem}; or set data.init_args.document_attention: false")
+    start = config.pad_token_id + 1 if config.model_type in OFFSET_POSITION_MODEL_TYPES else 0
+    mask = document_mask(attention_mask, doc_ids, causal=causal)
+    return {"attention_mask": to_additive(mask.to(model.device), model.dtype),
+            "position_ids": document_position_ids(doc_ids, start).to(model.device)}

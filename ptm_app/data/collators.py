@@ -35,6 +35,8 @@ class PadCollator:
         }
         if "token_type_ids" in examples[0]:
             batch["token_type_ids"] = pad([e["token_type_ids"] for e in examples], 0)
+        if "document_ids" in examples[0]:  # packed documents: the model keeps their attention apart
+            batch["document_ids"] = pad([e["document_ids"] for e in examples], -1)
         for name, batch_name in SCALAR_FIELDS.items():
             if name in examples[0]:
                 batch[batch_name] = torch.tensor([e[name] for e in examples])
@@ -141,9 +143,15 @@ def word_start_table(tokenizer, vocab_size: int) -> torch.Tensor:
 
 @dataclass
 class CLMCollator(PadCollator):
-    """Causal LM: labels are the inputs (the model shifts them); padding is ignored."""
+    """Causal LM: labels are the inputs (the model shifts them); padding is ignored.
+
+    With packed ``document_ids`` the first token of each document after the first is not a target: its
+    prediction would come from the previous document (as ``DataCollatorWithFlattening`` in transformers)."""
 
     def __call__(self, examples: list[dict]) -> dict:
         batch = self.pad_batch(examples)
         batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+        if "document_ids" in batch:
+            docs = batch["document_ids"]
+            batch["labels"][:, 1:].masked_fill_(docs[:, 1:] != docs[:, :-1], IGNORE_INDEX)
         return batch

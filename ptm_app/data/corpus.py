@@ -107,13 +107,18 @@ def pack_blocks(
     doc_sep: list[int],
     mode: Packing = "pack",
     documents: list[int] | None = None,
-) -> list[np.ndarray]:
+    with_documents: bool = False,
+) -> list[np.ndarray] | tuple[list[np.ndarray], list[np.ndarray]]:
     """Cut the corpus into training blocks of at most ``block_len`` ids.
 
     ``pack``: documents are concatenated with ``doc_sep`` between them and cut into full blocks,
     the remainder dropped (RoBERTa FULL-SENTENCES, Liu et al. 2019 §4.2; HF ``group_texts``).
     ``split_documents``: each document is cut on its own, so no block spans two documents and
     the last block of a document is shorter (padded later).  Every block is ``prefix + chunk + suffix``.
+
+    ``with_documents``: also return, per block, the document index of every token (the separator after
+    a document belongs to it; ``prefix``/``suffix`` to the block's first/last document), for
+    document-boundary attention (``backbones.attention.packed_document_inputs``).
     """
     content = block_len - len(prefix) - len(suffix)
     if content < 1:
@@ -122,16 +127,24 @@ def pack_blocks(
     documents = range(corpus.num_documents) if documents is None else documents
     if mode == "pack":
         sep = np.asarray(doc_sep, np.int32)
-        parts = []
+        parts, owners = [], []
         for d in documents:
             parts.append(corpus.document(d))
             parts.append(sep)
-        stream = np.concatenate(parts)
+            owners.append(np.full(len(parts[-2]) + len(sep), d, np.int64))
+        stream, owner = np.concatenate(parts), np.concatenate(owners)
         n_full = len(stream) // content
-        chunks = [stream[i * content: (i + 1) * content] for i in range(n_full)] or [stream]
+        cuts = [(i * content, (i + 1) * content) for i in range(n_full)] or [(0, len(stream))]
+        chunks = [(stream[a:b], owner[a:b]) for a, b in cuts]
     else:
         chunks = []
         for d in documents:
             doc = np.asarray(corpus.document(d))
-            chunks.extend(doc[i: i + content] for i in range(0, len(doc), content))
-    return [np.concatenate([pre, np.asarray(c, np.int32), suf]) for c in chunks if len(c)]
+            chunks.extend((doc[i: i + content], np.full(len(doc[i: i + content]), d, np.int64))
+                          for i in range(0, len(doc), content))
+    chunks = [(c, o) for c, o in chunks if len(c)]
+    blocks = [np.concatenate([pre, np.asarray(c, np.int32), suf]) for c, _ in chunks]
+    if not with_documents:
+        return blocks
+    owners = [np.concatenate([np.full(len(pre), o[0]), o, np.full(len(suf), o[-1])]) for _, o in chunks]
+    return blocks, owners

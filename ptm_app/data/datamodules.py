@@ -21,7 +21,7 @@ from ptm_app.data.corpus import Packing, load_corpus, pack_blocks, read_texts, t
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader
-from ptm_app.data.tasks import Overlong, encode_split, label_ids
+from ptm_app.data.tasks import Overlong, encode_split, label_ids, label_values
 from ptm_app.data.tokenizer import TokenizerSpec, is_bert_style, load_tokenizer
 from ptm_app.errors import PtmError
 
@@ -62,6 +62,8 @@ def seeded_subset(index: list[int], n: int, seed: int) -> list[int]:
 
 
 class _Base(pl.LightningDataModule):
+    group_by_length = False  # labelled data modules take it as an argument (see ``EpochSampler``)
+
     def __init__(self, source: str, tokenizer: TokenizerSpec, batch_size: int, eval_batch_size: Optional[int],
                  num_workers: int, seed: int, holdout: float):
         super().__init__()
@@ -71,6 +73,9 @@ class _Base(pl.LightningDataModule):
         self.tokenizer = None
         self.collate_fn: Optional[Callable] = None
         self.datasets: dict = {}
+        # tokenize once per job, on global rank 0; the other ranks wait at Lightning's setup barrier and read the
+        # cache (a shared filesystem; without one, each node's setup builds its own cache)
+        self.prepare_data_per_node = False
 
     # -- helpers ---------------------------------------------------------------------------
     @property
@@ -123,7 +128,14 @@ class _Base(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank()
-        return ResumableLoader(self.datasets["train"], batch_size=self.batch_size, shuffle=True, seed=self.seed,
+        train = self.datasets["train"]
+        lengths = None
+        if self.group_by_length:
+            if not hasattr(train, "lengths"):
+                raise PtmError(f"group_by_length is not available for {type(self).__name__}; "
+                               f"set data.init_args.group_by_length: false")
+            lengths = train.lengths()
+        return ResumableLoader(train, batch_size=self.batch_size, shuffle=True, seed=self.seed, lengths=lengths,
                                rank=rank, world_size=world, collate_fn=self._collate(),
                                num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
@@ -153,6 +165,10 @@ class PretrainDataModule(_Base):
         text_field: the field holding a document's text (lines inside it are its sentences).
         max_length: block length in tokens, special tokens included.
         packing: ``pack`` (full blocks across documents) or ``split_documents`` (no block spans two documents).
+        document_attention: with ``pack``, keep the documents inside a block apart: every block carries its
+            tokens' document ids, and the model gets a block-diagonal attention mask (causal blocks for decoders)
+            with position ids restarting at each document (``backbones.attention.packed_document_inputs``).
+            Full blocks without cross-document attention (Krell et al. 2021).
         holdout: fraction of documents held out for validation perplexity when the source has no validation split.
         limit_documents: use only the first N training documents (quick runs).
         examples: ``blocks`` (packed token blocks) or ``nsp``/``sop`` sentence pairs; by default what the
@@ -162,9 +178,10 @@ class PretrainDataModule(_Base):
     def __init__(self, tokenizer: TokenizerSpec, source: str = "bbc", text_field: str = "text", max_length: int = 128, packing: Packing = "pack", batch_size: int = 16,
                  eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
                  holdout: float = 0.05, limit_documents: Optional[int] = None,
-                 examples: Optional[Literal["blocks", "nsp", "sop"]] = None):
+                 examples: Optional[Literal["blocks", "nsp", "sop"]] = None, document_attention: bool = False):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
         self.text_field, self.max_length, self.packing = text_field, max_length, packing
+        self.document_attention = document_attention
         self.limit_documents, self.examples = limit_documents, examples
 
     def example_format(self) -> str:
@@ -198,32 +215,44 @@ class PretrainDataModule(_Base):
         kind = self.example_format()
         for split, corpus in corpora.items():
             if kind in ("nsp", "sop"):
+                if self.document_attention:
+                    raise PtmError(f"document_attention applies to packed blocks, not {kind} sentence pairs; "
+                                   f"set data.init_args.document_attention: false")
                 if not is_bert_style(tok):
                     raise PtmError(f"{kind} examples need a BERT-style tokenizer ([CLS]/[SEP]); use train: wordpiece")
                 documents = [[line.tolist() for line in corpus.lines(d)] for d in docs[split]]
                 self.datasets[split] = SentencePairDataset(documents, kind, self.max_length, self.seed,
                                                            tok.cls_token_id, tok.sep_token_id)
             else:
-                blocks = pack_blocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split])
-                self.datasets[split] = BlockDataset(blocks)
+                packed = pack_blocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split],
+                                     with_documents=self.document_attention)
+                self.datasets[split] = BlockDataset(*packed) if self.document_attention else BlockDataset(packed)
 
 
 class TaskDataModule(_Base):
-    """Labelled text classification: single sentences or sentence pairs, padded per batch.
+    """Labelled text classification or regression: single sentences or sentence pairs, padded per batch.
 
     Args:
         source: prepared dataset name (``bbc``, ``tweets``), a directory with split files, or one file.
         text_field / text_pair_field / label_field / id_field: column names.
+        task: ``classification`` (label names) or ``regression`` (the label field holds a number).
         labels: the label set, in order; by default the sorted labels of the training split.
         max_length: longest input in tokens; longer ones are truncated or refused (``overlong``).
         limit_train: use only N training examples (few-shot and quick runs).
+        group_by_length: batch training examples of similar length together (shuffled windows, exact resume;
+            see ``loader.EpochSampler``), so per-batch padding shrinks; the padding fraction is logged.
     """
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "bbc", text_field: str = "text", text_pair_field: Optional[str] = None, label_field: str = "label",
                  id_field: str = "id", labels: Optional[list[str]] = None, max_length: int = 128,
                  overlong: Overlong = "truncate", batch_size: int = 32, eval_batch_size: Optional[int] = None,
-                 num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None):
+                 num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None,
+                 task: Literal["classification", "regression"] = "classification", group_by_length: bool = False):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.group_by_length = group_by_length
+        if task == "regression" and labels is not None:
+            raise PtmError("data.labels is for classification; remove it, or set data.task: classification")
+        self.task = task
         self.text_field, self.text_pair_field, self.label_field = text_field, text_pair_field, label_field
         self.id_field, self.labels, self.max_length, self.overlong = id_field, labels, max_length, overlong
         self.limit_train = limit_train
@@ -239,16 +268,19 @@ class TaskDataModule(_Base):
             self._encode(path)
 
     def label_set(self) -> list[str]:
+        """The label names (empty for regression)."""
+        if self.task == "regression":
+            return []
         if self.labels is None:
             self.labels = sorted(set(self._encode(self.files["train"]).labels))
         return list(self.labels)
 
     @property
     def num_labels(self) -> int:
-        return len(self.label_set())
+        return len(self.label_set()) or 1
 
     def setup(self, stage: str | None = None) -> None:
-        self.setup_labelled(label_ids)
+        self.setup_labelled(label_values if self.task == "regression" else label_ids)
 
     def _add(self, split: str, enc, ids: list[int], index: list[int]) -> None:
         pick = lambda seq: None if seq is None else [seq[i] for i in index]  # noqa: E731

@@ -11,16 +11,24 @@ def _index(key) -> int:
 
 
 class BlockDataset(Dataset):
-    """Token blocks for pre-training."""
+    """Token blocks for pre-training; with ``documents`` (per block, each token's document index) an item
+    also carries ``document_ids``, for document-boundary attention."""
 
-    def __init__(self, blocks: list[np.ndarray]):
-        self.blocks = blocks
+    def __init__(self, blocks: list[np.ndarray], documents: list[np.ndarray] | None = None):
+        self.blocks, self.documents = blocks, documents
 
     def __len__(self) -> int:
         return len(self.blocks)
 
     def __getitem__(self, key) -> dict:
-        return {"input_ids": torch.from_numpy(np.asarray(self.blocks[_index(key)], dtype=np.int64)), "key": key}
+        i = _index(key)
+        item = {"input_ids": torch.from_numpy(np.asarray(self.blocks[i], dtype=np.int64)), "key": key}
+        if self.documents is not None:
+            item["document_ids"] = torch.from_numpy(np.asarray(self.documents[i], dtype=np.int64))
+        return item
+
+    def lengths(self) -> list[int]:
+        return [len(b) for b in self.blocks]
 
 
 class EncodedDataset(Dataset):
@@ -31,6 +39,9 @@ class EncodedDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
 
     def __getitem__(self, key) -> dict:
         i = _index(key)

@@ -5,11 +5,14 @@ The loader counts the batches the training loop has *consumed* (``DataPositionCa
 prefetches one batch, so "served" would be off by one) and saves ``{epoch, consumed}`` in the
 checkpoint through Lightning's stateful-dataloader protocol.  On resume it skips ``consumed``
 batches by index arithmetic, so resuming at step 10 or 10,000 costs the same.
+
+With ``lengths`` the sampler groups examples of similar length into the same batches (dynamic padding
+then pads far less); the grouped order is still a pure function of (seed, epoch), so resume stays exact.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -17,11 +20,26 @@ from torch.utils.data import DataLoader, Sampler
 
 
 class EpochSampler(Sampler):
-    """Yields ``(epoch, index)``: a fresh seeded order every epoch, this rank's shard only."""
+    """Yields ``(epoch, index)``: a fresh seeded order every epoch, this rank's shard only.
 
-    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1):
+    ``lengths`` (one per example) turns on length grouping, as transformers' ``LengthGroupedSampler``
+    (``group_by_length``): the shuffled order is cut into megabatches of ``MEGABATCH`` global batches, each
+    sorted by length (longest first) and cut into global batches (``batch_size`` × ``world_size``); the
+    global batches are then shuffled, and the one holding the longest example goes first, so an
+    out-of-memory shows at the first step.  Rank ``r`` takes every ``world_size``-th example, so each
+    global batch gives every rank one batch of similar lengths.
+    """
+
+    MEGABATCH = 50  # global batches per sorted window (transformers' default ``mega_batch_mult``)
+
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
+                 lengths: Optional[Sequence[int]] = None, batch_size: int = 1):
+        if lengths is not None and len(lengths) != size:
+            raise ValueError(f"lengths has {len(lengths)} entries for {size} examples")
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size = rank, world_size
+        self.lengths = torch.as_tensor(lengths, dtype=torch.long) if lengths is not None else None
+        self.batch_size = batch_size
         self.epoch = 0
         self.skip = 0  # samples to skip at the start of the next iteration (resume)
 
@@ -32,13 +50,30 @@ class EpochSampler(Sampler):
         return math.ceil(self.size / self.world_size)
 
     def order(self) -> list[int]:
+        gen = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.size, generator=gen).tolist()
         else:
             order = list(range(self.size))
         order += order[: len(self) * self.world_size - self.size]  # pad so every rank gets the same count
+        if self.lengths is not None:
+            order = self._grouped(order, gen)
         return order[self.rank:: self.world_size]
+
+    def _grouped(self, order: list[int], gen: torch.Generator) -> list[int]:
+        step = self.batch_size * self.world_size
+        window = min(self.MEGABATCH, max(1, len(order) // (4 * step))) * step
+        batches: list[list[int]] = []
+        for start in range(0, len(order), window):
+            mega = sorted(order[start: start + window], key=lambda i: -int(self.lengths[i]))  # stable
+            batches.extend(mega[b: b + step] for b in range(0, len(mega), step))
+        full = [b for b in batches if len(b) == step]
+        partial = [b for b in batches if len(b) < step]  # at most one: it stays last, after the full ones
+        full = [full[i] for i in torch.randperm(len(full), generator=gen).tolist()] if self.shuffle else full
+        if full:
+            longest = max(range(len(full)), key=lambda k: int(self.lengths[full[k][0]]))
+            full.insert(0, full.pop(longest))
+        return [i for b in full + partial for i in b]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         skip, self.skip = self.skip, 0
@@ -50,9 +85,11 @@ class EpochSampler(Sampler):
 class ResumableLoader(DataLoader):
     """``DataLoader`` over an ``EpochSampler`` with ``state_dict``/``load_state_dict``."""
 
+    resumable = True  # DataPositionCallback counts its consumed batches (so does data.multitask.MultitaskLoader)
+
     def __init__(self, dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
-                 **kwargs: Any):
-        self.epoch_sampler = EpochSampler(len(dataset), shuffle, seed, rank, world_size)
+                 lengths: Optional[Sequence[int]] = None, **kwargs: Any):
+        self.epoch_sampler = EpochSampler(len(dataset), shuffle, seed, rank, world_size, lengths, batch_size)
         kwargs.setdefault("generator", torch.Generator().manual_seed(seed))  # never touch the global RNG
         super().__init__(dataset, batch_size=batch_size, sampler=self.epoch_sampler, **kwargs)
         self.consumed = 0
@@ -106,12 +143,12 @@ class DataPositionCallback(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         loader = trainer.train_dataloader
-        if self._pending is not None and isinstance(loader, ResumableLoader) and not loader.restored:
+        if self._pending is not None and getattr(loader, "resumable", False) and not loader.restored:
             loader.load_state_dict(self._pending)
             iter(trainer.fit_loop._data_fetcher)  # discard the iterator (and its prefetched batch) built too early
         self._pending = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loader = trainer.train_dataloader
-        if isinstance(loader, ResumableLoader):
+        if getattr(loader, "resumable", False):
             loader.consumed += 1

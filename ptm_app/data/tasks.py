@@ -1,10 +1,11 @@
-"""Labelled text classification data: single sentences and sentence pairs.
+"""Labelled text classification and regression data: single sentences and sentence pairs.
 
 Each split is tokenized once (cached by file content, fields, tokenizer and length settings).
 Labels are checked against the label set with ``file:line`` on any stranger.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -81,6 +82,21 @@ def encode_split(
                                    lines=rec.lines, ids=rec.ids, texts=rec.texts, path=rec.path))
 
     return EncodedSplit(**cached_json(key, build))
+
+
+def label_values(split: EncodedSplit, label_set: list[str], from_training: bool) -> list[float]:
+    """Regression targets: each label must read as a finite number; otherwise an error naming ``file:line``."""
+    out = []
+    for label, line in zip(split.labels, split.lines):
+        try:
+            value = float(label)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise DataFormatError(split.path, line, f"regression target '{label}' is not a finite number",
+                                  "fix the value, or use data.task: classification for label names")
+        out.append(value)
+    return out
 
 
 def label_ids(split: EncodedSplit, label_set: list[str], from_training: bool) -> list[int]:

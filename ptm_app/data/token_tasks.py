@@ -115,6 +115,9 @@ class TaggedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
     def __getitem__(self, key) -> dict:
         i = _index(key)
         n = len(self.input_ids[i])
@@ -148,13 +151,16 @@ class TokenTaskDataModule(_Base):
         max_length: longest input in sub-tokens; words beyond it are not labelled (their count is printed).
         holdout: fraction of training sentences held out when the source has no validation split.
         limit_train: use only N training sentences.
+        group_by_length: batch sentences of similar length together (see ``TaskDataModule``).
     """
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "brown_pos", words_field: str = "words",
                  tags_field: str = "tags", id_field: str = "id", labels: Optional[list[str]] = None,
                  max_length: int = 128, batch_size: int = 32, eval_batch_size: Optional[int] = None,
-                 num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None):
+                 num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None,
+                 group_by_length: bool = False):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.group_by_length = group_by_length
         self.words_field, self.tags_field, self.id_field = words_field, tags_field, id_field
         self.labels, self.max_length, self.limit_train = labels, max_length, limit_train
         self.splits: dict = {}
@@ -295,6 +301,9 @@ class QADataset(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    def lengths(self) -> list[int]:
+        return [len(self.features.input_ids[i]) for i in self.index]
+
     def __getitem__(self, key) -> dict:
         f, i = self.features, self.index[_index(key)]
         item = {"input_ids": torch.as_tensor(f.input_ids[i], dtype=torch.long), "key": key,
@@ -330,14 +339,16 @@ class QADataModule(_Base):
         max_question_length: longer questions are cut to this many tokens; default ``max_length // 2``.
         holdout: fraction of training examples held out when the source has no validation split.
         limit_train: use only the windows of the first N training examples.
+        group_by_length: batch windows of similar length together (see ``TaskDataModule``).
     """
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "wordnet_qa", question_field: str = "question",
                  context_field: str = "context", answers_field: str = "answers", id_field: str = "id",
                  max_length: int = 384, doc_stride: Optional[int] = None, max_question_length: Optional[int] = None,
                  batch_size: int = 32, eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
-                 holdout: float = 0.1, limit_train: Optional[int] = None):
+                 holdout: float = 0.1, limit_train: Optional[int] = None, group_by_length: bool = False):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.group_by_length = group_by_length
         self.question_field, self.context_field = question_field, context_field
         self.answers_field, self.id_field, self.max_length = answers_field, id_field, max_length
         self.doc_stride = max_length // 4 if doc_stride is None else doc_stride

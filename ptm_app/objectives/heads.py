@@ -4,6 +4,8 @@ Each head returns logits; the objective module owns the loss and its weight.
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple, Optional
+
 import torch
 from torch import nn
 
@@ -39,3 +41,63 @@ class SpanBoundaryHead(nn.Module):
         pos = self.positions(offset.clamp(max=self.positions.num_embeddings - 1))
         h = self.ffn(torch.cat([hidden[rows, left], hidden[rows, right], pos], dim=-1))
         return h @ decoder.t()
+
+
+class MaskedLMOutput(NamedTuple):
+    """``loss``: mean cross-entropy over the selected positions; ``logits``: ``[N, V]`` at those positions
+    (``labels != -100``, row-major order); ``hidden``: the last hidden state ``[B, L, H]`` (when asked for)."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    hidden: Optional[torch.Tensor]
+
+
+def _xlm_head(model) -> Optional[Callable]:
+    return None if model.pred_layer.asm else model.pred_layer.proj  # adaptive softmax: dense path only
+
+
+# The output layer of each transformers v5 masked-LM class, as a function of hidden states (read from
+# ``models/*/modeling_*.py``: what ``forward`` applies to ``outputs[0]`` before its loss).
+PREDICTION_HEADS: dict[str, Callable] = {
+    "BertForMaskedLM": lambda m: m.cls,
+    "RobertaForMaskedLM": lambda m: m.lm_head,
+    "XLMRobertaForMaskedLM": lambda m: m.lm_head,
+    "CamembertForMaskedLM": lambda m: m.lm_head,
+    "AlbertForMaskedLM": lambda m: m.predictions,
+    "ElectraForMaskedLM": lambda m: lambda h: m.generator_lm_head(m.generator_predictions(h)),
+    "DistilBertForMaskedLM": lambda m: lambda h: m.vocab_projector(
+        m.vocab_layer_norm(m.activation(m.vocab_transform(h)))),
+    "XLMWithLMHeadModel": _xlm_head,
+}
+
+
+def prediction_head(model) -> Optional[Callable]:
+    """``model``'s vocabulary prediction head as a function ``[N, H] -> [N, V]``, or None if unknown."""
+    make = PREDICTION_HEADS.get(type(model).__name__)
+    return make(model) if make is not None else None
+
+
+def masked_lm_forward(model, inputs: dict, labels: torch.Tensor, *, sparse: bool = True,
+                      hidden: bool = False) -> MaskedLMOutput:
+    """Masked-LM loss of a transformers ``*ForMaskedLM`` model, with vocabulary logits only where predicted.
+
+    transformers' ``*ForMaskedLM.forward`` projects every position onto the vocabulary, though only the
+    ~15 % selected ones (``labels != -100``) enter the loss; for a small model with a 16–30k vocabulary
+    that projection dominates the cost.  The sparse path calls the base model (``model.base_model``),
+    gathers the hidden states at the selected positions and applies the model's own prediction head
+    (``cls``, ``lm_head``, ``predictions``, ``generator_lm_head`` ...) to those rows only, then the same mean
+    cross-entropy: the loss equals the dense one (tests/objectives/test_sparse_heads.py) and the weights and
+    their names are untouched, so checkpoints and exports do not change.  Google's original BERT does the
+    same (``run_pretraining.py``: ``get_masked_lm_output`` gathers ``masked_lm_positions`` before the output
+    layer).  Models without a
+    known head (see ``PREDICTION_HEADS``), or ``sparse=False``, take the dense path.
+    """
+    selected = labels != -100
+    head = prediction_head(model) if sparse else None
+    if head is None:
+        out = model(**inputs, labels=labels, **({"output_hidden_states": True} if hidden else {}))
+        return MaskedLMOutput(out.loss, out.logits[selected], out.hidden_states[-1] if hidden else None)
+    sequence = model.base_model(**inputs)[0]
+    logits = head(sequence[selected])
+    loss = nn.functional.cross_entropy(logits.float(), labels[selected])
+    return MaskedLMOutput(loss, logits, sequence)

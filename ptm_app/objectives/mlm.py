@@ -14,7 +14,7 @@ from torchmetrics import MeanMetric
 
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.errors import PtmError
-from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead
+from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
@@ -32,6 +32,8 @@ class MaskedLMModule(LanguageModelModule):
             the data module then builds sentence-pair examples from document boundaries.
         span_boundary_objective: add SpanBERT's SBO target (needs ``masking: span``).
         loss_weights: weights of ``mlm``, ``sentence`` and ``sbo`` in the summed loss.
+        sparse_prediction: compute vocabulary logits only at the masked positions (the default; same loss,
+            see ``heads.masked_lm_forward``); ``false`` projects every position, as ``*ForMaskedLM`` does.
     """
 
     head = "masked_lm"
@@ -42,7 +44,7 @@ class MaskedLMModule(LanguageModelModule):
                  masking: Literal["token", "whole_word", "span"] = "token", static_masking: bool = False,
                  span_p: float = 0.2, max_span_length: int = 10,
                  sentence_objective: Optional[Literal["nsp", "sop"]] = None, span_boundary_objective: bool = False,
-                 loss_weights: Optional[dict[str, float]] = None):
+                 loss_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True):
         if span_boundary_objective and masking != "span":
             raise PtmError("span_boundary_objective needs masking: span (SpanBERT §3.2)")
         self.heads = None
@@ -50,6 +52,7 @@ class MaskedLMModule(LanguageModelModule):
         self.masking_cfg = dict(mlm_probability=mlm_probability, mask_ratio=mask_ratio, random_ratio=random_ratio,
                                 masking=masking, static=static_masking, span_p=span_p, max_span_length=max_span_length)
         self.sentence_objective, self.span_boundary_objective = sentence_objective, span_boundary_objective
+        self.sparse_prediction = sparse_prediction
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.weights = {"mlm": 1.0, "sentence": 1.0, "sbo": 1.0, **(loss_weights or {})}
         self.val_parts = nn.ModuleDict({"sentence": MeanMetric(), "sentence_acc": MeanMetric(), "sbo": MeanMetric()})
@@ -82,18 +85,18 @@ class MaskedLMModule(LanguageModelModule):
         )
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
-        needs_hidden = bool(self.heads)
-        out = self.backbone(**self.model_inputs(batch), labels=batch["labels"], output_hidden_states=needs_hidden)
+        out = masked_lm_forward(self.backbone, self.model_inputs(batch), batch["labels"],
+                                sparse=self.sparse_prediction, hidden=bool(self.heads))
         losses = {"mlm": out.loss}
         if "sentence" in self.heads:
-            logits = self.heads["sentence"](out.hidden_states[-1]).float()
+            logits = self.heads["sentence"](out.hidden).float()
             losses["sentence"] = nn.functional.cross_entropy(logits, batch["sentence_labels"])
             losses["sentence_acc"] = (logits.argmax(-1) == batch["sentence_labels"]).float().mean()
         if "sbo" in self.heads:
             sbo = batch["sbo"]
             target = batch["labels"][sbo["rows"], sbo["pos"]]
             decoder = self.backbone.get_output_embeddings().weight
-            logits = self.heads["sbo"](out.hidden_states[-1], sbo["rows"], sbo["left"], sbo["right"], sbo["offset"],
+            logits = self.heads["sbo"](out.hidden, sbo["rows"], sbo["left"], sbo["right"], sbo["offset"],
                                        decoder).float()
             losses["sbo"] = nn.functional.cross_entropy(logits, target, ignore_index=-100)
         return losses

@@ -20,6 +20,7 @@ from torchmetrics import MeanMetric
 from ptm_app.data.collators import MLMCollator
 from ptm_app.data.corruption import IGNORE_INDEX, draw_generator
 from ptm_app.errors import PtmError
+from ptm_app.objectives.heads import masked_lm_forward
 from ptm_app.training.module import PtmModule, weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
@@ -37,6 +38,8 @@ class ReplacedTokenDetectionModule(PtmModule):
         discriminator_weight: λ in ``L_MLM + λ L_Disc`` (joint mode).
         share_embeddings: G and D share token/position embeddings (the paper's choice).
         mlm_probability / mask_ratio / random_ratio: masking of the generator's input.
+        sparse_prediction: the generator computes vocabulary logits only at the masked positions, the only
+            ones it samples from (default; same loss, see ``heads.masked_lm_forward``); ``false``: everywhere.
     """
 
     head = "rtd"
@@ -48,7 +51,7 @@ class ReplacedTokenDetectionModule(PtmModule):
                  mode: Literal["joint", "two_stage"] = "joint", generator_steps: int = 0,
                  discriminator_weight: float = 50.0, share_embeddings: bool = True,
                  mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
-                 sampling_temperature: float = 1.0):
+                 sampling_temperature: float = 1.0, sparse_prediction: bool = True):
         if mode == "two_stage" and generator_size != 1.0 and not generator_config:
             raise PtmError("mode: two_stage initialises D from G, so they need the same size: set generator_size: 1.0")
         if mode == "two_stage" and generator_steps <= 0:
@@ -118,12 +121,12 @@ class ReplacedTokenDetectionModule(PtmModule):
         stage = int(self.stage)
         train_g = stage in (0, 1)
         with torch.set_grad_enabled(train_g and torch.is_grad_enabled()):
-            gen = self.generator(**inputs, labels=labels)
+            gen = masked_lm_forward(self.generator, inputs, labels, sparse=self.hparams.sparse_prediction)
         losses = {"gen_loss": gen.loss}
         if stage == 0:  # two-stage, first phase: the generator alone
             return losses
         with torch.no_grad():
-            logits = gen.logits[selected].float() / self.hparams.sampling_temperature
+            logits = gen.logits.float() / self.hparams.sampling_temperature
             rng = draw_generator(0, batch["keys"]) if "keys" in batch else None  # reproducible per batch
             sampled = torch.multinomial(torch.softmax(logits, -1), 1, generator=rng).squeeze(1)
         corrupted = batch["input_ids"].clone()

@@ -110,13 +110,8 @@ class Seq2SeqDenoisingModule(LanguageModelModule):
 
     def config_updates(self) -> dict:
         updates = super().config_updates()
-        tok = self.tokenizer
-        if tok is not None and not self.hparams.backbone:
-            eos = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
-            start = tok.pad_token_id if self.hparams.backbone_config.get("model_type") == "t5" else (
-                tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id)
-            updates.update({"eos_token_id": eos, "decoder_start_token_id": start,
-                            "bos_token_id": tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id})
+        if self.tokenizer is not None and not self.hparams.backbone:
+            updates.update(seq2seq_token_ids(self.tokenizer, self.hparams.backbone_config.get("model_type")))
         return updates
 
     def model_inputs(self, batch: dict) -> dict:
@@ -142,6 +137,15 @@ class Seq2SeqDenoisingModule(LanguageModelModule):
             mean_span_length=hp.mean_span_length, mass_fraction=hp.mass_fraction,
             bart_noises=hp.bart_noises or list(BART_DEFAULT), sentinel_ids=tuple(sentinels), full_stop_ids=full_stops,
         )
+
+
+def seq2seq_token_ids(tokenizer, model_type: Optional[str]) -> dict[str, Optional[int]]:
+    """The special ids of an encoder–decoder built on ``tokenizer``: EOS is [SEP] (else EOS), the decoder starts
+    from the pad token for T5 (Raffel et al. 2020) and from [CLS] (else BOS) otherwise."""
+    eos = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    bos = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    return {"eos_token_id": eos, "bos_token_id": bos,
+            "decoder_start_token_id": tokenizer.pad_token_id if model_type == "t5" else bos}
 
 
 def sentinel_ids(tokenizer, limit: int = 100) -> list[int]:

@@ -24,14 +24,16 @@ class TranslationLMModule(MaskedLMModule):
             ``n_langs`` and ``lang2id``/``id2lang`` come from the data's languages and XLM's special-token
             indices (``pad``/``unk``/``mask``/``bos``/``eos``) from the tokenizer, unless ``backbone_config`` sets them.
         mlm_probability / mask_ratio / random_ratio: the masking recipe over both sentences (0.15 / 0.8 / 0.1).
+        sparse_prediction: vocabulary logits only at the masked positions (default; see ``MaskedLMModule``).
     """
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False,
-                 mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1):
+                 mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
+                 sparse_prediction: bool = True):
         self.language_ids: Optional[list[int]] = None  # data language index -> the backbone's language id
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing, mlm_probability, mask_ratio,
-                         random_ratio)
+                         random_ratio, sparse_prediction=sparse_prediction)
 
     def config_updates(self) -> dict[str, Any]:
         updates = super().config_updates()

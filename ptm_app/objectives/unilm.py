@@ -11,6 +11,7 @@ import torch
 from ptm_app.backbones.attention import bidirectional_mask, causal_mask, encoder_attention_kwargs, seq2seq_mask
 from ptm_app.data.collators import MLMCollator
 from ptm_app.data.corruption import draw_rng
+from ptm_app.errors import PtmError
 from ptm_app.objectives.mlm import MaskedLMModule
 from ptm_app.training.optim import OptimConfig
 
@@ -48,15 +49,16 @@ class UnifiedLMModule(MaskedLMModule):
 
     Args:
         mode_weights: how often each mode is drawn (``bidirectional``, ``left_to_right``, ``seq2seq``).
+        sparse_prediction: vocabulary logits only at the masked positions (default; see ``MaskedLMModule``).
         Other arguments: see ``MaskedLMModule``.
     """
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False,
                  mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
-                 mode_weights: Optional[dict[str, float]] = None):
+                 mode_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing, mlm_probability, mask_ratio,
-                         random_ratio)
+                         random_ratio, sparse_prediction=sparse_prediction)
 
     def make_collator(self, tokenizer, seed: int = 0) -> UniLMCollator:
         base = super().make_collator(tokenizer, seed)
@@ -64,6 +66,9 @@ class UnifiedLMModule(MaskedLMModule):
         return UniLMCollator(**{f: getattr(base, f) for f in base.__dataclass_fields__}, mode_weights=weights)
 
     def model_inputs(self, batch: dict) -> dict:
+        if "document_ids" in batch:
+            raise PtmError("UniLM draws its own attention masks per batch; "
+                           "set data.init_args.document_attention: false")
         inputs = super().model_inputs(batch)
         if "attention_3d" in batch:
             inputs.update(encoder_attention_kwargs(self.backbone, batch["attention_3d"]))

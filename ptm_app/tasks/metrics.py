@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Sequence
 
 import torch
+from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -153,3 +154,35 @@ class SquadMetric(Metric):
     def compute(self) -> dict[str, torch.Tensor]:
         n = max(float(self.n), 1.0)
         return {"em": (self.em / n).float(), "f1": (self.f1 / n).float()}
+
+
+# -- generation --------------------------------------------------------------------------------------
+class GenerationScores(nn.Module):
+    """ROUGE-L and corpus BLEU of generated texts against one reference each, via torchmetrics.
+
+    ``rougeL``: the LCS F-measure of Lin 2004 §3 (ROUGE-L), per pair and averaged, on lowercased alphanumeric
+    tokens as Google's ``rouge_score`` tokenizes them (no stemming: no nltk needed).  ``bleu``: corpus BLEU-4
+    (Papineni et al. 2002 §2, brevity penalty over the corpus) with sacreBLEU's ``13a`` tokenization and no
+    smoothing (Post 2018); lowercased unless ``bleu_lowercase`` is false.  Both are fractions in [0, 1].
+    """
+
+    def __init__(self, bleu_lowercase: bool = True):
+        super().__init__()
+        from torchmetrics.text import ROUGEScore, SacreBLEUScore
+
+        self.rouge = ROUGEScore(rouge_keys="rougeL")
+        self.bleu = SacreBLEUScore(tokenize="13a", lowercase=bleu_lowercase)
+
+    def update(self, preds: Sequence[str], references: Sequence[str]) -> None:
+        preds, references = list(preds), list(references)
+        if len(preds) != len(references):
+            raise ValueError(f"{len(preds)} generations for {len(references)} references")
+        self.rouge.update(preds, references)
+        self.bleu.update(preds, [[r] for r in references])
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"rougeL": self.rouge.compute()["rougeL_fmeasure"].float(), "bleu": self.bleu.compute().float()}
+
+    def reset(self) -> None:
+        self.rouge.reset()
+        self.bleu.reset()

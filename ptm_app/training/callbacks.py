@@ -45,7 +45,9 @@ class LastCheckpoint(Callback):
 
     It saves every ``every_n_steps`` steps, at the last step of every epoch, and before stopping:
     on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
-    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.
+    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.  Every rank calls ``save_checkpoint`` (the
+    strategy decides who writes: rank 0 for DDP, every rank its shard for FSDP and DeepSpeed, into a
+    ``last.ckpt/`` directory), and a stop seen by one rank stops them all.
     """
 
     def __init__(self, path: str | Path, every_n_steps: int = 0, stop_at_step: int = 0):
@@ -68,6 +70,8 @@ class LastCheckpoint(Callback):
         step = trainer.global_step
         stop = (self.requested or getattr(trainer, "received_sigterm", False)
                 or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step)
+        if trainer.world_size > 1:  # every rank must save (sharded checkpoints) and stop together
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
         epoch_end = batch_idx + 1 >= trainer.num_training_batches
         if stop or periodic or epoch_end:
@@ -82,7 +86,8 @@ class LastCheckpoint(Callback):
 
 
 class PredictionWriter(Callback):
-    """Writes ``predictions.jsonl``: id, text, predicted label and every label's probability."""
+    """Writes ``predictions.jsonl``: id, text, predicted label and every label's probability (or the predicted
+    value, for regression)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -92,14 +97,18 @@ class PredictionWriter(Callback):
         self.rows = []
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        if not isinstance(outputs, dict) or "probs" not in outputs:
+        if not isinstance(outputs, dict) or not ({"probs", "values"} & set(outputs)):
             return
-        labels = list(pl_module.hparams.labels)
         records = trainer.datamodule.records("test") if hasattr(trainer.datamodule, "records") else None
-        for key, probs in zip(outputs["keys"], outputs["probs"].tolist()):
+        if "values" in outputs:  # regression: one real value per example
+            rows = [{"value": round(v, 6)} for v in outputs["values"].tolist()]
+        else:
+            labels = list(pl_module.hparams.labels)
+            rows = [{"label": labels[int(np.argmax(probs))],
+                     "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
+                    for probs in outputs["probs"].tolist()]
+        for key, row in zip(outputs["keys"], rows):
             index = key[1] if isinstance(key, (tuple, list)) else int(key)
-            best = int(np.argmax(probs))
-            row = {"label": labels[best], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
             if records is not None:
                 row = {"id": records["ids"][index], "text": records["texts"][index], **row}
             self.rows.append(row)
@@ -128,24 +137,29 @@ class RunSummary(Callback):
         return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def _write(self, trainer, pl_module, **updates) -> None:
+        from ptm_app.training.module import own_class
+
         if not trainer.is_global_zero:
             return
         summary = self._load()
         params = list(pl_module.parameters())
-        trainable = sum(p.numel() for p in params if p.requires_grad)
-        total = sum(p.numel() for p in params)
+        numel = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731  (ZeRO-3 leaves empty local tensors)
+        trainable = sum(numel(p) for p in params if p.requires_grad)
+        total = sum(numel(p) for p in params)
         datamodule = trainer.datamodule
         summary.update({
-            "module": type(pl_module).__name__,
+            "module": own_class(pl_module).__name__,
+            "style": pl_module.style() if hasattr(pl_module, "style") else type(pl_module).__name__,
             "backbone": pl_module.hparams.get("backbone") or (pl_module.hparams.get("backbone_config") or {}).get("model_type"),
-            "data": getattr(datamodule, "source", None),
+            "data": getattr(datamodule, "source", None) or "+".join(getattr(datamodule, "tasks", None) or []) or None,
             "trainable_params": trainable, "total_params": total,
             "trainable_percent": round(100.0 * trainable / max(total, 1), 4),
         })
         for name in ("last", "best"):
             ckpt = self.path.parent / "checkpoints" / f"{name}.ckpt"
-            if ckpt.is_file():
-                summary[f"{name}_ckpt_mb"] = round(ckpt.stat().st_size / 2**20, 2)
+            files = [ckpt] if ckpt.is_file() else [f for f in ckpt.rglob("*") if f.is_file()]  # sharded: a dir
+            if files:
+                summary[f"{name}_ckpt_mb"] = round(sum(f.stat().st_size for f in files) / 2**20, 2)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
         summary.setdefault("metrics", {}).update(metrics)
         summary.update(updates)

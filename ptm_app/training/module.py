@@ -60,13 +60,16 @@ class PtmModule(pl.LightningModule):
         datamodule = self._datamodule()
         if datamodule is not None and self.tokenizer is None:
             self.tokenizer = datamodule.load_tokenizer()
-        self.backbone = build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config,
-                                       **self.config_updates())
+        self.backbone = self.build_model()
         self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
         if self.hparams.gradient_checkpointing:
             self.backbone.gradient_checkpointing_enable()
         if datamodule is not None:
             self.check_lengths(datamodule)
+
+    def build_model(self):
+        """The transformers model for ``head``; override to assemble one differently (e.g. BERT2BERT)."""
+        return build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config, **self.config_updates())
 
     def _datamodule(self):
         trainer = self._trainer
@@ -90,9 +93,18 @@ class PtmModule(pl.LightningModule):
     def configure_optimizers(self):
         return build_optimizer(self, self.optim, self.trainer.estimated_stepping_batches)
 
+    def style(self) -> str:
+        """What kind of run this is, for results tables (``summary.json``'s ``style``)."""
+        return type(self).__name__.removesuffix("Module")
+
     def model_inputs(self, batch: dict) -> dict:
         keep = ("input_ids", "attention_mask", "token_type_ids")
-        return {k: batch[k] for k in keep if k in batch}
+        inputs = {k: batch[k] for k in keep if k in batch}
+        if "document_ids" in batch:  # packed documents: block-diagonal attention, position ids per document
+            from ptm_app.backbones.attention import packed_document_inputs
+
+            inputs.update(packed_document_inputs(self.backbone, batch["attention_mask"], batch["document_ids"]))
+        return inputs
 
     # -- self-contained checkpoints -------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -103,7 +115,7 @@ class PtmModule(pl.LightningModule):
         checkpoint["hyper_parameters"] = hparams
         checkpoint[CKPT_KEY] = {
             "head": self.head,
-            "module": f"{type(self).__module__}.{type(self).__qualname__}",
+            "module": f"{own_class(self).__module__}.{own_class(self).__qualname__}",
             "backbone_source": self.hparams.backbone,
             "tokenizer": tokenizer_files(self.tokenizer) if self.tokenizer is not None else {},
         }
@@ -112,6 +124,11 @@ class PtmModule(pl.LightningModule):
         files = checkpoint.get(CKPT_KEY, {}).get("tokenizer")
         if files and self.tokenizer is None:
             self.tokenizer = tokenizer_from_files(files)
+
+
+def own_class(module: torch.nn.Module) -> type:
+    """The module's own class: FSDP2's ``fully_shard`` swaps in a generated ``FSDP<Name>`` subclass."""
+    return next(cls for cls in type(module).__mro__ if not cls.__module__.startswith("torch."))
 
 
 def tokenizer_files(tokenizer) -> dict[str, str]:

@@ -1,12 +1,11 @@
 """Delta tuning from YAML through main.py on the real tweets with MiniLM: only the delta trains and is
 checkpointed, the run resumes exactly, and export gives a usable transformers directory."""
-import csv
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import run_main
+from tests.conftest import assert_resumes_exactly, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--trainer.max_steps", "6", "--trainer.val_check_interval", "6", "--trainer.limit_val_batches", "2",
@@ -15,23 +14,12 @@ QUICK = ["--trainer.max_steps", "6", "--trainer.val_check_interval", "6", "--tra
          "false", "--trainer.enable_model_summary", "false"]
 
 
-def losses(run: Path) -> dict[int, float]:
-    return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(open(run / "logs" / "metrics.csv"))
-            if r.get("train/loss")}
-
-
 @pytest.mark.parametrize("method", ["houlsby", "lora", *(pytest.param(m, marks=pytest.mark.slow)
                                                           for m in ("prefix", "prompt", "bitfit"))])
 def test_delta_config_trains_resumes_and_exports(method, tmp_path):
     cfg = str(ROOT / "configs" / "adapt" / f"{method}_tweets.yaml")
     runs = tmp_path / "runs"
-    assert run_main(["fit", "--config", cfg, *QUICK, "--run_name", "full"], runs) == 0
-    assert run_main(["fit", "--config", cfg, *QUICK, "--run_name", "part", "--stop_at_step", "3"], runs) == 0
-    assert run_main(["fit", "--config", cfg, *QUICK, "--run_name", "part", "--ckpt_path", "last"], runs) == 0
-    full, part = losses(runs / "full"), losses(runs / "part")
-    assert sorted(part) == list(range(6))
-    for step in range(3, 6):
-        assert part[step] == pytest.approx(full[step], rel=1e-5), step
+    assert_resumes_exactly(["fit", "--config", cfg, *QUICK], runs, stop=3, steps=6)
 
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
     backbone_keys = [k for k in ckpt["state_dict"] if k.startswith("backbone.")]

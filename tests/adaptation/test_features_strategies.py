@@ -376,6 +376,17 @@ def test_feature_configs_run_and_keep_minilm_frozen(name, prepared, tmp_path):
     original = minilm_weights()
     shared = [k for k in original if k in trained]
     assert len(shared) > 90 and all(torch.equal(trained[k], original[k]) for k in shared)
+    # export: MiniLM as a transformers model + the scalar mix and head as module weights; reload = same scores
+    from ptm_app.adaptation.features import FeatureExtractionModule
+    from ptm_app.export import export_checkpoint, load_exported_module
+
+    ckpt = tmp_path / name / "checkpoints" / "last.ckpt"
+    module = FeatureExtractionModule.load_from_checkpoint(ckpt).eval()
+    loaded = load_exported_module(export_checkpoint(ckpt, tmp_path / "export"))
+    batch = dict(module.tokenizer(["delayed again, great", "thanks for the upgrade"], return_tensors="pt",
+                                  padding=True))
+    with torch.no_grad():
+        assert torch.allclose(loaded(batch), module(batch), atol=1e-5)
 
 
 def test_finetune_strategies_config_trains_only_the_head_first(prepared, tmp_path):

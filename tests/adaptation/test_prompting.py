@@ -151,9 +151,29 @@ def test_label_scores_are_the_label_words_mlm_logits_at_the_mask(bert_data, scor
     assert torch.allclose(scores, expected, atol=1e-5)
 
 
-def test_few_shot_training_raises_accuracy_and_lowers_loss(corpus):
+@pytest.fixture(scope="module")
+def fixed_vocab(tmp_path_factory) -> TokenizerSpec:
+    """A WordPiece tokenizer over the fixture's words from a fixed vocab.txt: training one with `tokenizers`
+    is not deterministic across fresh trainings, and 150 optimiser steps amplify any difference."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("vocab")
+    words = sorted(set(FILLER) | {w for cue in CUES.values() for w in cue} | {"it", "was", "."})
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {w: i for i, w in enumerate(specials + words)}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizers.BertNormalizer(), pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"]))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(root / "tokenizer")
+    return TokenizerSpec(pretrained=str(root / "tokenizer"))
+
+
+def test_few_shot_training_raises_accuracy_and_lowers_loss(corpus, fixed_vocab):
     pl.seed_everything(0)
-    dm = data(corpus, limit_train=32)
+    dm = PromptDataModule(fixed_vocab, source=str(corpus), max_length=64, batch_size=8, limit_train=32)
+    dm.setup()
     assert len(dm.datasets["train"]) == 32 and set(dm.datasets["train"].labels) == {0, 1}
     module = PromptClassifierModule(backbone_config=TINY_BERT, verbalizer=VERBALIZER,
                                     optim=OptimConfig(lr=3e-3, warmup=0))
@@ -328,3 +348,24 @@ def test_pet_zero_shot_then_few_shot_on_bbc(tmp_path):
     assert 0 <= zero_shot["test/acc"] <= 1
     assert few_shot["test/acc"] >= zero_shot["test/acc"] + 0.1
     assert few_shot["test/f1_macro"] > zero_shot["test/f1_macro"]
+
+
+def test_soft_prompt_survives_export_and_reloads_from_the_directory(corpus, tmp_path):
+    """The soft prompt is not a transformers weight: export keeps it in module_weights.safetensors and
+    load_exported_module rebuilds the prompt classifier from the directory alone, with the same scores."""
+    from ptm_app.export import MODULE_WEIGHTS, export_checkpoint, load_exported_module
+
+    pl.seed_everything(0)
+    dm = data(corpus, max_length=60, limit_train=16)
+    module = PromptClassifierModule(backbone_config=TINY_BERT, verbalizer=VERBALIZER, soft_prompt_tokens=4,
+                                    freeze_backbone=True, optim=OptimConfig(lr=5e-2, warmup=0))
+    fitted = trainer(max_steps=5, limit_val_batches=0)
+    fitted.fit(module, datamodule=dm)
+    fitted.save_checkpoint(tmp_path / "soft.ckpt")
+    out = export_checkpoint(tmp_path / "soft.ckpt", tmp_path / "export")
+    assert (out / MODULE_WEIGHTS).is_file() and (out / "config.json").is_file()
+    loaded = load_exported_module(out)
+    assert torch.equal(loaded.soft_prompt, module.soft_prompt)
+    batch = next(iter(dm.val_dataloader()))
+    with torch.no_grad():
+        assert torch.allclose(loaded(batch), module.eval()(batch), atol=1e-6)

@@ -125,3 +125,10 @@ def test_exit_code_and_single_line_from_a_real_process(base, tmp_path, section, 
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith(expected), out.stderr[-1500:]
     assert "Traceback" not in out.stderr
+
+
+def test_a_lightning_settings_clash_is_one_line(tmp_path, tiny_corpus, capsys):
+    cfg = tiny_mlm_config(tiny_corpus, tmp_path, val_check_interval=500, max_steps=600)
+    assert main(["fit", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: trainer settings:") and "val_check_interval" in err[-1], err[-3:]

@@ -31,4 +31,34 @@ def test_report_table_from_two_runs(tiny_corpus, tmp_path):
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
     assert [r["run"] for r in rows] == ["a", "b"]
     assert rows[0]["test/acc"] == f"{summary['metrics']['test/acc']:.4f}" and rows[1]["test/acc"] == ""
-    assert "| a | SequenceClassificationModule | bert |" in out.with_suffix(".md").read_text()
+    assert "| a | full fine-tuning | SequenceClassificationModule | bert |" in out.with_suffix(".md").read_text()
+
+
+def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, capsys):
+    cfg = {
+        "seed_everything": 3,
+        "trainer": {"max_steps": 3, "accelerator": "cpu", "val_check_interval": 3, "limit_val_batches": 1,
+                    "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1},
+        "model": {"class_path": "SequenceClassificationModule", "init_args": {"backbone_config": TINY_BERT}},
+        "data": {"class_path": "TaskDataModule", "init_args": {
+            "source": str(tiny_corpus), "batch_size": 8, "max_length": 32,
+            "tokenizer": {"train": "wordpiece", "vocab_size": 100, "min_frequency": 1}}},
+    }
+    config = tmp_path / "cls.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    plan = {"name": "grid", "common": ["--trainer.max_steps", "2"],
+            "cells": [{"name": "tiny/full", "config": str(config)},
+                      {"name": "tiny/bitfit", "config": str(config), "args": ["--model.init_args.delta.method", "bitfit"]}]}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    runs = tmp_path / "runs"
+    assert run_main(["sweep", str(path)], runs) == 0
+    rows = {r["run"]: r for r in csv.DictReader(open(runs / "grid.csv"))}
+    assert set(rows) == {"grid-tiny-full", "grid-tiny-bitfit"}
+    assert rows["grid-tiny-full"]["style"] == "full fine-tuning" and rows["grid-tiny-bitfit"]["style"] == "bitfit"
+    assert float(rows["grid-tiny-bitfit"]["trainable_percent"]) < float(rows["grid-tiny-full"]["trainable_percent"])
+    assert all(r["test/acc"] for r in rows.values())
+    assert json.loads((runs / "grid-tiny-full" / "summary.json").read_text())["global_step"] == 2  # common args
+    capsys.readouterr()
+    assert run_main(["sweep", str(path)], runs) == 0  # done cells are skipped
+    assert capsys.readouterr().out.count("done, skipped") == 2

@@ -19,7 +19,9 @@ def batch(seed=0):
 
 
 def forced_generator(module, choose):
-    """Make G's prediction at every position a point mass on ``choose(original)``."""
+    """Make G's prediction at every position a point mass on ``choose(original)`` (through the dense path,
+    which calls ``generator.forward``)."""
+    module.hparams.sparse_prediction = False
     def forward(input_ids, attention_mask=None, token_type_ids=None, labels=None):
         original = torch.where(labels != -100, labels, input_ids)
         logits = torch.full((*input_ids.shape, 60), -1e4)

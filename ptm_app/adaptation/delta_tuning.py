@@ -1,0 +1,56 @@
+"""Delta tuning as a setting of any fine-tuning module (Ding et al. 2023, "Parameter-efficient fine-tuning
+of large-scale pre-trained language models" §3: addition, specification and reparameterisation methods).
+
+``DeltaTuningMixin`` gives a ``PtmModule`` subclass a ``delta`` spec (``adaptation.delta.DeltaSpec``) applied
+to its freshly built backbone, and delta-only checkpoints: the frozen base is rebuilt from ``backbone``
+when the checkpoint loads, so a checkpoint holds just the delta (+ head) weights.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Optional
+
+from lightning.pytorch.utilities import rank_zero_info
+
+from ptm_app.adaptation.delta import DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, trainable_report
+
+
+class DeltaTuningMixin:
+    """Mix in before ``PtmModule``; call ``init_delta`` in ``__init__`` before ``super().__init__``."""
+
+    head: str
+
+    def init_delta(self, delta: Optional[DeltaSpec], delta_only: bool) -> None:
+        self.delta, self.delta_only = as_delta_spec(delta), delta_only
+
+    def style(self) -> str:
+        return self.delta.method if self.delta is not None else "full fine-tuning"
+
+    def configure_model(self) -> None:
+        fresh = self.backbone is None
+        super().configure_model()
+        if fresh and self.delta is not None:
+            self.backbone = apply_delta(self.backbone, self.delta, self.head)
+            report = trainable_report(self.backbone)
+            rank_zero_info(f"delta {self.delta.method}: {report['trainable']:,} of {report['total']:,} parameters "
+                           f"trainable ({report['percent']:.3f} %)")
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        # sharded strategies (FSDP, DeepSpeed) load the weights themselves: no "state_dict" to complete here
+        if self.delta is not None and checkpoint.get("ptm_app", {}).get("delta_only") and "state_dict" in checkpoint:
+            base = {f"backbone.{k}": v for k, v in self.backbone.state_dict().items()}
+            checkpoint["state_dict"] = {**base, **checkpoint["state_dict"]}  # frozen base + saved delta
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.delta is None:
+            return
+        hp = checkpoint["hyper_parameters"]
+        hp["delta"] = asdict(self.delta)  # plain data: checkpoints load with weights_only=True
+        if self.delta_only:  # the base is rebuilt from its source: keep only the delta (+ head) weights
+            rest = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("backbone.")}
+            delta = {f"backbone.{k}": v for k, v in delta_state_dict(self.backbone).items()}
+            checkpoint["state_dict"] = {**rest, **delta}
+            hp["backbone"], hp["backbone_config"] = self.hparams.backbone, self.hparams.backbone_config
+            checkpoint["ptm_app"]["delta_only"] = True

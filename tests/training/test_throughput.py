@@ -1,0 +1,85 @@
+"""The throughput monitor's numbers against the batches it saw, the FLOPs formula, and the cached peak probe."""
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import transformers
+
+from ptm_app.data.datamodules import PretrainDataModule
+from ptm_app.data.tokenizer import TokenizerSpec
+from ptm_app.objectives import MaskedLMModule
+from ptm_app.training import throughput
+from ptm_app.training.throughput import (ThroughputMonitor, non_embedding_parameters, peak_flops, precision_dtype,
+                                         training_flops_per_token)
+from tests.conftest import TINY_BERT
+
+
+class BatchRecorder(pl.Callback):
+    def __init__(self):
+        self.batches = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.batches.append((batch["input_ids"].shape[0], int(batch["attention_mask"].sum()),
+                             batch["input_ids"].numel()))
+
+    def totals(self, batches=None):
+        return tuple(sum(b[k] for b in (batches or self.batches)) for k in range(3))
+
+
+def test_counts_match_the_batches_and_rates_match_the_wall_time(tiny_corpus, tmp_path):
+    dm = PretrainDataModule(TokenizerSpec(train="wordpiece", vocab_size=200, min_frequency=1), source=str(tiny_corpus),
+                            max_length=32, batch_size=4, packing="split_documents", limit_documents=20)
+    monitor, recorder = ThroughputMonitor(), BatchRecorder()
+    trainer = pl.Trainer(max_steps=9, accelerator="cpu", log_every_n_steps=3, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[monitor, recorder], use_distributed_sampler=False)
+    module = MaskedLMModule(backbone_config=TINY_BERT, optim={"lr": 1e-3, "warmup": 1})
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm)
+    wall = time.perf_counter() - start
+    samples, tokens, padded = recorder.totals()
+    assert samples == 9 * 4
+    assert (monitor.samples, monitor.tokens, monitor.padded_tokens) == (samples, tokens, padded)
+    assert 0 < tokens < padded  # split documents: the short last blocks are padded
+    assert 0 < monitor.seconds < wall
+    logged = trainer.logged_metrics  # the last logging window: steps 7-9, three batches of 4
+    window = monitor.last_metrics
+    assert set(window) >= {"throughput/tokens_per_s", "throughput/samples_per_s", "train/padding_fraction",
+                           "throughput/mfu", "throughput/peak_memory_mb"}
+    for name, value in window.items():
+        assert float(logged[name]) == pytest.approx(value, rel=1e-6), name
+    w_samples, w_tokens, w_padded = recorder.totals(recorder.batches[-3:])
+    seconds = w_samples / window["throughput/samples_per_s"]  # this window's duration, from samples/s
+    assert 0 < seconds < monitor.seconds
+    assert window["throughput/padded_tokens_per_s"] * seconds == pytest.approx(w_padded, rel=1e-6)
+    assert window["throughput/tokens_per_s"] * seconds == pytest.approx(w_tokens, rel=1e-6)
+    assert window["train/padding_fraction"] == pytest.approx(1 - w_tokens / w_padded, rel=1e-6)
+    assert 0 < window["throughput/mfu"] < 1
+    assert window["throughput/peak_memory_mb"] > 100  # a python process with torch loaded
+
+
+def test_flops_per_token_is_six_n_plus_the_attention_term():
+    model = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=500, **{
+        k: v for k, v in TINY_BERT.items() if k != "model_type"}))
+    embeddings = model.bert.embeddings
+    n_embedding = sum(p.numel() for e in (embeddings.word_embeddings, embeddings.position_embeddings,
+                                          embeddings.token_type_embeddings) for p in e.parameters())
+    n = sum(p.numel() for p in model.parameters()) - n_embedding  # the tied decoder weight is the word table
+    assert non_embedding_parameters(model) == n
+    assert training_flops_per_token(model, 32) == 6 * n + 12 * 2 * 32 * 32  # L=2 layers, d=32, T=32
+
+
+def test_peak_is_measured_once_per_device_dtype_and_cached(monkeypatch):
+    cpu = torch.device("cpu")
+    fp32 = peak_flops(cpu, torch.float32, size=256, repeats=2)
+    assert 1e8 < fp32 < 1e13
+    monkeypatch.setattr(throughput.torch, "mm", lambda *a: pytest.fail("probed again"))
+    assert peak_flops(cpu, torch.float32, size=256, repeats=2) == fp32
+    with pytest.raises(BaseException, match="probed again"):
+        peak_flops(cpu, torch.bfloat16, size=256, repeats=2)  # another dtype is another measurement
+
+
+def test_precision_names_map_to_dtypes():
+    assert [precision_dtype(p) for p in ("bf16-mixed", "bf16-true", "16-mixed", "32-true", None, "64")] == [
+        torch.bfloat16, torch.bfloat16, torch.float16, torch.float32, torch.float32, torch.float64]
