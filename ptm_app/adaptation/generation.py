@@ -168,9 +168,10 @@ class GenerationModule(PtmModule):
         if num_beams < 1 or (max_new_tokens is not None and max_new_tokens < 1):
             raise PtmError("num_beams and max_new_tokens must be at least 1")
         self.architecture = resolve_architecture(architecture, backbone, backbone_config)
-        if self.architecture == "bert2bert" and not backbone and (backbone_config or {}).get("model_type") != "encoder-decoder":
-            raise PtmError("architecture=bert2bert warm-starts from a pre-trained encoder: set model.init_args.backbone "
-                           "(e.g. minilm)")
+        saved = (backbone_config or {}).get("model_type") == "encoder-decoder"  # a checkpoint's full config
+        if self.architecture == "bert2bert" and not backbone and not saved:
+            raise PtmError("architecture=bert2bert warm-starts from a pre-trained encoder: "
+                           "set model.init_args.backbone (e.g. minilm)")
         self.head = HEAD[self.architecture]
         self._predicted: list[tuple] = []
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
@@ -236,7 +237,7 @@ class GenerationModule(PtmModule):
         return {"pad_token_id": pad_id, "eos_token_id": eos, "decoder_start_token_id": start}
 
     def check_lengths(self, datamodule) -> None:
-        """Refuse source/target lengths (+ specials, + prompt, + generated tokens) the position embeddings cannot hold."""
+        """Refuse source/target lengths (+ specials, prompt, generated tokens) the position embeddings cannot hold."""
         src, tgt = getattr(datamodule, "max_source_length", None), getattr(datamodule, "max_target_length", None)
         if src is None or tgt is None:
             return

@@ -21,7 +21,7 @@ from ptm_app.data.corpus import Packing, load_corpus, pack_blocks, read_texts, t
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader
-from ptm_app.data.tasks import Overlong, encode_split, label_ids, label_values
+from ptm_app.data.tasks import Overlong, Unlabelled, encode_split, label_ids, label_values
 from ptm_app.data.tokenizer import TokenizerSpec, is_bert_style, load_tokenizer
 from ptm_app.errors import PtmError
 
@@ -239,6 +239,8 @@ class TaskDataModule(_Base):
         labels: the label set, in order; by default the sorted labels of the training split.
         max_length: longest input in tokens; longer ones are truncated or refused (``overlong``).
         limit_train: use only N training examples (few-shot and quick runs).
+        unlabelled: ``error`` (a record without a label is a ``file:line`` error) or ``skip`` (leave such records
+            out, counted on stdout; e.g. the tweets whose annotator confidence is null).
         group_by_length: batch training examples of similar length together (shuffled windows, exact resume;
             see ``loader.EpochSampler``), so per-batch padding shrinks; the padding fraction is logged.
     """
@@ -247,12 +249,13 @@ class TaskDataModule(_Base):
                  id_field: str = "id", labels: Optional[list[str]] = None, max_length: int = 128,
                  overlong: Overlong = "truncate", batch_size: int = 32, eval_batch_size: Optional[int] = None,
                  num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None,
-                 task: Literal["classification", "regression"] = "classification", group_by_length: bool = False):
+                 task: Literal["classification", "regression"] = "classification", group_by_length: bool = False,
+                 unlabelled: Unlabelled = "error"):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
         self.group_by_length = group_by_length
         if task == "regression" and labels is not None:
             raise PtmError("data.labels is for classification; remove it, or set data.task: classification")
-        self.task = task
+        self.task, self.unlabelled = task, unlabelled
         self.text_field, self.text_pair_field, self.label_field = text_field, text_pair_field, label_field
         self.id_field, self.labels, self.max_length, self.overlong = id_field, labels, max_length, overlong
         self.limit_train = limit_train
@@ -261,7 +264,8 @@ class TaskDataModule(_Base):
     def _encode(self, path: Path):
         return encode_split(path, self.load_tokenizer(), text_field=self.text_field,
                             text_pair_field=self.text_pair_field, label_field=self.label_field,
-                            max_length=self.max_length, overlong=self.overlong, id_field=self.id_field)
+                            max_length=self.max_length, overlong=self.overlong, id_field=self.id_field,
+                            unlabelled=self.unlabelled)
 
     def prepare_data(self) -> None:
         for path in self.files.values():

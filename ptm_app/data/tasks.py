@@ -18,6 +18,7 @@ from ptm_app.paths import sha256_file
 
 FORMAT_VERSION = 1
 Overlong = Literal["truncate", "error"]
+Unlabelled = Literal["error", "skip"]
 
 
 @dataclass
@@ -44,9 +45,17 @@ class LabelledRecords:
 
 
 def read_labelled(path: Path, *, text_field: str, text_pair_field: Optional[str], label_field: str,
-                  id_field: str) -> LabelledRecords:
-    required = (text_field, label_field) + ((text_pair_field,) if text_pair_field else ())
-    rows = list(read_records(path, required))
+                  id_field: str, unlabelled: Unlabelled = "error") -> LabelledRecords:
+    """The labelled records of a file; with ``unlabelled: skip`` records whose label is missing or null are
+    left out (and counted on stdout) instead of being a ``file:line`` error."""
+    required = (text_field,) + ((text_pair_field,) if text_pair_field else ())
+    rows = list(read_records(path, required + ((label_field,) if unlabelled == "error" else ())))
+    if unlabelled == "skip":
+        kept = [(line, r) for line, r in rows if r.get(label_field) is not None]
+        if len(kept) < len(rows):
+            print(f"{path}: skipped {len(rows) - len(kept)} of {len(rows)} records without '{label_field}' "
+                  f"(data.unlabelled: skip)")
+        rows = kept
     if not rows:
         raise PtmError(f"data file {path} has no records; check the file")
     return LabelledRecords(
@@ -61,15 +70,15 @@ def read_labelled(path: Path, *, text_field: str, text_pair_field: Optional[str]
 
 def encode_split(
     path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
-    max_length: int, overlong: Overlong, id_field: str = "id",
+    max_length: int, overlong: Overlong, id_field: str = "id", unlabelled: Unlabelled = "error",
 ) -> EncodedSplit:
     """Tokenize a labelled file once; later calls read the cache."""
     key = [FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field, max_length,
-           overlong, tokenizer_fingerprint(tokenizer)]
+           overlong, tokenizer_fingerprint(tokenizer)] + ([unlabelled] if unlabelled != "error" else [])
 
     def build() -> dict:
         rec = read_labelled(path, text_field=text_field, text_pair_field=text_pair_field, label_field=label_field,
-                            id_field=id_field)
+                            id_field=id_field, unlabelled=unlabelled)
         enc = tokenizer(rec.texts, rec.pairs, truncation=(overlong == "truncate"), max_length=max_length,
                         verbose=False)
         if overlong == "error":

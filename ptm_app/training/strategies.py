@@ -167,9 +167,6 @@ class DeepSpeed(DeepSpeedStrategy):
         _require_deepspeed()
         self._on_cpu = not torch.cuda.is_available()
         if self._on_cpu:
-            if offload_optimizer or offload_parameters:
-                raise PtmError("DeepSpeed offload moves GPU memory to the CPU and needs a GPU; on a CPU use "
-                               "configs/strategy/deepspeed_stage_3.yaml")
             os.environ["DS_ACCELERATOR"] = "cpu"  # before deepspeed is imported; an empty value is an error
             # DeepSpeed JIT-compiles its shm_comm op on first use (~60 s): keep the build with the venv's torch
             os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {**TINY_BERT, "vocab_size": 100}
 QUICK = ["--trainer.max_steps", "6", "--trainer.val_check_interval", "6", "--trainer.limit_val_batches", "2",
          "--trainer.num_sanity_val_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.precision", "32-true",
-         "--data.init_args.max_length", "48", "--data.init_args.batch_size", "8", "--data.init_args.eval_batch_size",
+         "--data.init_args.max_length", "64", "--data.init_args.batch_size", "8", "--data.init_args.eval_batch_size",
          "16", "--data.init_args.limit_train", "200", "--trainer.enable_progress_bar", "false"]
 
 

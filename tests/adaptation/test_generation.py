@@ -18,8 +18,9 @@ from tests.conftest import TINY_BERT, TINY_GPT2, run_main, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 MINILM = TokenizerSpec(pretrained="minilm")
-TINY_BART = {"model_type": "bart", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
-             "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "max_position_embeddings": 64}
+TINY_BART = {"model_type": "bart", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+             "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+             "max_position_embeddings": 64}
 WORDS = "red green blue cat dog bird runs sleeps sings fast slow loud quiet big small old new".split()
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
@@ -34,6 +35,11 @@ def pairs(n: int, seed: int = 0) -> list[dict]:
         words = [rng.choice(WORDS) for _ in range(rng.randint(7, 10))]
         rows.append({"id": f"p{i}", "text": " ".join(words), "target": " ".join(words[:5])})
     return rows
+
+
+def item(source: list[int], target: list[int], text: str = "", key: int = 0) -> dict:
+    """A ``PairDataset`` item."""
+    return {"source_ids": torch.tensor(source), "target_ids": torch.tensor(target), "target": text, "key": key}
 
 
 def metrics_rows(run: Path) -> list[dict]:
@@ -88,8 +94,7 @@ def test_overlong_error_names_file_line_and_the_fix(tmp_path, capsys):
 # -- exact token layouts ------------------------------------------------------------------------------
 def test_encoder_decoder_layout_teacher_forcing_is_the_target_shifted_right():
     collate = EncoderDecoderCollator(pad_token_id=0, eos_token_id=2, decoder_start_token_id=1, source_suffix=(2,))
-    batch = collate([{"source_ids": torch.tensor([5, 6, 7]), "target_ids": torch.tensor([8, 9]), "target": "t0", "key": 0},
-                     {"source_ids": torch.tensor([5]), "target_ids": torch.tensor([8, 9, 10]), "target": "t1", "key": 1}])
+    batch = collate([item([5, 6, 7], [8, 9], "t0", 0), item([5], [8, 9, 10], "t1", 1)])
     assert batch["input_ids"].tolist() == [[5, 6, 7, 2], [5, 2, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert batch["decoder_input_ids"].tolist() == [[1, 8, 9, 0], [1, 8, 9, 10]]
@@ -100,8 +105,7 @@ def test_encoder_decoder_layout_teacher_forcing_is_the_target_shifted_right():
 
 def test_decoder_prompt_layout_masks_source_and_prompt_and_left_pads_for_generation():
     collate = PromptCollator(pad_token_id=0, eos_token_id=2, prompt_ids=(3, 4), prefix=(1,))
-    batch = collate([{"source_ids": torch.tensor([5, 6, 7]), "target_ids": torch.tensor([8, 9]), "target": "t", "key": 0},
-                     {"source_ids": torch.tensor([5]), "target_ids": torch.tensor([8]), "target": "u", "key": 1}])
+    batch = collate([item([5, 6, 7], [8, 9], "t", 0), item([5], [8], "u", 1)])
     # [BOS] source prompt target [EOS]; loss only on target + EOS
     assert batch["input_ids"].tolist() == [[1, 5, 6, 7, 3, 4, 8, 9, 2], [1, 5, 3, 4, 8, 2, 0, 0, 0]]
     assert batch["labels"].tolist() == [[-100] * 6 + [8, 9, 2], [-100] * 4 + [8, 2, -100, -100, -100]]
@@ -114,9 +118,8 @@ def test_decoder_prompt_layout_masks_source_and_prompt_and_left_pads_for_generat
 def test_bert2bert_layout_with_minilm_tokens(tmp_path):
     module = GenerationModule(backbone=str(tiny_bert_dir(tmp_path)), architecture="bert2bert")
     tok = module.tokenizer = _minilm()
-    content = lambda text: torch.tensor(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    batch = module.make_collator(tok)([{"source_ids": content("the cat sat"), "target_ids": content("on a mat"),
-                                        "target": "on a mat", "key": 0}])
+    content = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    batch = module.make_collator(tok)([item(content("the cat sat"), content("on a mat"), "on a mat")])
     show = lambda ids: tok.convert_ids_to_tokens(ids[0].tolist())  # noqa: E731
     assert show(batch["input_ids"]) == ["[CLS]", "the", "cat", "sat", "[SEP]"]
     assert show(batch["decoder_input_ids"]) == ["[CLS]", "on", "a", "mat"]
@@ -137,9 +140,7 @@ def test_losses_match_transformers_own_label_shifting():
     seq2seq = GenerationModule(backbone_config={**TINY_BART, "vocab_size": len(tok), "pad_token_id": 0,
                                                 "decoder_start_token_id": 101, "eos_token_id": 102}).eval()
     seq2seq.tokenizer = tok
-    items = [{"source_ids": torch.tensor([2000, 2001, 2002]), "target_ids": torch.tensor([3000, 3001]), "target": "",
-              "key": 0}, {"source_ids": torch.tensor([2003]), "target_ids": torch.tensor([3002, 3003, 3004]),
-                          "target": "", "key": 1}]
+    items = [item([2000, 2001, 2002], [3000, 3001]), item([2003], [3002, 3003, 3004], key=1)]
     batch = seq2seq.make_collator(tok)(items)
     with torch.no_grad():
         ours = seq2seq.loss(seq2seq(batch), batch["labels"])
@@ -151,8 +152,7 @@ def test_losses_match_transformers_own_label_shifting():
                                             "pad_token_id": 0}).eval()
     assert gpt.architecture == "decoder" and seq2seq.architecture == "encoder_decoder"
     batch = PromptCollator(pad_token_id=0, eos_token_id=2, prompt_ids=(3, 4), prefix=(1,))(
-        [{"source_ids": torch.tensor([5, 6, 7]), "target_ids": torch.tensor([8, 9]), "target": "", "key": 0},
-         {"source_ids": torch.tensor([5]), "target_ids": torch.tensor([8]), "target": "", "key": 1}])
+        [item([5, 6, 7], [8, 9]), item([5], [8], key=1)])
     with torch.no_grad():
         ours = gpt.loss(gpt(batch), batch["labels"])
         theirs = gpt.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -178,8 +178,7 @@ def test_left_padded_batched_generation_equals_one_by_one():
 
     module.tokenizer = Tok()
     collate = PromptCollator(pad_token_id=0, eos_token_id=2, prompt_ids=(3, 4), prefix=(1,))
-    items = [{"source_ids": torch.tensor(s), "target_ids": torch.tensor([8]), "target": "", "key": i}
-             for i, s in enumerate(([5, 6, 7, 9, 10], [11], [12, 13]))]
+    items = [item(source, [8], key=i) for i, source in enumerate(([5, 6, 7, 9, 10], [11], [12, 13]))]
     together = module.generate(collate(items))
     alone = [module.generate(collate([item]))[0] for item in items]
     assert together == alone and any(together)
@@ -307,7 +306,8 @@ def test_tiny_decoder_resumes_exactly_tests_predicts_and_exports(copy_task, tmp_
     rows = [json.loads(line) for line in open(run / "predictions.jsonl")]
     gold = pairs(6, 1)
     assert [r["id"] for r in rows] == [g["id"] for g in gold]
-    assert [r["target"] for r in rows] == [g["target"] for g in gold] and all(isinstance(r["generated"], str) for r in rows)
+    assert [r["target"] for r in rows] == [g["target"] for g in gold]
+    assert all(isinstance(r["generated"], str) for r in rows)
 
     module = GenerationModule.load_from_checkpoint(run / "checkpoints" / "last.ckpt").eval()
     assert module.architecture == "decoder" and module.head == "causal_lm"

@@ -99,3 +99,20 @@ def test_regression_fine_tuning_learns_a_real_valued_target(tmp_path):
     preds = [json.loads(line) for line in open(runs / "regression" / "predictions.jsonl")]
     assert len(preds) == 40 and all(isinstance(p["value"], float) for p in preds)
     assert {"id", "text", "value"} <= set(preds[0])
+
+
+def test_records_without_a_target_are_an_error_or_skipped_and_counted(tmp_path, capsys):
+    from ptm_app.data.tasks import read_labelled
+
+    rows = _scored(6, 9)
+    rows[2]["score"] = None
+    del rows[4]["score"]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    fields = dict(text_field="text", text_pair_field=None, label_field="score", id_field="id")
+    from ptm_app.errors import DataFormatError
+
+    with pytest.raises(DataFormatError, match="train.jsonl:3"):
+        read_labelled(path, **fields)
+    kept = read_labelled(path, **fields, unlabelled="skip")
+    assert kept.lines == [1, 2, 4, 6] and len(kept.labels) == 4
+    assert "skipped 2 of 6 records without 'score'" in capsys.readouterr().out

@@ -21,9 +21,11 @@ def record(ends, tokens=100, samples=4, **extra):
 
 
 def test_steady_state_leaves_out_the_warm_up_steps():
-    rate = steady_state(record([0.0, 5.0, 6.0, 8.0]), warmup=1)  # steps 2-4: 300 tokens from t=5 to t=8
-    assert rate["steps"] == 3 and rate["seconds"] == pytest.approx(3.0)
+    rate = steady_state(record([0.0, 5.0, 6.0, 7.0, 11.0]), warmup=2)  # steps 3-5 take 1, 1 and 4 s
+    assert rate["steps"] == 3 and rate["seconds"] == pytest.approx(6.0)
+    assert rate["s_per_step"] == pytest.approx(1.0)  # the median step: one slow step does not move it
     assert rate["tokens_per_s"] == pytest.approx(100.0) and rate["samples_per_s"] == pytest.approx(4.0)
+    assert rate["tokens_per_s_mean"] == pytest.approx(50.0) and rate["samples_per_s_mean"] == pytest.approx(2.0)
     with pytest.raises(ValueError):
         steady_state(record([0.0, 1.0]), warmup=2)
 
