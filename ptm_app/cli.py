@@ -27,7 +27,7 @@ import ptm_app.training.unfreezing  # noqa: F401
 from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_dir, runs_root
+from ptm_app.paths import atomic_dir, restore_replaced, runs_root
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
 from ptm_app.training.throughput import ThroughputMonitor
@@ -97,7 +97,8 @@ class PtmCLI(LightningCLI):
         cfg = self._sub()
         _check_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
         if "ckpt_path" in cfg and cfg.ckpt_path in ("last", "best"):
-            path = self.run_dir / "checkpoints" / f"{cfg.ckpt_path}.ckpt"  # a directory for sharded strategies
+            # a directory for sharded strategies; restored if a save crashed while swapping it in
+            path = restore_replaced(self.run_dir / "checkpoints" / f"{cfg.ckpt_path}.ckpt")
             if not path.exists():
                 raise PtmError(f"--ckpt_path {cfg.ckpt_path}: no checkpoint at {path}; "
                                f"run 'fit' first (without --ckpt_path) or pass a checkpoint file")

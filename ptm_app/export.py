@@ -13,15 +13,15 @@ from pathlib import Path
 import torch
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_dir, cache_root
+from ptm_app.paths import atomic_dir, cache_root, restore_replaced
 
 PREFIX = "backbone."
 
 
 def checkpoint_path(ckpt_path: str | Path) -> Path:
     """A checkpoint file or sharded directory; a run directory stands for its ``checkpoints/last.ckpt``."""
-    path = Path(ckpt_path)
-    if path.is_dir() and (path / "checkpoints" / "last.ckpt").exists():
+    path = restore_replaced(ckpt_path)  # a sharded save that crashed swapping directories: its previous one
+    if path.is_dir() and restore_replaced(path / "checkpoints" / "last.ckpt").exists():
         path = path / "checkpoints" / "last.ckpt"
     if not path.exists():
         raise PtmError(f"checkpoint {ckpt_path} not found; pass a .ckpt file or a run directory")

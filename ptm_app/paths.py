@@ -40,16 +40,48 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         tmp.chmod(0o755)  # mkdtemp creates 0700
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Move the complete directory ``new`` to ``target``, replacing the file or directory there.
+
+    Two renames: ``target`` to ``.<name>.old-<pid>``, then ``new`` to ``target``; the old one is deleted last.
+    A crash between the renames leaves no ``target`` but the old one complete: ``restore_replaced`` puts it back.
+    """
+    new, target = Path(new), Path(target)
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+
+
+def restore_replaced(target: str | os.PathLike) -> Path:
+    """``target``; if a ``replace_dir`` was interrupted between its renames, the previous one moved back first."""
+    target = Path(target)
+    if not target.exists():
+        olds = sorted(target.parent.glob(f".{target.name}.old-*"), key=lambda p: p.stat().st_mtime)
+        if olds:
+            with contextlib.suppress(FileNotFoundError):  # another rank restored it first
+                os.replace(olds[-1], target)
+    return target
+
+
+def fsync_tree(root: str | os.PathLike) -> None:
+    """Flush every file below ``root``, and the directories, to disk (before a rename makes them visible)."""
+    for folder, _, files in os.walk(root):
+        for name in [*files, "."]:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 @contextlib.contextmanager

@@ -4,8 +4,8 @@ the best checkpoint), one run directory per cell, then write the plan's results 
 A plan is YAML: ``name`` (run directories are ``<name>-<cell>``), ``common`` (arguments added to every fit and
 test, e.g. a step budget), ``test: true`` to test each cell's best checkpoint (``last`` for cells that do not
 fit), and ``cells``: ``{name, config, args, fit}`` each (``fit: false`` for zero-shot cells that only test).
-A cell whose run directory already has test metrics is skipped, so an interrupted sweep continues where it
-stopped; ``--force`` reruns.  The table is ``<runs>/<name>.md`` and ``.csv``, built from the runs'
+A cell whose run directory already has test metrics is skipped and an interrupted fit resumes exactly from its
+``last.ckpt``, so a stopped sweep (Ctrl-C, SIGTERM) continues where it stopped; ``--force`` reruns from scratch.  The table is ``<runs>/<name>.md`` and ``.csv``, built from the runs'
 ``summary.json`` files.
 """
 from __future__ import annotations
@@ -52,14 +52,16 @@ def is_done(run_dir: Path) -> bool:
     return summary.is_file() and any(k.startswith("test/") for k in json.loads(summary.read_text()).get("metrics", {}))
 
 
-def run_cell(plan: dict, cell: dict) -> int:
+def run_cell(plan: dict, cell: dict, fresh: bool = False) -> int:
+    """Fit (resuming an interrupted fit from its ``last.ckpt`` unless ``fresh``), then test."""
     from ptm_app.main import main
 
     name, common = run_name(plan, cell), [str(a) for a in plan.get("common") or []]
     base = ["--config", cell["config"], *common, *[str(a) for a in cell.get("args") or []], "--run_name", name]
     fits = cell.get("fit", True)
     if fits:
-        code = main(["fit", *base])
+        resume = not fresh and (runs_root() / name / "checkpoints" / "last.ckpt").exists()
+        code = main(["fit", *base, *(["--ckpt_path", "last"] if resume else [])])
         if code:
             return code
     if plan.get("test", True):
@@ -90,8 +92,10 @@ def sweep_command(argv: list[str]) -> int:
             continue
         start = time.monotonic()
         print(f"[{i}/{len(cells)}] {cell['name']}: {cell['config']}", flush=True)
-        code = run_cell(plan, cell)
+        code = run_cell(plan, cell, fresh=args.force)
         print(f"[{i}/{len(cells)}] {cell['name']}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
+        if code == 143:  # SIGTERM: the cell saved last.ckpt; stop the sweep (rerun it to continue)
+            return 143
         if code:
             failed.append(cell["name"])
     if args.list:

@@ -35,6 +35,7 @@ class FeatureExtractionModule(SequenceClassificationModule):
     """
 
     head = "base"
+    backbone_runs_without_grad = True  # the throughput monitor counts no backward pass through it
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=1e-3),

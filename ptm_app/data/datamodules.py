@@ -14,7 +14,7 @@ from typing import Callable, Literal, Optional
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from ptm_app.data.collators import PadCollator
 from ptm_app.data.corpus import Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
@@ -142,7 +142,11 @@ class _Base(pl.LightningDataModule):
     def _eval_loader(self, split: str) -> DataLoader:
         if split not in self.datasets:
             raise PtmError(f"data source '{self.source}' has no {split} split; add a {split}.jsonl file")
-        return DataLoader(self.datasets[split], batch_size=self.eval_batch_size, shuffle=False,
+        dataset = self.datasets[split]
+        if split == "validation":  # one fixed seeded order: limit_val_batches then takes the same random subset
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed)).tolist()
+            dataset = Subset(dataset, order)  # (prepared files are sorted by label: a prefix is one class)
+        return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False,
                           collate_fn=self._collate(), num_workers=self.num_workers,
                           generator=torch.Generator().manual_seed(self.seed))  # leave the global RNG alone
 

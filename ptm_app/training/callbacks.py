@@ -47,7 +47,8 @@ class LastCheckpoint(Callback):
     on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
     Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.  Every rank calls ``save_checkpoint`` (the
     strategy decides who writes: rank 0 for DDP, every rank its shard for FSDP and DeepSpeed, into a
-    ``last.ckpt/`` directory), and a stop seen by one rank stops them all.
+    ``last.ckpt/`` directory swapped in whole: ``strategies.AtomicShardedSave``), and a stop seen by one rank
+    stops them all.
     """
 
     def __init__(self, path: str | Path, every_n_steps: int = 0, stop_at_step: int = 0):

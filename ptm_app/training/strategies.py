@@ -19,14 +19,20 @@ Lightning refuses ``strategy="fsdp"`` and ``"deepspeed"`` without a GPU (``accel
   sets ``DS_ACCELERATOR=cpu`` and, for ZeRO-3, destroys the process group at teardown (DeepSpeed's CPU
   backend otherwise aborts at exit).  On CUDA every method is Lightning's own but one: the model is built whole
   and partitioned by ``deepspeed.initialize``, not under ``deepspeed.zero.Init``, where transformers' weight
-  init fails on ZeRO-3's empty partitions.  The ZeRO-Offload presets need a GPU.
+  init fails on ZeRO-3's empty partitions.  ZeRO-Offload (``offload_optimizer``, ``offload_parameters``) runs
+  on a CPU too: DeepSpeed's CPU accelerator keeps the offloaded fp32 partitions in host memory, and our torch
+  AdamW steps them (``zero_force_ds_cpu_optimizer: false``; otherwise DeepSpeed insists on its DeepSpeedCPUAdam,
+  whose ``cpu_adam`` op does build here, ~3 min of ninja/g++ into ``TORCH_EXTENSIONS_DIR``, and differs from
+  torch's AdamW by ~1e-6 per weight).  So the losses equal the other strategies' (tests/scale).
 
-Both save sharded checkpoints from every rank, so ``cli`` gives them no ``CheckpointIO`` plugin.
+Both save sharded checkpoints from every rank, so ``cli`` gives them no ``CheckpointIO`` plugin; the saves are
+atomic (``AtomicShardedSave``).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -62,7 +68,40 @@ def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks[::-1]  # fully_shard goes bottom-up
 
 
-class FSDP(ModelParallelStrategy):
+class AtomicShardedSave:
+    """Sharded checkpoints replace the previous one atomically: a crash mid-save leaves it loadable.
+
+    Every rank writes its shards into ``.<name>.tmp-<step>/`` next to the target (``write_shards``: the
+    strategy's own save), a barrier, then global rank 0 flushes the files to disk and swaps the complete
+    directory into place (``paths.replace_dir``: the old one renamed away, the new one in, the old one deleted),
+    and a barrier after.  ``--ckpt_path last`` and ``export`` therefore see the previous complete directory or the
+    new complete one, never a mix (``paths.restore_replaced`` undoes a crash between the two renames).  Temp
+    directories left by a crashed save are deleted by the next save to the same target.  This covers every
+    ``trainer.save_checkpoint``: ``LastCheckpoint``'s ``last.ckpt`` and ``ModelCheckpoint``'s ``best.ckpt``.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any = None) -> None:
+        from ptm_app.paths import fsync_tree, replace_dir
+
+        target = Path(self.broadcast(str(filepath)))
+        tmp = target.with_name(f".{target.name}.tmp-{checkpoint.get('global_step', 0)}")
+        if self.is_global_zero:
+            for stale in target.parent.glob(f".{target.name}.tmp-*"):
+                shutil.rmtree(stale)
+        self.barrier("ptm_app_save_begin")
+        self.write_shards(checkpoint, tmp, storage_options)
+        self.barrier("ptm_app_save_written")
+        if self.is_global_zero:
+            fsync_tree(tmp)
+            replace_dir(tmp, target)
+        self.barrier("ptm_app_save_committed")
+
+    def write_shards(self, checkpoint: dict[str, Any], directory: Path, storage_options: Any = None) -> None:
+        """This rank's part of the checkpoint, into ``directory``: Lightning's save for the strategy."""
+        super().save_checkpoint(checkpoint, directory, storage_options)
+
+
+class FSDP(AtomicShardedSave, ModelParallelStrategy):
     """Fully sharded data parallel (FSDP2) on CPU or GPU: ``sharding: full`` or ``hybrid`` (HSDP).
 
     Args:
@@ -158,9 +197,9 @@ def _require_deepspeed() -> None:
                        "DS_BUILD_OPS=0 .venv/bin/pip install -c constraints-cpu.txt -e '.[deepspeed]'")
 
 
-class DeepSpeed(DeepSpeedStrategy):
+class DeepSpeed(AtomicShardedSave, DeepSpeedStrategy):
     """DeepSpeed ZeRO (stage 1, 2, 3, optional CPU offload) on CPU or GPU; every argument is Lightning's
-    ``DeepSpeedStrategy``'s.  Offloading moves GPU memory to the host, so it is refused on a CPU."""
+    ``DeepSpeedStrategy``'s.  On a CPU, offloading keeps ZeRO-3's numbers (the states are in host memory anyway)."""
 
     def __init__(self, stage: Literal[1, 2, 3] = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
                  **kwargs: Any):

@@ -114,11 +114,13 @@ def _transformer_shapes(module: nn.Module) -> list[tuple[int, int]]:
     return shapes
 
 
-def non_embedding_parameters(module: nn.Module) -> int:
+def non_embedding_parameters(module: nn.Module, trainable_only: bool = False) -> int:
     """Parameters outside ``nn.Embedding`` tables (Kaplan et al.'s N); shared tensors counted once."""
     embedding = {id(p) for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     seen, total = set(), 0
     for p in module.parameters():
+        if trainable_only and not p.requires_grad:
+            continue
         if id(p) not in seen and id(p) not in embedding:
             seen.add(id(p))
             total += p.numel()
@@ -126,9 +128,16 @@ def non_embedding_parameters(module: nn.Module) -> int:
 
 
 def training_flops_per_token(module: nn.Module, seq_len: int) -> float:
-    """``6·N + 12·L·d·T`` (Kaplan et al. 2020 §2.1; PaLM appendix B), summed over the module's models."""
-    return 6 * non_embedding_parameters(module) + sum(12 * layers * width * seq_len
-                                                      for layers, width in _transformer_shapes(module))
+    """Model FLOPs of one training token: ``6·N + 12·L·d·T`` when every weight trains (Kaplan et al. 2020 §2.1;
+    PaLM appendix B), summed over the module's models.  Split as the forward pass ``2·N + 4·L·d·T``, the
+    backward pass's input gradients ``2·N + 8·L·d·T`` (only if gradients flow through the network: not for
+    a backbone run without gradients, ``backbone_runs_without_grad``, as in feature extraction) and its
+    weight gradients ``2·N_trainable`` (frozen weights need none: LoRA costs about ``4·N``)."""
+    attention = sum(layers * width * seq_len for layers, width in _transformer_shapes(module))
+    n = non_embedding_parameters(module)
+    trainable = non_embedding_parameters(module, trainable_only=True)
+    flows = not getattr(module, "backbone_runs_without_grad", False) and any(p.requires_grad for p in module.parameters())
+    return (2 * n + 4 * attention) + ((2 * n + 8 * attention) if flows else 0) + 2 * trainable
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -140,13 +149,18 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class ThroughputMonitor(Callback):
-    """Logs, every ``trainer.log_every_n_steps`` training batches, for this process:
+    """Logs, every ``trainer.log_every_n_steps`` training batches, for the whole job (every rank):
 
     ``throughput/tokens_per_s`` (non-padding tokens, from ``attention_mask``), ``throughput/padded_tokens_per_s``
     (every position of ``input_ids``), ``throughput/samples_per_s``, ``train/padding_fraction`` (of that
     window), ``throughput/mfu`` (model FLOPs utilisation, see the module docstring) and
-    ``throughput/peak_memory_mb``.  Times are wall clock between batch ends, so data loading counts.
-    Running totals stay on the callback (``samples``, ``tokens``, ``padded_tokens``, ``seconds``).
+    ``throughput/peak_memory_mb`` (this process's).  Times are wall clock between batch ends, so data loading
+    counts.  Under DDP, FSDP or DeepSpeed the counts (samples, tokens, model FLOPs) and the window's seconds are
+    summed over the ranks with one ``all_reduce`` of a 5-number tensor at logging steps only: the rates are the
+    global counts over the ranks' mean window time (so about world size × one rank's), and the MFU is per
+    device, the global FLOP/s over world size × the device peak.  ``last_window`` keeps this process's own
+    window (``samples``, ``tokens``, ``padded_tokens``, ``flops``, ``seconds``), and the running totals
+    (``samples``, ``tokens``, ``padded_tokens``, ``seconds``) are this process's too.
     Cheap: two tensor sums per batch, one host sync per logging step, one cached matmul probe per run.
 
     Args:
@@ -162,6 +176,7 @@ class ThroughputMonitor(Callback):
         self._window: list = []
         self._last: Optional[float] = None
         self.last_metrics: dict[str, float] = {}
+        self.last_window: dict[str, float] = {}
         self._validation_start = 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -210,6 +225,15 @@ class ThroughputMonitor(Callback):
         self.samples, self.tokens = self.samples + samples, self.tokens + real
         self.padded_tokens += padded
         self.seconds += elapsed
+        if not log:  # the tail after the last logging step: totals only, and no collective
+            return
+        self.last_window = {"samples": samples, "tokens": real, "padded_tokens": padded, "flops": flops,
+                            "seconds": elapsed}
+        world = trainer.world_size
+        if world > 1:  # every rank logs at the same steps: one small all_reduce
+            local = torch.tensor([samples, real, padded, flops, elapsed], dtype=torch.float64, device=pl_module.device)
+            samples, real, padded, flops, elapsed = trainer.strategy.reduce(local, reduce_op="sum").tolist()
+            elapsed /= world  # the ranks' mean window
         metrics = {
             "throughput/tokens_per_s": real / elapsed,
             "throughput/padded_tokens_per_s": padded / elapsed,
@@ -218,12 +242,10 @@ class ThroughputMonitor(Callback):
             "throughput/peak_memory_mb": peak_memory_mb(pl_module.device),
         }
         if self.peak:
-            metrics["throughput/mfu"] = flops / elapsed / self.peak
+            metrics["throughput/mfu"] = flops / elapsed / world / self.peak
         self.last_metrics = metrics
-        if not log:
-            return
         for name, value in metrics.items():
-            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=samples)
+            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=int(samples))
 
     def _flops_per_token(self, pl_module, seq_len: int) -> float:
         if seq_len not in self.flops_per_token:

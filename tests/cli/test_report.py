@@ -62,3 +62,14 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     capsys.readouterr()
     assert run_main(["sweep", str(path)], runs) == 0  # done cells are skipped
     assert capsys.readouterr().out.count("done, skipped") == 2
+    # a cell interrupted before its test resumes its fit from last.ckpt (nothing retrained), then tests
+    summary_path = runs / "grid-tiny-bitfit" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["metrics"] = {k: v for k, v in summary["metrics"].items() if not k.startswith("test/")}
+    summary_path.write_text(json.dumps(summary))
+    before = (runs / "grid-tiny-bitfit" / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+    assert run_main(["sweep", str(path)], runs) == 0
+    assert capsys.readouterr().out.count("done, skipped") == 1
+    after = json.loads(summary_path.read_text())
+    assert after["global_step"] == 2 and "test/acc" in after["metrics"]
+    assert (runs / "grid-tiny-bitfit" / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before  # no new steps

@@ -17,12 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
-def launch(args: list[str], runs: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python main.py ARGS`` in a fresh process with its run directory root at ``runs``."""
+def launch(args: list[str], runs: Path, env: dict | None = None, timeout: int = 600,
+           fails: bool = False) -> subprocess.CompletedProcess:
+    """``python main.py ARGS`` in a fresh process with its run directory root at ``runs``; it must succeed (or,
+    with ``fails``, exit with an error)."""
     env = {**os.environ, "PTM_RUNS_DIR": str(runs), "PYTHONPATH": str(ROOT), **(env or {})}
     out = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=timeout)
-    assert out.returncode == 0, f"main.py {' '.join(args)} failed:\n{out.stderr[-3000:]}"
+    assert (out.returncode != 0) == fails, f"main.py {' '.join(args)} exited {out.returncode}:\n{out.stderr[-3000:]}"
     return out
 
 
@@ -43,7 +45,10 @@ def mlm_config(tiny_corpus, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp_reference(mlm_config, tmp_path_factory) -> Path:
-    """One uninterrupted DDP run: the reference every other strategy is compared with."""
+    """One uninterrupted DDP run: the reference every other strategy is compared with.  Each rank also writes
+    its throughput monitor's last window to ``<run>/throughput/`` (``probe.ThroughputProbe``)."""
     runs = tmp_path_factory.mktemp("ddp_runs")
-    launch(["fit", "--config", str(mlm_config), "--config", strategy_config("ddp"), "--run_name", "ddp"], runs)
+    launch(["fit", "--config", str(mlm_config), "--config", strategy_config("ddp"), "--run_name", "ddp",
+            "--trainer.callbacks+=tests.scale.probe.ThroughputProbe",
+            "--trainer.callbacks.directory", str(runs / "ddp" / "throughput")], runs)
     return runs / "ddp"

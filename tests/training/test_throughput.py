@@ -67,7 +67,16 @@ def test_flops_per_token_is_six_n_plus_the_attention_term():
                                           embeddings.token_type_embeddings) for p in e.parameters())
     n = sum(p.numel() for p in model.parameters()) - n_embedding  # the tied decoder weight is the word table
     assert non_embedding_parameters(model) == n
-    assert training_flops_per_token(model, 32) == 6 * n + 12 * 2 * 32 * 32  # L=2 layers, d=32, T=32
+    attention = 2 * 32 * 32  # L=2 layers, d=32, T=32
+    assert training_flops_per_token(model, 32) == 6 * n + 12 * attention  # everything trains
+    # frozen weights need no weight gradients, but gradients still flow through them (LoRA-like)
+    model.bert.encoder.requires_grad_(False)
+    trainable = non_embedding_parameters(model, trainable_only=True)
+    assert 0 < trainable < n
+    assert training_flops_per_token(model, 32) == 4 * n + 12 * attention + 2 * trainable
+    # a backbone run without gradients (feature extraction): the forward pass plus the head's weight gradients
+    model.backbone_runs_without_grad = True
+    assert training_flops_per_token(model, 32) == 2 * n + 4 * attention + 2 * trainable
 
 
 def test_peak_is_measured_once_per_device_dtype_and_cached(monkeypatch):

@@ -1,0 +1,34 @@
+"""Directory swaps that readers never see half done: ``replace_dir`` and its crash recovery ``restore_replaced``."""
+from __future__ import annotations
+
+import os
+
+from ptm_app.paths import replace_dir, restore_replaced
+
+
+def test_replace_dir_swaps_whole_directories_and_files(tmp_path):
+    target, new = tmp_path / "last.ckpt", tmp_path / ".last.ckpt.tmp-6"
+    target.mkdir()
+    (target / "shard0").write_text("step 4")
+    new.mkdir()
+    (new / "shard0").write_text("step 6")
+    replace_dir(new, target)
+    assert (target / "shard0").read_text() == "step 6"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # the old one deleted, the temp one moved
+    best = tmp_path / "best.ckpt"
+    best.write_text("a file checkpoint from a DDP run")
+    replace_dir(target, best)
+    assert (best / "shard0").read_text() == "step 6"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt"]
+
+
+def test_a_crash_between_the_renames_is_undone_by_the_reader(tmp_path):
+    target = tmp_path / "last.ckpt"
+    (target / "checkpoint").mkdir(parents=True)
+    (target / "checkpoint" / "shard1").write_text("step 4")
+    os.replace(target, tmp_path / ".last.ckpt.old-123")  # replace_dir's first rename, then the crash
+    assert restore_replaced(target) == target
+    assert (target / "checkpoint" / "shard1").read_text() == "step 4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert restore_replaced(tmp_path / "best.ckpt") == tmp_path / "best.ckpt"  # nothing to restore: unchanged
+    assert not (tmp_path / "best.ckpt").exists()
