@@ -140,7 +140,15 @@ MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.jso
 
 def save_module_weights(ckpt: dict, directory: Path) -> bool:
     """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
-    extra = {k: v.contiguous() for k, v in ckpt["state_dict"].items() if not k.startswith(PREFIX)}
+    extra, aliases, seen = {}, {}, {}
+    for key, value in ckpt["state_dict"].items():
+        if key.startswith(PREFIX):
+            continue
+        storage = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if storage in seen:  # a tied tensor (ELECTRA's generator head = its word table): stored once
+            aliases[key] = seen[storage]
+        else:
+            seen[storage], extra[key] = key, value.contiguous()
     if not extra:
         return False
     from safetensors.torch import save_file
@@ -148,8 +156,8 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
     hparams = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in ("backbone", "backbone_config",
                                                                               "init_from", "_instantiator")}
     save_file(extra, str(directory / MODULE_WEIGHTS))
-    (directory / MODULE_CONFIG).write_text(json.dumps({"module": ckpt["ptm_app"]["module"], "hparams": hparams},
-                                                      indent=2, default=str))
+    (directory / MODULE_CONFIG).write_text(json.dumps({"module": ckpt["ptm_app"]["module"], "hparams": hparams,
+                                                       "aliases": aliases}, indent=2, default=str))
     return True
 
 
@@ -174,6 +182,7 @@ def load_exported_module(directory: str | Path):
     module.tokenizer = AutoTokenizer.from_pretrained(directory)
     module.configure_model()
     weights = load_file(str(directory / MODULE_WEIGHTS))
+    weights.update({alias: weights[key] for alias, key in spec.get("aliases", {}).items()})
     missing, unexpected = module.load_state_dict(weights, strict=False)
     own = [k for k in missing if not k.startswith(PREFIX)]
     if own or unexpected:

@@ -110,13 +110,34 @@ def _layer_groups(model: torch.nn.Module, weight_decay: float, layer_decay: floa
             for (layer, no_decay), params in sorted(groups.items())]
 
 
+def fused_if_possible(model: torch.nn.Module, groups: list[dict]) -> dict:
+    """``{"fused": True}`` when every parameter is a plain floating-point ``nn.Parameter`` on a CPU or CUDA device.
+
+    The fused AdamW is one kernel over all parameters instead of a Python loop over each tensor: 80 → 16 ms a
+    step for MiniLM's 23M parameters on 2 CPU cores (benchmarks/README.md), and the transformers ``Trainer``'s
+    default since torch 2.8.  Sharded parameters (FSDP2's DTensor, DeepSpeed's) keep torch's default, and so do
+    runs that clip gradients under Lightning's mixed precision (``bf16-mixed``/``16-mixed``), which refuses to
+    clip for a fused optimizer.
+    """
+    trainer = getattr(model, "_trainer", None)
+    if trainer is not None and trainer.gradient_clip_val:
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
+        if isinstance(trainer.precision_plugin, MixedPrecision):
+            return {}
+    params = [p for group in groups for p in group["params"]]
+    plain = all(type(p) is torch.nn.Parameter and p.is_floating_point() and p.device.type in ("cpu", "cuda")
+                and not hasattr(p, "ds_id") for p in params)
+    return {"fused": True} if params and plain else {}
+
+
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int) -> dict:
     """Lightning ``configure_optimizers`` return value: AdamW + a per-step LambdaLR."""
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     for group in groups:
         if "lr_scale" in group:
             group["lr"] = cfg.lr * group["lr_scale"]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **fused_if_possible(model, groups))
     total = max(1, int(total_steps))
     warmup = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
