@@ -7,11 +7,13 @@ import yaml
 from tests.conftest import TINY_BERT, run_main
 
 
-def test_report_table_from_two_runs(tiny_corpus, tmp_path):
+def classifier_config(tiny_corpus, tmp_path, steps: int, val_every: int, val_batches: int):
+    """A tiny BERT classifier on the fixture corpus, written to ``tmp_path/cls.yaml``."""
     cfg = {
         "seed_everything": 3,
-        "trainer": {"max_steps": 4, "accelerator": "cpu", "val_check_interval": 2, "limit_val_batches": 2,
-                    "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1},
+        "trainer": {"max_steps": steps, "accelerator": "cpu", "val_check_interval": val_every,
+                    "limit_val_batches": val_batches, "enable_progress_bar": False, "enable_model_summary": False,
+                    "log_every_n_steps": 1},
         "model": {"class_path": "SequenceClassificationModule", "init_args": {"backbone_config": TINY_BERT}},
         "data": {"class_path": "TaskDataModule", "init_args": {
             "source": str(tiny_corpus), "batch_size": 8, "max_length": 32,
@@ -19,6 +21,11 @@ def test_report_table_from_two_runs(tiny_corpus, tmp_path):
     }
     path = tmp_path / "cls.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_report_table_from_two_runs(tiny_corpus, tmp_path):
+    path = classifier_config(tiny_corpus, tmp_path, steps=4, val_every=2, val_batches=2)
     runs = tmp_path / "runs"
     for name in ("a", "b"):
         assert run_main(["fit", "--config", str(path), "--run_name", name], runs) == 0
@@ -35,17 +42,7 @@ def test_report_table_from_two_runs(tiny_corpus, tmp_path):
 
 
 def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, capsys):
-    cfg = {
-        "seed_everything": 3,
-        "trainer": {"max_steps": 3, "accelerator": "cpu", "val_check_interval": 3, "limit_val_batches": 1,
-                    "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1},
-        "model": {"class_path": "SequenceClassificationModule", "init_args": {"backbone_config": TINY_BERT}},
-        "data": {"class_path": "TaskDataModule", "init_args": {
-            "source": str(tiny_corpus), "batch_size": 8, "max_length": 32,
-            "tokenizer": {"train": "wordpiece", "vocab_size": 100, "min_frequency": 1}}},
-    }
-    config = tmp_path / "cls.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    config = classifier_config(tiny_corpus, tmp_path, steps=3, val_every=3, val_batches=1)
     plan = {"name": "grid", "common": ["--trainer.max_steps", "2"],
             "cells": [{"name": "tiny/full", "config": str(config)},
                       {"name": "tiny/bitfit", "config": str(config), "args": ["--model.init_args.delta.method", "bitfit"]}]}
