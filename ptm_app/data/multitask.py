@@ -166,6 +166,8 @@ class MultitaskDataModule(pl.LightningDataModule):
         batches_per_epoch: training batches per epoch; default the sum of the tasks' batches per epoch.
     """
 
+    prepare_data_per_node = False  # like the task modules: global rank 0 tokenizes every task once
+
     def __init__(self, tokenizer: TokenizerSpec, tasks: dict[str, dict], mixing: Mixing = "proportional",
                  temperature: float = 2.0, size_limit: Optional[int] = None, batches_per_epoch: Optional[int] = None,
                  batch_size: int = 32, eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234):
