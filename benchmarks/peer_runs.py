@@ -9,7 +9,8 @@
 - ``bare_pretrain``: the same model and blocks in a plain loop: DataLoader → forward → backward →
   ``clip_grad_norm_`` → AdamW step → LR scheduler → ``zero_grad``.  The floor for framework overhead.
 - ``hf_finetune``: ``AutoModelForSequenceClassification`` on the tweets with ``DataCollatorWithPadding``
-  (dynamic padding, the Trainer's best setting), then ``trainer.evaluate`` for the validation accuracy.
+  (dynamic padding), optionally with ``train_sampling_strategy="group_by_length"`` (its ``LengthGroupedSampler``),
+  then ``trainer.evaluate`` for the validation accuracy.
 
 No Lightning is imported here, so a candidate's peak RSS is its own.  The blocks come from the ``.npy`` file
 the harness cut with ptm_app's packing (every candidate trains on the same blocks).
@@ -168,7 +169,10 @@ def hf_finetune(spec: dict, clock: StepClock) -> None:
     def accuracy(pred):
         return {"acc": float((np.argmax(pred.predictions, -1) == pred.label_ids).mean())}
 
-    trainer = Trainer(model=model, args=_training_args(spec, per_device_eval_batch_size=spec["batch_size"]),
+    # transformers 5 names its length grouping train_sampling_strategy="group_by_length" (LengthGroupedSampler)
+    sampling = "group_by_length" if spec.get("group_by_length") else "random"
+    trainer = Trainer(model=model, args=_training_args(spec, per_device_eval_batch_size=spec["batch_size"],
+                                                       train_sampling_strategy=sampling),
                       train_dataset=encode(train), eval_dataset=encode(val), data_collator=counter,
                       processing_class=tokenizer, compute_metrics=accuracy, callbacks=[_hf_clock(clock, counter)])
     trainer.train()

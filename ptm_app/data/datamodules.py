@@ -246,14 +246,16 @@ class TaskDataModule(_Base):
         unlabelled: ``error`` (a record without a label is a ``file:line`` error) or ``skip`` (leave such records
             out, counted on stdout; e.g. the tweets whose annotator confidence is null).
         group_by_length: batch training examples of similar length together (shuffled windows, exact resume;
-            see ``loader.EpochSampler``), so per-batch padding shrinks; the padding fraction is logged.
+            see ``loader.EpochSampler``), so per-batch padding shrinks; the padding fraction is logged.  On by
+            default (about 1.4x the samples/s of plain shuffling on the tweets, same accuracy: benchmarks/);
+            ``false`` gives plain shuffled batches.
     """
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "bbc", text_field: str = "text", text_pair_field: Optional[str] = None, label_field: str = "label",
                  id_field: str = "id", labels: Optional[list[str]] = None, max_length: int = 128,
                  overlong: Overlong = "truncate", batch_size: int = 32, eval_batch_size: Optional[int] = None,
                  num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None,
-                 task: Literal["classification", "regression"] = "classification", group_by_length: bool = False,
+                 task: Literal["classification", "regression"] = "classification", group_by_length: bool = True,
                  unlabelled: Unlabelled = "error"):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
         self.group_by_length = group_by_length

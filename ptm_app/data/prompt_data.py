@@ -90,7 +90,7 @@ class PromptDataModule(TaskDataModule):
         super().__init__(tokenizer, source, text_field=text_field, text_pair_field=text_pair_field,
                          label_field=label_field, id_field=id_field, labels=labels, max_length=max_length,
                          batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed,
-                         holdout=holdout, limit_train=limit_train)
+                         holdout=holdout, limit_train=limit_train, group_by_length=False)
 
     def _encode(self, path: Path) -> EncodedFields:
         return encode_fields(path, self.load_tokenizer(), text_field=self.text_field,

@@ -158,7 +158,7 @@ class TokenTaskDataModule(_Base):
                  tags_field: str = "tags", id_field: str = "id", labels: Optional[list[str]] = None,
                  max_length: int = 128, batch_size: int = 32, eval_batch_size: Optional[int] = None,
                  num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None,
-                 group_by_length: bool = False):
+                 group_by_length: bool = True):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
         self.group_by_length = group_by_length
         self.words_field, self.tags_field, self.id_field = words_field, tags_field, id_field
@@ -346,7 +346,7 @@ class QADataModule(_Base):
                  context_field: str = "context", answers_field: str = "answers", id_field: str = "id",
                  max_length: int = 384, doc_stride: Optional[int] = None, max_question_length: Optional[int] = None,
                  batch_size: int = 32, eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
-                 holdout: float = 0.1, limit_train: Optional[int] = None, group_by_length: bool = False):
+                 holdout: float = 0.1, limit_train: Optional[int] = None, group_by_length: bool = True):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
         self.group_by_length = group_by_length
         self.question_field, self.context_field = question_field, context_field
