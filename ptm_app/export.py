@@ -82,7 +82,8 @@ def backbone_from_checkpoint(ckpt: dict):
 
 
 def delta_backbone_from_checkpoint(ckpt_path: str | Path, ckpt: dict):
-    """A delta-tuned run: merge LoRA/IA3 into plain weights, or return (base, delta-tuned model) to save apart."""
+    """A delta-tuned run: merge LoRA/IA3 into plain weights, or return (base, delta-tuned model) to save apart.
+    Also a frozen-feature run whose checkpoint omits the backbone: the module rebuilds it from its source."""
     import importlib
     import io
 
@@ -111,7 +112,7 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path) -> Path:
     rebuilds the whole module from the directory."""
     ckpt = read_checkpoint(ckpt_path)
     delta = None
-    if ckpt["hyper_parameters"].get("delta"):
+    if ckpt["hyper_parameters"].get("delta") or ckpt["ptm_app"].get("delta_only"):  # base rebuilt by the module
         model, delta = delta_backbone_from_checkpoint(checkpoint_path(ckpt_path), ckpt)
     else:
         model = backbone_from_checkpoint(ckpt)
@@ -178,9 +179,17 @@ def load_exported_module(directory: str | Path):
     module_path, _, name = spec["module"].rpartition(".")
     cls = getattr(importlib.import_module(module_path), name)
     accepted = set(inspect.signature(cls).parameters)  # drops CLI bookkeeping such as _class_path
-    module = cls(backbone=str(directory), **{k: v for k, v in spec["hparams"].items() if k in accepted})
+    hparams = {k: v for k, v in spec["hparams"].items() if k in accepted}
+    from ptm_app.adaptation.delta import CONFIG_FILE, DELTA_FILE, load_delta_state_dict
+
+    unmerged = (directory / CONFIG_FILE).is_file()  # adapters / prompts: base + delta.safetensors
+    if not unmerged:
+        hparams.pop("delta", None)  # LoRA / IA3 / BitFit are already in the saved weights
+    module = cls(backbone=str(directory), **hparams)
     module.tokenizer = AutoTokenizer.from_pretrained(directory)
     module.configure_model()
+    if unmerged and getattr(module, "delta", None) is not None:  # the module re-applied the same spec
+        load_delta_state_dict(module.backbone, load_file(str(directory / DELTA_FILE)))
     weights = load_file(str(directory / MODULE_WEIGHTS))
     weights.update({alias: weights[key] for alias, key in spec.get("aliases", {}).items()})
     missing, unexpected = module.load_state_dict(weights, strict=False)

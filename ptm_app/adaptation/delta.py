@@ -46,7 +46,8 @@ class DeltaSpec:
     """What to tune; flat so that a YAML ``delta:`` block maps straight onto it.
 
     Attributes:
-        method: ``houlsby`` / ``pfeiffer`` / ``pals`` (hand-written adapters, BERT family only);
+        method: ``houlsby`` / ``pfeiffer`` / ``pals`` (hand-written adapters: the families of
+            ``adapters.LAYOUTS``, BERT-style, GPT-2, Llama-style, BART, T5, and BERT2BERT ``EncoderDecoderModel``);
             ``lora`` / ``ia3`` / ``prefix`` / ``prompt`` / ``ptuning`` (peft); ``bitfit`` (biases only);
             ``none`` (full fine-tuning: every weight trainable).
         name: adapter name (peft's adapter name, or the key in ``model.delta_adapters``); several
@@ -62,7 +63,8 @@ class DeltaSpec:
             (BERT: query, value; GPT-2: c_attn).
         num_virtual_tokens: soft prompt / prefix length (prefix, prompt, ptuning).
         train_layer_norm: also train every LayerNorm (Houlsby et al. 2019 §2.1 do).
-        train_head: train the task head (a classifier; a head tied to the input embeddings stays frozen).
+        train_head: train the task head (a classifier; a pre-trained causal / seq2seq LM head, or one tied to the
+            input embeddings, stays frozen; BERT2BERT's new cross-attention and LM head count as head).
     """
 
     method: Method
@@ -117,6 +119,17 @@ def transformers_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
+def prepended_tokens(model: nn.Module) -> int:
+    """How many virtual tokens peft puts before the input (prompt tuning, P-tuning; prefix-tuning adds key/value
+    pairs instead): the first outputs of a token-level head belong to them.  peft's TOKEN_CLS and QUESTION_ANS
+    models return them too, so callers drop ``[:, n:]`` to line logits up with labels and offsets."""
+    if isinstance(model, PeftModel):
+        config = model.active_peft_config
+        if config.peft_type in (PeftType.PROMPT_TUNING, PeftType.P_TUNING):
+            return config.num_virtual_tokens
+    return 0
+
+
 def _own_named_parameters(hf: nn.Module):
     """The backbone's parameters and the live head copies: no adapters, no peft ``original_module``."""
     for name, param in hf.named_parameters():
@@ -124,9 +137,21 @@ def _own_named_parameters(hf: nn.Module):
             yield name, param
 
 
-def _head_parameters(hf: nn.Module) -> list[nn.Parameter]:
-    """Parameters outside the base model that are not tied to it (classifier, MLM transform ...)."""
+def _head_parameters(hf: nn.Module, lm: bool = False) -> list[nn.Parameter]:
+    """Parameters outside the base model that are not tied to it (classifier, MLM transform ...); none for a
+    pre-trained causal / seq2seq LM head (``lm``). In a warm-started ``EncoderDecoderModel`` (Rothe et al. 2020
+    §2) the decoder's cross-attention and LM head are new (peft's LoRA / IA3 tensors inside them excepted)."""
+    if hf.config.model_type == "encoder-decoder":
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        injected = {id(p) for m in hf.modules() if isinstance(m, BaseTunerLayer)
+                    for name in m.adapter_layer_names for p in getattr(m, name).parameters()}
+        new = [p for n, p in _own_named_parameters(hf) if not n.startswith("encoder.")
+               and ("crossattention" in n or not n.startswith("decoder."))]  # + enc_to_dec_proj
+        return [p for p in new + _head_parameters(hf.decoder) if id(p) not in injected]
     base = hf.base_model
+    if lm:
+        return []
     if base is hf:
         return []
     in_base = {id(p) for p in base.parameters()}
@@ -141,17 +166,39 @@ def _layer_norm_parameters(hf: nn.Module) -> list[nn.Parameter]:
             for p in module.parameters(recurse=False)]
 
 
-def _peft_config(spec: DeltaSpec, task: Optional[TaskType]):
+def _encoder_decoder_defaults(spec: DeltaSpec, model: nn.Module) -> dict:
+    """peft reads defaults from the top-level config, and an ``EncoderDecoderModel`` keeps them in its halves:
+    LoRA / IA3 target modules of the decoder's type, the decoder's sizes for prompt methods."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "encoder-decoder":
+        return {}
+    from peft.utils.constants import (TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as IA3_FFN,
+                                      TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING as IA3,
+                                      TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as LORA)
+
+    decoder = config.decoder
+    if spec.method in PROMPT_METHODS:
+        return {"num_layers": decoder.num_hidden_layers, "token_dim": decoder.hidden_size,
+                "num_attention_heads": decoder.num_attention_heads}
+    kind = decoder.model_type
+    if spec.target_modules is not None or kind != config.encoder.model_type or kind not in IA3:
+        return {}
+    return {"target_modules": LORA[kind]} if spec.method == "lora" else \
+        {"target_modules": IA3[kind], "feedforward_modules": IA3_FFN[kind]}
+
+
+def _peft_config(spec: DeltaSpec, task: Optional[TaskType], model: Optional[nn.Module] = None):
+    defaults = _encoder_decoder_defaults(spec, model)
     if spec.method == "lora":
-        return LoraConfig(task_type=task, r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                          target_modules=spec.target_modules)
+        return LoraConfig(**{"task_type": task, "r": spec.r, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout,
+                             "target_modules": spec.target_modules, **defaults})
     if spec.method == "ia3":
-        return IA3Config(task_type=task, target_modules=spec.target_modules)
+        return IA3Config(**{"task_type": task, "target_modules": spec.target_modules, **defaults})
     if task is None:
         raise PtmError(f"delta.method={spec.method} needs a peft task type, and this head has none; "
                        f"use lora, ia3, bitfit or adapters, or one of {', '.join(t.value for t in TaskType)}")
     config = {"prefix": PrefixTuningConfig, "prompt": PromptTuningConfig, "ptuning": PromptEncoderConfig}[spec.method]
-    return config(task_type=task, num_virtual_tokens=spec.num_virtual_tokens)
+    return config(task_type=task, num_virtual_tokens=spec.num_virtual_tokens, **defaults)
 
 
 def apply_delta(model: nn.Module, spec: DeltaSpec, task_type: Union[str, TaskType, None] = None) -> nn.Module:
@@ -164,7 +211,7 @@ def apply_delta(model: nn.Module, spec: DeltaSpec, task_type: Union[str, TaskTyp
         return model.requires_grad_(True)
     if spec.method in PEFT_METHODS:
         try:
-            model = get_peft_model(model, _peft_config(spec, peft_task_type(task_type)), adapter_name=spec.name)
+            model = get_peft_model(model, _peft_config(spec, peft_task_type(task_type), model), adapter_name=spec.name)
         except (ValueError, KeyError) as exc:  # e.g. no default target modules, prefix + checkpointing
             message = str(exc).strip("'\"").splitlines()[0]
             hint = "; set delta.target_modules" if "target_modules" in message else ""
@@ -182,7 +229,8 @@ def apply_delta(model: nn.Module, spec: DeltaSpec, task_type: Union[str, TaskTyp
             for param in biases:
                 param.requires_grad_(True)
     hf = transformers_model(model)
-    for param in _head_parameters(hf):
+    lm = peft_task_type(task_type) in (TaskType.CAUSAL_LM, TaskType.SEQ_2_SEQ_LM)
+    for param in _head_parameters(hf, lm):
         param.requires_grad_(spec.train_head)
     if spec.train_layer_norm:
         for param in _layer_norm_parameters(hf):
@@ -266,5 +314,8 @@ def load_delta(base_model: nn.Module, directory: Union[str, Path]) -> nn.Module:
     if meta["model_type"] != model_type:
         raise PtmError(f"{directory} holds a delta for a '{meta['model_type']}' model, not '{model_type}'")
     model = apply_delta(base_model, DeltaSpec(**meta["spec"]), meta["task_type"])
-    load_delta_state_dict(model, load_file(str(directory / DELTA_FILE)))
+    state = load_file(str(directory / DELTA_FILE))
+    for name, param in model.named_parameters():  # what trained is what was saved (an LM head may have stayed frozen)
+        param.requires_grad_(name in state)
+    load_delta_state_dict(model, state)
     return model

@@ -3,7 +3,8 @@ of large-scale pre-trained language models" §3: addition, specification and rep
 
 ``DeltaTuningMixin`` gives a ``PtmModule`` subclass a ``delta`` spec (``adaptation.delta.DeltaSpec``) applied
 to its freshly built backbone, and delta-only checkpoints: the frozen base is rebuilt from ``backbone``
-when the checkpoint loads, so a checkpoint holds just the delta (+ head) weights.
+when the checkpoint loads, so a checkpoint holds just the delta (+ head) weights.  A backbone built from a
+config alone (random weights) has no source to rebuild it from: its checkpoints keep every weight.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class DeltaTuningMixin:
         fresh = self.backbone is None
         super().configure_model()
         if fresh and self.delta is not None:
+            self.delta_only = self.delta_only and bool(self.hparams.backbone)  # random weights stay in the checkpoint
             self.backbone = apply_delta(self.backbone, self.delta, self.head)
             report = trainable_report(self.backbone)
             rank_zero_info(f"delta {self.delta.method}: {report['trainable']:,} of {report['total']:,} parameters "

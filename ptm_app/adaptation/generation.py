@@ -19,6 +19,11 @@ Three ways to get a generator, one setting (``architecture``):
 
 By default the architecture follows the backbone: ``encoder_decoder`` if its config is an encoder–decoder, else
 ``decoder`` (a bidirectional encoder is refused there); ``bert2bert`` is always asked for explicitly.
+
+Delta tuning (``delta:``, ``adaptation.delta_tuning``) works for all three: LoRA (Hu et al. 2022 §4), IA3, prefix /
+prompt / P-tuning through peft's ``SEQ_2_SEQ_LM`` and ``CAUSAL_LM`` models, the hand-written adapters and PALs
+(``adaptation.adapters``; PALs in a decoder are causal and generate without the KV cache), BitFit.  BERT2BERT's
+new cross-attention and LM-head transform train with the delta (``train_head``): they start random.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
+from ptm_app.adaptation.delta import PROMPT_METHODS, DeltaSpec, prepended_tokens, transformers_model
+from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.adaptation.token_classification import write_predictions
 from ptm_app.backbones.build import build_backbone, max_positions
 from ptm_app.backbones.resolve import load_error, resolve_pretrained
@@ -135,7 +142,7 @@ def resolve_architecture(architecture: Optional[str], backbone: Optional[str], b
     return "decoder"
 
 
-class GenerationModule(PtmModule):
+class GenerationModule(DeltaTuningMixin, PtmModule):
     """Fine-tune a generator on source → target pairs (``data.generation_data.Seq2SeqDataModule``).
 
     Logs ``train/loss``, ``val/loss`` (teacher-forced cross-entropy of the target tokens), and from generated
@@ -154,6 +161,9 @@ class GenerationModule(PtmModule):
         length_penalty / no_repeat_ngram_size: beam-search settings of transformers' ``generate``.
         bleu_lowercase: compute BLEU on lowercased text (an uncased tokenizer such as MiniLM's generates
             lowercase; ROUGE-L always lowercases).
+        delta: parameter-efficient tuning (``adaptation.delta.DeltaSpec``): lora, ia3, prefix, prompt, ptuning,
+            houlsby, pfeiffer, pals or bitfit; only the delta (+ BERT2BERT's new cross-attention) trains.
+        delta_only: checkpoints then hold only the trained tensors; the frozen base is rebuilt from ``backbone``.
     """
 
     monitor = ("val/rougeL", "max")
@@ -162,7 +172,7 @@ class GenerationModule(PtmModule):
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  architecture: Optional[Architecture] = None, prompt: str = "\nTL;DR:", num_beams: int = 1,
                  max_new_tokens: Optional[int] = None, length_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                 bleu_lowercase: bool = True):
+                 bleu_lowercase: bool = True, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
         if architecture not in (None, *HEAD):
             raise PtmError(f"architecture={architecture!r}: use one of {', '.join(HEAD)}")
         if num_beams < 1 or (max_new_tokens is not None and max_new_tokens < 1):
@@ -173,10 +183,17 @@ class GenerationModule(PtmModule):
             raise PtmError("architecture=bert2bert warm-starts from a pre-trained encoder: "
                            "set model.init_args.backbone (e.g. minilm)")
         self.head = HEAD[self.architecture]
+        self.init_delta(delta, delta_only)
+        if self.architecture == "bert2bert" and self.delta is not None and not self.delta.train_head:
+            raise PtmError("architecture=bert2bert: the decoder's cross-attention and LM head start random and must "
+                           "train; set delta.train_head: true")
         self._predicted: list[tuple] = []
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.scores = nn.ModuleDict({stage: GenerationScores(bleu_lowercase) for stage in STAGES})
         self._scored = dict.fromkeys(STAGES, 0)
+
+    def style(self) -> str:
+        return self.delta.method if self.delta is not None else PtmModule.style(self)
 
     # -- building -----------------------------------------------------------------------------
     def can_build(self) -> bool:  # a saved EncoderDecoderModel config has no top-level vocab_size
@@ -221,7 +238,7 @@ class GenerationModule(PtmModule):
 
     def token_ids(self) -> dict[str, int]:
         """pad, EOS and decoder start ids from the backbone's config (falling back on the tokenizer's)."""
-        cfg, tok = self.backbone.config, self.tokenizer
+        cfg, tok = transformers_model(self.backbone).config, self.tokenizer
         decoder_cfg = getattr(cfg, "decoder", cfg)
         pick = lambda *values: next((v for v in values if v is not None), None)  # noqa: E731
         eos = pick(getattr(cfg, "eos_token_id", None), getattr(decoder_cfg, "eos_token_id", None),
@@ -241,8 +258,8 @@ class GenerationModule(PtmModule):
         src, tgt = getattr(datamodule, "max_source_length", None), getattr(datamodule, "max_target_length", None)
         if src is None or tgt is None:
             return
-        model = self.backbone.encoder if self.architecture == "bert2bert" else self.backbone
-        limit = max_positions(model)
+        model = transformers_model(self.backbone)
+        limit = max_positions(model.encoder if self.architecture == "bert2bert" else model)
         if limit is None:
             return
         new = self.hparams.max_new_tokens or tgt + 1
@@ -252,6 +269,9 @@ class GenerationModule(PtmModule):
             what = f"1 + max_source_length={src} + {prompt} prompt tokens + max(max_target_length + 1, max_new_tokens)"
         else:
             need, what = max(src + 2, tgt + 1, new + 1), f"max_source_length={src} + 2 / max_target_length={tgt} + 1"
+        if self.delta is not None and self.delta.method in PROMPT_METHODS:  # virtual tokens take positions
+            virtual = self.delta.num_virtual_tokens
+            need, what = need + virtual, f"{what} + {virtual} virtual tokens"
         if need > limit:
             raise PtmError(f"{what} = {need} positions, more than the backbone allows ({limit}); lower "
                            f"data.init_args.max_source_length / max_target_length (or model.init_args.max_new_tokens)")
@@ -274,8 +294,9 @@ class GenerationModule(PtmModule):
     # -- steps --------------------------------------------------------------------------------
     def forward(self, batch: dict) -> torch.Tensor:
         """Teacher-forced logits, aligned with ``batch["labels"]``."""
-        if self.architecture == "decoder":
-            return self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        if self.architecture == "decoder":  # without peft's virtual prompt positions
+            logits = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            return logits[:, prepended_tokens(self.backbone):]
         return self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                              decoder_input_ids=batch["decoder_input_ids"],
                              decoder_attention_mask=batch["decoder_attention_mask"]).logits
@@ -303,6 +324,8 @@ class GenerationModule(PtmModule):
             settings["length_penalty"] = hp.length_penalty
         if hp.no_repeat_ngram_size:
             settings["no_repeat_ngram_size"] = hp.no_repeat_ngram_size
+        if self.delta is not None and self.delta.method == "pals":  # causal PALs keep no KV cache
+            settings["use_cache"] = False
         if self.architecture == "decoder":
             prompt = batch["prompt_input_ids"]
             out = self.backbone.generate(input_ids=prompt, attention_mask=batch["prompt_attention_mask"], **settings)

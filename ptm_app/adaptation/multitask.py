@@ -7,6 +7,10 @@ extractive QA), mixed by T5's rates (Raffel et al. 2020 §3.5.2).  Metrics are l
 each task's main metric: accuracy (classification, tagging), Pearson (regression), F1 (QA).  T5 (§3.5.3)
 found multitask training then per-task fine-tuning best: start a single-task run from this checkpoint with
 ``init_from`` (the shared encoder loads by name; see ``configs/adapt/multitask_*.yaml``).
+
+With ``delta:`` the encoder stays frozen and one shared delta (LoRA, Houlsby adapters ... see
+``adaptation.delta``) trains with the per-task heads: Stickland & Murray 2019 (PALs) §3 and Houlsby et al. 2019
+§1 share one frozen model across tasks this way.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens
+from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.adaptation.qa import SPLITS, BestSpans, QuestionAnsweringModule, best_span, epoch_answers, squad_scores
 from ptm_app.adaptation.token_classification import (TokenClassificationModule, compute_tagging_metrics,
                                                      tagging_metrics, update_tagging_metrics)
@@ -34,7 +40,7 @@ def head_width(kind: str, labels: Optional[list[str]]) -> int:
     return {"regression": 1, "qa": 2}.get(kind) or len(labels or [])
 
 
-class MultitaskModule(PtmModule):
+class MultitaskModule(DeltaTuningMixin, PtmModule):
     """Shared backbone (``AutoModel``) + ``heads[task]`` (dropout + linear) for every task of the data module.
 
     Args:
@@ -45,6 +51,9 @@ class MultitaskModule(PtmModule):
         pooling: the sequence-level representation: ``first`` token ([CLS], BERT §3) or ``last`` real token
             (GPT-style decoders, Radford et al. 2018 §3.3); default ``first`` for BERT-style tokenizers.
         max_answer_length / n_best: QA span search (see ``adaptation.qa.best_span``).
+        delta: one delta shared by all tasks (``adaptation.delta.DeltaSpec``: houlsby, pfeiffer, pals, lora, ia3,
+            prefix, prompt, ptuning, bitfit); the encoder stays frozen, the delta and every task head train.
+        delta_only: checkpoints then hold only the delta and the heads; the frozen base is rebuilt from ``backbone``.
     """
 
     head = "base"
@@ -53,13 +62,18 @@ class MultitaskModule(PtmModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  tasks: Optional[dict[str, dict]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
                  gradient_checkpointing: bool = False, dropout: float = 0.1, pooling: Optional[str] = None,
-                 max_answer_length: int = 30, n_best: int = 20):
+                 max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
+                 delta_only: bool = True):
+        self.init_delta(delta, delta_only)
         self.heads: Optional[nn.ModuleDict] = None
         self.stage_metrics: Optional[nn.ModuleDict] = None
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
         return super().can_build() and self.hparams.tasks is not None
+
+    def style(self) -> str:
+        return self.delta.method if self.delta is not None else PtmModule.style(self)
 
     @property
     def tasks(self) -> dict[str, dict]:
@@ -115,6 +129,7 @@ class MultitaskModule(PtmModule):
         """The task's outputs: label scores [B, C], values [B], tag scores [B, T, C] or (start, end) logits."""
         task = batch["task"]
         hidden = self.backbone(**self.model_inputs(batch)).last_hidden_state
+        hidden = hidden[:, prepended_tokens(self.backbone):]  # a soft prompt's positions have no labels
         kind, head = self.tasks[task]["kind"], self.heads[task]
         if kind in ("sequence", "regression"):
             out = head(self.pool(hidden, batch["attention_mask"])).float()

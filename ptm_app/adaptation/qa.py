@@ -17,7 +17,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from ptm_app.adaptation.token_classification import write_predictions
-from ptm_app.adaptation.delta import DeltaSpec
+from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
 from ptm_app.data.token_tasks import QACollator
@@ -104,7 +104,8 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
         backbone_config: config overrides, or a from-scratch config.
         optim: optimiser and schedule.
         delta: parameter-efficient tuning instead of full fine-tuning (``adaptation.delta.DeltaSpec``:
-            adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.
+            adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.  The
+            outputs at prompt / P-tuning's virtual tokens are dropped, so spans index the window's tokens.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
         max_answer_length: longest answer considered, in tokens.
         n_best: start and end candidates per window.
@@ -126,8 +127,9 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
         return QACollator(pad_token_id=tokenizer.pad_token_id)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.backbone(**self.model_inputs(batch))
-        return out.start_logits.float(), out.end_logits.float()
+        """Start and end logits [B, T] over the input tokens (prompt / P-tuning's virtual tokens dropped)."""
+        out, virtual = self.backbone(**self.model_inputs(batch)), prepended_tokens(self.backbone)
+        return out.start_logits[:, virtual:].float(), out.end_logits[:, virtual:].float()
 
     @staticmethod
     def loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.delta import DeltaSpec
+from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
 from ptm_app.data.corruption import IGNORE_INDEX
@@ -76,7 +76,8 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
         labels: the tag names in order; by default taken from the data module (``TokenTaskDataModule``).
         optim: optimiser and schedule.
         delta: parameter-efficient tuning instead of full fine-tuning (``adaptation.delta.DeltaSpec``:
-            adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.
+            adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.  The
+            outputs at prompt / P-tuning's virtual tokens are dropped, so logits line up with the labels.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
     """
 
@@ -115,7 +116,8 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
         return TokenLabelCollator(pad_token_id=tokenizer.pad_token_id)
 
     def forward(self, batch: dict) -> torch.Tensor:
-        return self.backbone(**self.model_inputs(batch)).logits
+        """Tag logits [B, T, labels], one per input token (prompt / P-tuning's virtual tokens dropped)."""
+        return self.backbone(**self.model_inputs(batch)).logits[:, prepended_tokens(self.backbone):]
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -372,16 +372,16 @@ def minilm_weights() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", ["features_top_tweets", "features_scalar_mix_tweets"])
 def test_feature_configs_run_and_keep_minilm_frozen(name, prepared, tmp_path):
     assert run_main(["fit", "--config", str(ADAPT / f"{name}.yaml"), *QUICK], tmp_path) == 0
-    trained = backbone_tensors(tmp_path / name / "checkpoints" / "last.ckpt")
-    original = minilm_weights()
-    shared = [k for k in original if k in trained]
-    assert len(shared) > 90 and all(torch.equal(trained[k], original[k]) for k in shared)
-    # export: MiniLM as a transformers model + the scalar mix and head as module weights; reload = same scores
+    ckpt = tmp_path / name / "checkpoints" / "last.ckpt"
+    assert not backbone_tensors(ckpt) and ckpt.stat().st_size < 5e6  # frozen MiniLM not stored: rebuilt on load
     from ptm_app.adaptation.features import FeatureExtractionModule
     from ptm_app.export import export_checkpoint, load_exported_module
 
-    ckpt = tmp_path / name / "checkpoints" / "last.ckpt"
     module = FeatureExtractionModule.load_from_checkpoint(ckpt).eval()
+    trained, original = module.backbone.state_dict(), minilm_weights()
+    shared = [k for k in original if k in trained]
+    assert len(shared) > 90 and all(torch.equal(trained[k], original[k]) for k in shared)
+    # export: MiniLM as a transformers model + the scalar mix and head as module weights; reload = same scores
     loaded = load_exported_module(export_checkpoint(ckpt, tmp_path / "export"))
     batch = dict(module.tokenizer(["delayed again, great", "thanks for the upgrade"], return_tensors="pt",
                                   padding=True))

@@ -22,7 +22,7 @@ QUICK = ["--trainer.max_steps", "4", "--trainer.max_epochs", "1", "--trainer.val
 def quick(config: Path) -> list[str]:
     text = config.read_text()
     args = list(QUICK)
-    if "MultitaskDataModule" not in text:
+    if "MultitaskDataModule" not in text and "Seq2SeqDataModule" not in text:  # seq2seq: source/target lengths
         args += ["--data.init_args.max_length", "48" if "QADataModule" in text else "32"]
     if "max_target_length" in text:
         args += ["--data.init_args.max_target_length", "16"]
