@@ -105,3 +105,15 @@ def assert_resumes_exactly(argv: list[str], runs: Path, stop: int, steps: int) -
     assert sorted(full) == sorted(part) == list(range(steps))
     for step in range(stop, steps):
         assert part[step] == pytest.approx(full[step], rel=1e-5, abs=1e-6), step
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny models (threads only add contention on 2 shared cores);
+    restored afterwards.  Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

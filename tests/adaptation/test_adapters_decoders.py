@@ -17,12 +17,7 @@ H, LAYERS, FFN, VOCAB = 32, 2, 64, 60
 FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "bart", "t5", "bert2bert"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(family: str) -> nn.Module:

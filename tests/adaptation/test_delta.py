@@ -18,13 +18,7 @@ from ptm_app.errors import PtmError
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread avoids oversubscribing the 2 shared cores; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 H, LAYERS, FFN, LABELS, VOCAB = 32, 2, 64, 3, 100
 SMALL = dict(bottleneck=8, r=4, num_virtual_tokens=5)  # sizes used throughout

@@ -32,12 +32,7 @@ DELTA_NAMES = {"lora": ("lora_A", "lora_B"), "ia3": ("ia3_l",), "prefix": ("prom
                "pals": ("delta_adapters.",), "bitfit": ("bias",)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

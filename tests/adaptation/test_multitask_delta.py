@@ -23,12 +23,7 @@ DELTA_NAMES = {"houlsby": ("delta_adapters.",), "pals": ("delta_adapters.",), "l
 PROMPT_SIZE = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,7 @@ V, PAD = 23, 0
 TINY = {"vocab_size": V, "embedding_dim": 8, "hidden_size": 12, "num_layers": 2, "dropout": 0.0, "pad_token_id": PAD}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny LSTMs run fastest on one thread; intra-op threads only add contention on a busy CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_lm(seed: int = 0, trained_like: bool = True, **overrides) -> BiLSTMForLanguageModeling:
