@@ -23,6 +23,7 @@ import ptm_app.data.parallel  # noqa: F401
 import ptm_app.data.prompt_data  # noqa: F401
 import ptm_app.data.token_tasks  # noqa: F401
 import ptm_app.objectives  # noqa: F401
+import ptm_app.training.compile  # noqa: F401
 import ptm_app.training.unfreezing  # noqa: F401
 from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback

@@ -3,12 +3,19 @@
 From scratch: ``backbone_config`` is a transformers config dict with a ``model_type``.
 Pretrained: a prepared name (``minilm``), a local ``save_pretrained`` directory, or a hub id;
 ``backbone_config`` then holds overrides (e.g. dropout).
+
+``backbone_config.attn_implementation`` picks the attention kernel in both cases (transformers 5 takes it as a
+config field and a ``from_pretrained`` argument): ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``,
+transformers' default where the model supports it, else ``eager``), ``eager`` (the model's own matmul-softmax-matmul:
+the one that can return attention weights), ``flex_attention`` or ``flash_attention_2/3/4`` (CUDA + the
+flash-attn package) where the model declares them (``attention_choices``).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 
 from ptm_app.backbones.resolve import load_error, resolve_pretrained
 from ptm_app.errors import PtmError
@@ -44,6 +51,7 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
     """Return a ``PreTrainedModel`` with the head's output layer."""
     auto = auto_class(head)
     overrides = {**(config or {}), **updates}
+    attention = overrides.get("attn_implementation")
     if pretrained:
         where = resolve_pretrained(pretrained)
         if where.endswith(".ckpt"):  # stage chaining from a ptm_app checkpoint
@@ -51,8 +59,12 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
 
             where = str(exported_cache_dir(where))
         overrides.pop("model_type", None)
+        if attention is not None:
+            check_attention(attention, model_class(auto, lambda: transformers.AutoConfig.from_pretrained(where)))
         try:
             return auto.from_pretrained(where, **overrides)
+        except ImportError as exc:  # a declared implementation this machine cannot run (flash-attn)
+            raise attention_error(attention, exc) from None
         except (OSError, ValueError) as exc:
             raise load_error(pretrained, exc) from None
     if not config or "model_type" not in config:
@@ -62,7 +74,59 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         hf_config = transformers.AutoConfig.for_model(model_type, **overrides)
     except ValueError as exc:
         raise PtmError(f"backbone_config: {str(exc).splitlines()[0]}") from None
+    except StrictDataclassError as exc:  # a value of the wrong type, e.g. "0.1" typed on the command line
+        cause = str(exc.__cause__ or exc).split(". Errors:")[0]
+        raise PtmError(f"backbone_config: {cause}; set it in a YAML config file (command-line values of "
+                       f"--model.init_args.backbone_config.KEY stay strings)") from None
+    if attention is not None:
+        check_attention(attention, model_class(auto, lambda: hf_config))
+        try:
+            return from_config(head, hf_config)
+        except (ImportError, ValueError) as exc:
+            raise attention_error(attention, exc) from None
     return from_config(head, hf_config)
+
+
+def model_class(auto, config_fn) -> type:
+    """The concrete model class an Auto class builds for a config (``config_fn`` is called only for Auto classes)."""
+    mapping = getattr(auto, "_model_mapping", None)
+    if mapping is None:
+        return auto
+    try:
+        return mapping[type(config_fn())]
+    except (KeyError, OSError, ValueError):
+        return auto  # unknown here: transformers' own check runs when the model is built
+
+
+def attention_choices(cls) -> list[str]:
+    """The ``attn_implementation`` values a transformers model class declares (transformers 5 class flags)."""
+    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+
+    names = ["eager"]
+    if getattr(cls, "_supports_sdpa", False):
+        names.append("sdpa")
+    if getattr(cls, "_supports_flex_attn", False):
+        names.append("flex_attention")
+    if getattr(cls, "_supports_flash_attn", False):
+        names += [f"flash_attention_{v}" for v in sorted(FLASH_ATTENTION_COMPATIBILITY_MATRIX)]
+    return names
+
+
+def check_attention(attention: str, cls) -> None:
+    """Refuse, in one line, an ``attn_implementation`` the model class does not declare."""
+    if not hasattr(cls, "_supports_sdpa"):  # an Auto class we could not resolve
+        return
+    choices = attention_choices(cls)
+    if attention not in choices:
+        raise PtmError(f"backbone_config.attn_implementation={attention!r} is not supported by {cls.__name__}; "
+                       f"set it to one of {', '.join(choices)} (or remove it: sdpa where supported, else eager)")
+
+
+def attention_error(attention: Optional[str], exc: BaseException) -> PtmError:
+    """A declared attention implementation that cannot run here, as one line."""
+    reason = " ".join(str(exc).split()).split(". ")[0]
+    return PtmError(f"backbone_config.attn_implementation={attention!r} cannot run here ({reason}); "
+                    f"use sdpa or eager, or remove the setting")
 
 
 def max_positions(model) -> Optional[int]:

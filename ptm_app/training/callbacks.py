@@ -45,7 +45,10 @@ class LastCheckpoint(Callback):
 
     It saves every ``every_n_steps`` steps, at the last step of every epoch, and before stopping:
     on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
-    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.  Every rank calls ``save_checkpoint`` (the
+    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.  With gradient accumulation it saves and stops only
+    after an optimizer step: a checkpoint taken between micro-batches would drop the gradients accumulated so far,
+    so a Ctrl-C or SIGTERM there waits for the step (at most ``accumulate_grad_batches - 1`` more micro-batches);
+    ``every_n_steps`` and ``stop_at_step`` count optimizer steps.  Every rank calls ``save_checkpoint`` (the
     strategy decides who writes: rank 0 for DDP, every rank its shard for FSDP and DeepSpeed, into a
     ``last.ckpt/`` directory swapped in whole: ``strategies.AtomicShardedSave``), and a stop seen by one rank
     stops them all.
@@ -55,6 +58,7 @@ class LastCheckpoint(Callback):
         self.path = Path(path)
         self.every_n_steps, self.stop_at_step = every_n_steps, stop_at_step
         self.requested = False
+        self.sigterm = False  # a SIGTERM held back until the accumulation's optimizer step
         self._previous = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -68,8 +72,16 @@ class LastCheckpoint(Callback):
         print("\nstopping after this step and writing the last checkpoint (Ctrl-C again to abort)", flush=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if getattr(trainer, "received_sigterm", False):
+            self.sigterm = True
+        if not optimizer_stepped(trainer):
+            if self.sigterm:  # Lightning would stop after this micro-batch: hold the SIGTERM until the step
+                trainer._signal_connector.received_sigterm = False
+            return
+        if self.sigterm:
+            trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch (exit 143)
         step = trainer.global_step
-        stop = (self.requested or getattr(trainer, "received_sigterm", False)
+        stop = (self.requested or self.sigterm
                 or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step)
         if trainer.world_size > 1:  # every rank must save (sharded checkpoints) and stop together
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
@@ -84,6 +96,13 @@ class LastCheckpoint(Callback):
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+
+
+def optimizer_stepped(trainer) -> bool:
+    """Did this training batch end with an optimizer step (not part-way through gradient accumulation)?
+
+    Lightning steps every ``accumulate_grad_batches`` micro-batches and on the last batch of an epoch."""
+    return not trainer.fit_loop._should_accumulate()
 
 
 class PredictionWriter(Callback):

@@ -22,6 +22,15 @@ class PtmModule(pl.LightningModule):
 
     Subclasses set ``head`` (see ``backbones.build.HEADS``), ``monitor`` (metric, mode) for the
     best checkpoint, implement ``make_collator`` and the steps, and may extend ``config_updates``.
+
+    Args:
+        backbone: a prepared name, a ``save_pretrained`` directory, a run's ``.ckpt`` or a hub id.
+        backbone_config: a transformers config dict with ``model_type`` (from scratch), or overrides of the
+            pretrained one; ``attn_implementation: sdpa | eager | ...`` picks the attention kernel
+            (``backbones.build``).
+        optim: optimiser and LR schedule (``training.optim.OptimConfig``).
+        gradient_checkpointing: recompute each transformer block's activations in the backward pass instead of
+            keeping them (``enable_activation_checkpointing``).
     """
 
     head: str = "base"
@@ -63,7 +72,7 @@ class PtmModule(pl.LightningModule):
         self.backbone = self.build_model()
         self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
         if self.hparams.gradient_checkpointing:
-            self.backbone.gradient_checkpointing_enable()
+            enable_activation_checkpointing(self.backbone)
         if datamodule is not None:
             self.check_lengths(datamodule)
 
@@ -112,6 +121,9 @@ class PtmModule(pl.LightningModule):
         hparams["optim"] = asdict(self.optim)
         hparams["backbone"] = None  # rebuild from the resolved config: no files needed at load time
         hparams["backbone_config"] = self.backbone.config.to_dict()
+        attention = (self.hparams.backbone_config or {}).get("attn_implementation")
+        if attention:  # transformers leaves it out of to_dict(); a reload must build the same kernel
+            hparams["backbone_config"]["attn_implementation"] = attention
         checkpoint["hyper_parameters"] = hparams
         checkpoint[CKPT_KEY] = {
             "head": self.head,
@@ -124,6 +136,19 @@ class PtmModule(pl.LightningModule):
         files = checkpoint.get(CKPT_KEY, {}).get("tokenizer")
         if files and self.tokenizer is None:
             self.tokenizer = tokenizer_from_files(files)
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Gradient (activation) checkpointing (Chen et al. 2016, "Training deep nets with sublinear memory cost"):
+    each transformer block keeps only its inputs and recomputes its activations in the backward pass, so
+    activation memory grows with the number of blocks, not with their internals, for about one more forward pass.
+    transformers runs ``torch.utils.checkpoint`` non-reentrant, which needs no input that requires grad: frozen
+    embeddings (LoRA, adapters, ``init_from.freeze``) work as they are."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise PtmError(f"gradient_checkpointing: {type(model).__name__} does not support it; "
+                       f"set model.init_args.gradient_checkpointing: false")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # 5.23 deprecates gradient_checkpointing_enable
+    (enable or model.gradient_checkpointing_enable)()
 
 
 def own_class(module: torch.nn.Module) -> type:
