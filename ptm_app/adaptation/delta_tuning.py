@@ -13,7 +13,8 @@ from typing import Optional
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from ptm_app.adaptation.delta import DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, trainable_report
+from ptm_app.adaptation.delta import (PROMPT_METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict,
+                                      trainable_report)
 
 
 class DeltaTuningMixin:
@@ -23,6 +24,11 @@ class DeltaTuningMixin:
 
     def init_delta(self, delta: Optional[DeltaSpec], delta_only: bool) -> None:
         self.delta, self.delta_only = as_delta_spec(delta), delta_only
+
+    def virtual_positions(self) -> int:
+        """Prefix, prompt and P-tuning put ``num_virtual_tokens`` before the input (Li & Liang 2021 §4.2; Lester et al.
+        2021 §2): they take position ids too, so they count against the backbone's limit."""
+        return self.delta.num_virtual_tokens if self.delta is not None and self.delta.method in PROMPT_METHODS else 0
 
     def style(self) -> str:
         return self.delta.method if self.delta is not None else "full fine-tuning"

@@ -33,7 +33,7 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.delta import PROMPT_METHODS, DeltaSpec, prepended_tokens, transformers_model
+from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens, transformers_model
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.adaptation.token_classification import write_predictions
 from ptm_app.backbones.build import build_backbone, max_positions
@@ -269,9 +269,8 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
             what = f"1 + max_source_length={src} + {prompt} prompt tokens + max(max_target_length + 1, max_new_tokens)"
         else:
             need, what = max(src + 2, tgt + 1, new + 1), f"max_source_length={src} + 2 / max_target_length={tgt} + 1"
-        if self.delta is not None and self.delta.method in PROMPT_METHODS:  # virtual tokens take positions
-            virtual = self.delta.num_virtual_tokens
-            need, what = need + virtual, f"{what} + {virtual} virtual tokens"
+        if self.virtual_positions():
+            need, what = need + self.virtual_positions(), f"{what} + {self.virtual_positions()} virtual tokens"
         if need > limit:
             raise PtmError(f"{what} = {need} positions, more than the backbone allows ({limit}); lower "
                            f"data.init_args.max_source_length / max_target_length (or model.init_args.max_new_tokens)")

@@ -94,9 +94,15 @@ class PtmModule(pl.LightningModule):
     def check_lengths(self, datamodule) -> None:
         """Refuse a data max_length the backbone's position embeddings cannot hold."""
         limit, wanted = max_positions(self.backbone), getattr(datamodule, "max_length", None)
-        if limit is not None and wanted is not None and wanted > limit:
-            raise PtmError(f"data.max_length={wanted} is longer than the backbone allows ({limit} positions); "
-                           f"set data.init_args.max_length <= {limit}")
+        virtual = self.virtual_positions()
+        if limit is not None and wanted is not None and wanted + virtual > limit:
+            what = f"data.max_length={wanted}" + (f" + {virtual} virtual tokens" if virtual else "")
+            raise PtmError(f"{what} is longer than the backbone allows ({limit} positions); "
+                           f"set data.init_args.max_length <= {limit - virtual}")
+
+    def virtual_positions(self) -> int:
+        """Positions taken before the input by trainable virtual tokens (soft prompts); none here."""
+        return 0
 
     # -- optimisation -------------------------------------------------------------------------
     def configure_optimizers(self):

@@ -101,3 +101,19 @@ def test_delta_only_checkpoints_reload_with_the_same_outputs(cls, method, tiny_d
         ours, theirs = module(batch(2)), reloaded(batch(2))
     for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (ours, theirs))):
         assert a.shape[1] == 9 and torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [TokenClassificationModule, QuestionAnsweringModule])
+def test_virtual_tokens_count_against_the_position_limit(cls):
+    """TINY_BERT has 64 positions: 59 input tokens + 5 virtual ones fit, 60 + 5 are refused in one line."""
+    from types import SimpleNamespace
+
+    from ptm_app.errors import PtmError
+
+    module = tuned(cls, "prompt")
+    module.check_lengths(SimpleNamespace(max_length=59))
+    with pytest.raises(PtmError) as err:
+        module.check_lengths(SimpleNamespace(max_length=60))
+    assert str(err.value) == ("data.max_length=60 + 5 virtual tokens is longer than the backbone allows (64 positions); "
+                              "set data.init_args.max_length <= 59")
+    tuned(cls, "lora").check_lengths(SimpleNamespace(max_length=64))  # LoRA adds no positions
