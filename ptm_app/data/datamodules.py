@@ -139,11 +139,11 @@ class _Base(pl.LightningDataModule):
                                rank=rank, world_size=world, collate_fn=self._collate(),
                                num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
-    def _eval_loader(self, split: str) -> DataLoader:
+    def _eval_loader(self, split: str, seeded_order: bool = True) -> DataLoader:
         if split not in self.datasets:
             raise PtmError(f"data source '{self.source}' has no {split} split; add a {split}.jsonl file")
         dataset = self.datasets[split]
-        if split == "validation":  # one fixed seeded order: limit_val_batches then takes the same random subset
+        if seeded_order:  # one fixed seeded order: limit_val/test_batches then take the same random subset
             order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed)).tolist()
             dataset = Subset(dataset, order)  # (prepared files are sorted by label: a prefix is one class)
         return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False,
@@ -157,7 +157,7 @@ class _Base(pl.LightningDataModule):
         return self._eval_loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+        return self._eval_loader("test", seeded_order=False)  # predictions.jsonl follows the test file
 
 
 class PretrainDataModule(_Base):

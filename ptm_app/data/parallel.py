@@ -250,11 +250,11 @@ class ParallelDataModule(_Base):
                                                    max_length=self.max_length, seed=self.seed,
                                                    swap_probability=self.swap_probability)
 
-    def _eval_loader(self, split: str) -> DataLoader:
+    def _eval_loader(self, split: str, seeded_order: bool = True) -> DataLoader:
         if split not in self.datasets:
             raise PtmError(f"parallel data has no {split} split: ParallelDataModule reads training pairs and "
                            f"validation pairs (validation_source_file or a holdout) only")
-        return super()._eval_loader(split)
+        return super()._eval_loader(split, seeded_order)
 
 
 def _lines(path: Path) -> list[str]:

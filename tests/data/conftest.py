@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ptm_app.data.prepare import prepare
+from ptm_app import paths
+from ptm_app.data.prepare import _is_current, prepare
+from ptm_app.data.sources import SOURCES
 from ptm_app.data.sources.fetch import download_dir
+
+# Big models are not converted again per session: the project's own prepared copy (``make data``) is linked
+# into the temp root when it is current, else prepared like the rest.  Tests must not rewrite them (--force).
+LINKED = ("smollm2",)  # ~540 MB of float32 weights, about a minute to convert from the GGUF
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +28,10 @@ def shared_downloads() -> Path:
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory: pytest.TempPathFactory, shared_downloads: Path) -> Path:
     """Data root holding every registered source (the environment is restored afterwards)."""
-    root = tmp_path_factory.mktemp("prepared")
+    root, project = tmp_path_factory.mktemp("prepared"), paths.data_root()
+    for name in LINKED:
+        if _is_current(SOURCES[name], project / name):
+            (root / name).symlink_to(project / name, target_is_directory=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PTM_DATA_DIR", str(root))
         mp.setenv("PTM_DOWNLOAD_CACHE", str(shared_downloads))

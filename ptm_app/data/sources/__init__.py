@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ptm_app import paths
-from ptm_app.data.sources import bbc, bbc_headlines, brown, brown_pos, minilm, tweets, wordnet
+from ptm_app.data.sources import bbc, bbc_headlines, brown, brown_pos, minilm, smollm2, tweets, wordnet
 from ptm_app.data.sources.fetch import Artifact
 from ptm_app.errors import PtmError
 
@@ -59,7 +59,7 @@ SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
                               (("bbc", bbc), ("tweets", tweets), ("brown", brown), ("minilm", minilm),
                                ("brown_pos", brown_pos), ("wordnet_qa", wordnet.QA),
                                ("wordnet_pairs", wordnet.PAIRS), ("wordnet_supersense", wordnet.SUPERSENSE),
-                               ("bbc_headlines", bbc_headlines))}
+                               ("bbc_headlines", bbc_headlines), ("smollm2", smollm2))}
 
 
 def prepared_dir(name: str) -> Path:
