@@ -232,6 +232,11 @@ class InContextCollator(PadCollator):
     a candidate label's tokens; rows are left-padded, so every row ends with its label.  Demonstrations are
     dropped from the front while a row would exceed ``max_length`` (the model's positions; GPT-3 also uses as
     many as fit); ``shots`` counts those used.
+
+    When every label is one token (``one_row``, the default then), an example needs one row, not one per label:
+    the labels' scores are read off the next-token distribution at the slot (same scores, C times fewer rows).
+    With ``content_free`` ids, each example gets a second query after the same demonstrations, the content-free
+    input of contextual calibration (Zhao et al. 2021 §5, "N/A").
     """
 
     encoder: Optional[PromptEncoder] = None
@@ -241,8 +246,12 @@ class InContextCollator(PadCollator):
     seed: int = 0
     instruction: list[int] = field(default_factory=list)
     max_length: Optional[int] = None
+    content_free: Optional[list[int]] = None  # calibration's content-free text, for every field of the query
+    one_row: Optional[bool] = None  # None: when every label is a single token
 
     def __post_init__(self) -> None:
+        if self.one_row is None:
+            self.one_row = all(len(a) == 1 for a in self.answers)
         self._by_text: dict[tuple, list[int]] = {}
         for i in range(len(self.pool)):
             self._by_text.setdefault(_text_key(self.pool.fields(i)), []).append(i)
@@ -260,33 +269,47 @@ class InContextCollator(PadCollator):
         drawn = rng.choice(len(self.pool), size=min(len(self.pool), self.k_shot + len(exclude)), replace=False)
         return [int(i) for i in drawn if int(i) not in exclude][: self.k_shot]
 
-    def prompt(self, fields: Fields) -> tuple[list[int], int]:
-        """The context before the candidate label and the number of demonstrations in it."""
+    def prompts(self, fields: Fields) -> tuple[list[list[int]], int]:
+        """The contexts before the candidate label (the query's; then, with ``content_free``, the content-free
+        query's after the same demonstrations) and the number of demonstrations in them."""
         demos = [self.encoder.encode(self.pool.fields(d), self.answers[self.pool.labels[d]])[0]
                  for d in self.demonstrations(fields)]
-        query = self.encoder.encode(fields, [], until_slot=True)[0]
+        queries = [self.encoder.encode(fields, [], until_slot=True)[0]]
+        if self.content_free is not None:
+            blank = {name: (self.content_free if ids is not None else None) for name, ids in fields.items()}
+            queries.append(self.encoder.encode(blank, [], until_slot=True)[0])
         head, longest = self.encoder.prefix + self.instruction, max(map(len, self.answers))
-        limit = self.max_length or float("inf")
-        while demos and len(head) + sum(map(len, demos)) + len(query) + longest > limit:
+        limit, query = self.max_length or float("inf"), max(map(len, queries))
+        while demos and len(head) + sum(map(len, demos)) + query + longest > limit:
             demos.pop(0)
-        context = head + [t for demo in demos for t in demo] + query
-        if not context or len(context) + longest > limit:
-            raise PtmError(f"an in-context query takes {len(context)} + {longest} tokens, which does not fit the "
+        contexts = [head + [t for demo in demos for t in demo] + q for q in queries]
+        if not contexts[0] or len(head) + sum(map(len, demos)) + query + longest > limit:
+            raise PtmError(f"an in-context query takes {len(contexts[0])} + {longest} tokens, which does not fit the "
                            f"model's {self.max_length} positions (or is empty); lower data.init_args.max_length")
-        return context, len(demos)
+        return contexts, len(demos)
+
+    def prompt(self, fields: Fields) -> tuple[list[int], int]:
+        """The query's context before the candidate label and the number of demonstrations in it."""
+        contexts, shots = self.prompts(fields)
+        return contexts[0], shots
 
     def __call__(self, examples: list[dict]) -> dict:
         rows, shots = [], []
         for e in examples:
-            context, n = self.prompt(e["fields"])
-            rows += [torch.tensor(context + answer) for answer in self.answers]
+            contexts, n = self.prompts(e["fields"])
+            for context in contexts:
+                rows += [torch.tensor(context)] if self.one_row else [torch.tensor(context + a) for a in self.answers]
             shots.append(n)
         ids = pad([r.flip(0) for r in rows], self.pad_token_id).flip(1)  # left padding
         mask = pad([torch.ones_like(r) for r in rows], 0).flip(1)
-        return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-                "answer_lengths": torch.tensor([len(a) for a in self.answers] * len(examples)),
-                "labels": torch.tensor([e["label"] for e in examples]), "keys": [e["key"] for e in examples],
-                "shots": torch.tensor(shots, dtype=torch.float32)}
+        batch = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+                 "labels": torch.tensor([e["label"] for e in examples]), "keys": [e["key"] for e in examples],
+                 "shots": torch.tensor(shots, dtype=torch.float32)}
+        if self.one_row:
+            batch["answer_ids"] = torch.tensor([a[0] for a in self.answers])
+        else:
+            batch["answer_lengths"] = torch.tensor([len(a) for a in self.answers] * (len(rows) // len(self.answers)))
+        return batch
 
 
 def _text_key(fields: Fields) -> tuple:
@@ -447,6 +470,10 @@ class InContextEvalModule(_LabelScoringModule):
         k_shot: demonstrations per evaluated example.
         seed: seeds each example's draw of demonstrations.
         length_normalize: score a label by the mean log-probability of its tokens (GPT-3 §2.4), not the sum.
+        calibrate: contextual calibration (Zhao et al. 2021 §5): the label distribution after the same
+            demonstrations with a content-free query (``content_free`` in every field) estimates the prompt's bias
+            towards some labels, and the example's label probabilities are divided by it (W = diag(p_cf)^-1, b = 0).
+        content_free: the content-free text ("N/A", Zhao et al. 2021 §5).
     """
 
     head = "causal_lm"
@@ -454,14 +481,14 @@ class InContextEvalModule(_LabelScoringModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, template: str = "{text}\nLabel: {label}\n\n",
                  verbalizer: Optional[dict[str, str]] = None, instruction: str = "", k_shot: int = 4, seed: int = 0,
-                 length_normalize: bool = True):
+                 length_normalize: bool = True, calibrate: bool = False, content_free: str = "N/A"):
         self.template = Template(template, slot="label")
         if k_shot < 0:
             raise PtmError(f"k_shot must be >= 0 (got {k_shot})")
         super().__init__(backbone, backbone_config)
 
     def style(self) -> str:
-        return f"in-context {self.hparams.k_shot}-shot"
+        return f"in-context {self.hparams.k_shot}-shot" + (", calibrated" if self.hparams.calibrate else "")
 
     def configure_model(self) -> None:
         self.hparams.setdefault("gradient_checkpointing", False)  # not an argument: nothing trains
@@ -492,10 +519,15 @@ class InContextEvalModule(_LabelScoringModule):
     def build_collator(self, tokenizer, pool: PromptDataset) -> InContextCollator:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         instruction = tokenizer(self.hparams.instruction, add_special_tokens=False)["input_ids"]
+        content_free = None
+        if self.hparams.calibrate:
+            content_free = tokenizer(self.hparams.content_free, add_special_tokens=False)["input_ids"]
+            if not content_free:
+                raise PtmError("model.init_args.content_free is empty; give calibration a text such as 'N/A'")
         return InContextCollator(pad_token_id=pad_id, encoder=PromptEncoder(self.template, tokenizer), pool=pool,
                                  answers=self.answer_ids(tokenizer), k_shot=self.hparams.k_shot,
                                  seed=self.hparams.seed, instruction=instruction,
-                                 max_length=max_positions(self.backbone))
+                                 max_length=max_positions(self.backbone), content_free=content_free)
 
     def make_collator(self, tokenizer, seed: int = 0) -> InContextCollator:
         pool = getattr(self._datamodule(), "datasets", {}).get("train")
@@ -505,17 +537,25 @@ class InContextEvalModule(_LabelScoringModule):
         return self.build_collator(tokenizer, pool)
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """Label scores [B, C]: the log-likelihood of each label's tokens after the prompt (mean if normalised)."""
-        lengths = batch["answer_lengths"]
-        k = int(lengths.max())
-        logits = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               position_ids=batch["position_ids"], use_cache=False, logits_to_keep=k + 1).logits
-        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, -k:, None]).squeeze(-1)
-        is_answer = torch.arange(k, device=logp.device) >= (k - lengths)[:, None]
-        scores = torch.where(is_answer, logp, 0.0).sum(-1)
-        if self.hparams.length_normalize:
-            scores = scores / lengths
-        return scores.view(len(batch["keys"]), -1)
+        """Label scores [B, C]: the log-likelihood of each label's tokens after the prompt (mean if normalised);
+        calibrated, the label log-probabilities minus those after the content-free query."""
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        if "answer_ids" in batch:  # one-token labels: one row per query, the next-token distribution at the slot
+            logits = self.backbone(**inputs, use_cache=False, logits_to_keep=1).logits[:, -1]
+            scores = torch.log_softmax(logits.float(), -1)[:, batch["answer_ids"]]
+        else:
+            lengths = batch["answer_lengths"]
+            k = int(lengths.max())
+            logits = self.backbone(**inputs, use_cache=False, logits_to_keep=k + 1).logits
+            logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, -k:, None])
+            is_answer = torch.arange(k, device=logp.device) >= (k - lengths)[:, None]
+            scores = torch.where(is_answer, logp.squeeze(-1), 0.0).sum(-1)
+            if self.hparams.length_normalize:
+                scores = scores / lengths
+        scores = scores.reshape(len(batch["keys"]), -1, len(self.labels))  # [B, queries, C]
+        if scores.shape[1] == 2:  # p / p_cf over the labels, in log space (Zhao et al. 2021 §5)
+            return torch.log_softmax(scores[:, 0], -1) - torch.log_softmax(scores[:, 1], -1)
+        return scores[:, 0]
 
     def _eval_step(self, stage: str, batch: dict) -> None:
         super()._eval_step(stage, batch)

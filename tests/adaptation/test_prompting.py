@@ -284,6 +284,68 @@ def test_label_scores_are_summed_token_log_probs(icl, normalize):
                 assert scores[b, c].item() == pytest.approx(expected.item(), abs=1e-4)
 
 
+def one_token_words(tokenizer) -> dict[str, str]:
+    """Two words the tiny BPE vocabulary holds as one token each (with the template's space before them)."""
+    words = [w for w in ("the", "a", "and", "of", "in", "on", "cat", "dogs")
+             if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1]
+    assert len(words) >= 2, words
+    return {"neg": words[0], "pos": words[1]}
+
+
+def test_one_token_labels_are_scored_in_one_row_with_the_same_scores(icl):
+    """Every label one token: one row per example (not one per label), the same label scores."""
+    dm, module, _ = icl
+    module.hparams.verbalizer = one_token_words(dm.tokenizer)
+    try:
+        collator = module.build_collator(dm.tokenizer, dm.datasets["train"])
+        assert collator.one_row and all(len(a) == 1 for a in collator.answers)
+        examples = [dm.datasets["test"][i] for i in range(4)]
+        batch, per_label = collator(examples), dataclasses.replace(collator, one_row=False)(examples)
+        assert len(batch["input_ids"]) == 4 and len(per_label["input_ids"]) == 8
+        with torch.no_grad():
+            fast, slow = module(batch), module(per_label)
+        assert fast.shape == (4, 2) and torch.allclose(fast, slow, atol=1e-5)
+    finally:
+        module.hparams.verbalizer = {"pos": "good news", "neg": "bad"}
+
+
+@pytest.mark.parametrize("one_token", [True, False])
+def test_contextual_calibration_divides_by_the_content_free_label_distribution(icl, one_token):
+    """Zhao et al. 2021 §5: log p(y|x) - log p(y|"N/A"), both normalised over the labels, same demonstrations."""
+    dm, module, _ = icl
+    module.hparams.calibrate, module.hparams.length_normalize = True, True  # the fixture is shared: set both
+    if one_token:
+        module.hparams.verbalizer = one_token_words(dm.tokenizer)
+    try:
+        collator = module.build_collator(dm.tokenizer, dm.datasets["train"])
+        plain = dataclasses.replace(collator, content_free=None)
+        examples = [dm.datasets["test"][i] for i in range(3)]
+        (real, blank), shots = collator.prompts(examples[0]["fields"])
+        demos = real[: len(real) - len(collator.encoder.encode(examples[0]["fields"], [], until_slot=True)[0])]
+        assert shots == 3 and blank[: len(demos)] == demos and dm.tokenizer.decode(blank[len(demos):]) == "N/A\nLabel:"
+        with torch.no_grad():
+            calibrated = module(collator(examples))
+            raw = module(plain(examples))
+            blank_scores = torch.stack([module(plain([{**e, "fields": {"text": collator.content_free}}]))[0]
+                                        for e in examples])
+        # a blank query drawn from its own text would get other demonstrations: rebuild it with the example's
+        expected = []
+        for e in examples:
+            (real, blank), _ = collator.prompts(e["fields"])
+            rows = [blank + a for a in collator.answers]
+            logp = [torch.log_softmax(module.backbone(input_ids=torch.tensor([r])).logits[0], -1) for r in rows]
+            score = torch.stack([sum(lp[len(blank) + j - 1, t] for j, t in enumerate(a)) / len(a)
+                                 for lp, a in zip(logp, collator.answers)])
+            expected.append(score)
+        cf = torch.stack(expected)
+        assert torch.allclose(calibrated, torch.log_softmax(raw, -1) - torch.log_softmax(cf, -1), atol=1e-4)
+        assert not torch.allclose(cf, blank_scores, atol=1e-3)  # the same demonstrations matter
+        assert module.style() == "in-context 3-shot, calibrated"
+    finally:
+        module.hparams.calibrate = False
+        module.hparams.verbalizer = {"pos": "good news", "neg": "bad"}
+
+
 def summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())["metrics"]
 
