@@ -104,7 +104,8 @@ def sweep_command(argv: list[str]) -> int:
 
     runs = [str(runs_root() / run_name(plan, c)) for c in plan["cells"] if (runs_root() / run_name(plan, c)).is_dir()]
     if runs:
-        md, _ = write_report(runs, runs_root() / plan["name"])
+        md, _ = write_report(runs, runs_root() / plan["name"], by="data", stages=("test/",) if plan.get("test") else
+                             ("val/",))
         print(md.read_text(), end="")
         print(f"wrote {md} and {md.with_suffix('.csv')}")
     if failed:

@@ -70,3 +70,28 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     after = json.loads(summary_path.read_text())
     assert after["global_step"] == 2 and "test/acc" in after["metrics"]
     assert (runs / "grid-tiny-bitfit" / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before  # no new steps
+
+
+def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
+    """``--by data --stages test``: a table per data set holding only the test metrics its runs have; the CSV
+    keeps every run and metric in one table."""
+    runs = tmp_path / "runs"
+    summaries = {"cls-a": ("tweets", {"test/acc": 0.75, "val/acc": 0.7}),
+                 "cls-b": ("tweets", {"test/acc": 0.5, "test/mcc": 0.1}),
+                 "qa-a": ("wordnet_qa", {"test/em": 0.25, "test/f1": 0.5, "val/em": 0.2})}
+    for name, (data, metrics) in summaries.items():
+        (runs / name).mkdir(parents=True)
+        (runs / name / "summary.json").write_text(json.dumps(
+            {"style": "lora", "module": "M", "backbone": "minilm", "data": data, "trainable_params": 10,
+             "trainable_percent": 1.5, "metrics": metrics}))
+    out = tmp_path / "results"
+    assert run_main(["report", str(runs / "*"), "--output", str(out), "--by", "data", "--stages", "test"], runs) == 0
+    sections = out.with_suffix(".md").read_text().split("### data: ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["tweets", "wordnet_qa"]
+    tweets, qa = ([line for line in s.splitlines() if line.startswith("|")] for s in sections)
+    assert tweets[0].split(" | ")[-2:] == ["test/acc", "test/mcc |"] and "data" not in tweets[0]
+    assert qa[0].split(" | ")[-2:] == ["test/em", "test/f1 |"] and len(qa) == 3  # header, rule, one run
+    assert tweets[3].startswith("| cls-b |") and tweets[3].endswith("| 0.5000 | 0.1000 |")
+    rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
+    assert [r["run"] for r in rows] == ["cls-a", "cls-b", "qa-a"]
+    assert rows[0]["val/acc"] == "0.7000" and rows[2]["test/f1"] == "0.5000" and rows[0]["data"] == "tweets"
