@@ -12,6 +12,7 @@ flash-attn package) where the model declares them (``attention_choices``).
 """
 from __future__ import annotations
 
+import difflib
 from typing import Any, Optional
 
 import transformers
@@ -70,6 +71,7 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
     if not config or "model_type" not in config:
         raise PtmError("model: give 'backbone' (a prepared name or directory) or 'backbone_config' with a 'model_type'")
     model_type = overrides.pop("model_type")
+    check_model_type(model_type)
     try:
         hf_config = transformers.AutoConfig.for_model(model_type, **overrides)
     except ValueError as exc:
@@ -85,6 +87,17 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         except (ImportError, ValueError) as exc:
             raise attention_error(attention, exc) from None
     return from_config(head, hf_config)
+
+
+def check_model_type(model_type: str) -> None:
+    """One line for an unknown ``model_type`` (transformers' own message lists all ~800 of them)."""
+    known = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    if model_type in known:
+        return
+    close = difflib.get_close_matches(str(model_type), list(known.keys()), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    raise PtmError(f"backbone_config: unknown model_type {model_type!r}; {hint}"
+                   f"use a transformers model type such as 'bert', 'gpt2', 'bart' or 't5'")
 
 
 def model_class(auto, config_fn) -> type:

@@ -100,3 +100,13 @@ def one_error_line(capsys) -> str:
     errors = [line for line in err if line.startswith("error:")]
     assert len(errors) == 1 and err[-1] == errors[0], err
     return errors[0]
+
+
+def test_an_unknown_model_type_is_one_short_line(tiny_corpus, tmp_path, capsys):
+    """transformers' own message names all ~800 model types on one line; ours suggests the near ones."""
+    cfg = str(tiny_mlm_config(tiny_corpus, tmp_path, max_steps=1))
+    argv = ["fit", "--config", cfg, "--model.init_args.backbone_config.model_type", "bret"]
+    assert run_main(argv, tmp_path / "runs") == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: backbone_config: unknown model_type 'bret'; did you mean 'bert'")
+    assert len(line) < 250
