@@ -151,7 +151,8 @@ class RunSummary(Callback):
     def __init__(self, run_dir: str | Path, stage: str):
         self.path = Path(run_dir) / "summary.json"
         self.stage = stage
-        self._start = 0.0
+        self._start = 0.0  # time.monotonic() at this session's fit start (0: not fitting)
+        self._before = 0.0  # fit seconds of the sessions before a resume
 
     def _load(self) -> dict:
         return json.loads(self.path.read_text()) if self.path.is_file() else {}
@@ -186,13 +187,23 @@ class RunSummary(Callback):
         with atomic_file(self.path, "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2, sort_keys=True)
 
+    def fit_seconds(self) -> float:
+        """Training time up to now, over every resumed session (restored from the checkpoint, so a
+        session killed after its last checkpoint counts up to that checkpoint and no further)."""
+        return self._before + (time.monotonic() - self._start if self._start else 0.0)
+
+    def state_dict(self) -> dict:
+        return {"fit_seconds": self.fit_seconds()}
+
+    def load_state_dict(self, state_dict: dict) -> None:  # Lightning calls it before on_fit_start
+        self._before = float(state_dict.get("fit_seconds", 0.0))
+
     def on_fit_start(self, trainer, pl_module) -> None:
         self._start = time.monotonic()
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        previous = self._load().get("fit_seconds", 0.0)
-        self._write(trainer, pl_module, fit_seconds=round(previous + time.monotonic() - self._start, 1),
-                    global_step=trainer.global_step)
+        self._write(trainer, pl_module, fit_seconds=round(self.fit_seconds(), 1), global_step=trainer.global_step)
+        self._start, self._before = 0.0, 0.0
 
     def on_test_end(self, trainer, pl_module) -> None:
         self._write(trainer, pl_module)

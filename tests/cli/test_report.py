@@ -41,6 +41,25 @@ def test_report_table_from_two_runs(tiny_corpus, tmp_path):
     assert "| a | full fine-tuning | SequenceClassificationModule | bert |" in out.with_suffix(".md").read_text()
 
 
+def test_fit_seconds_survive_a_killed_session(tiny_corpus, tmp_path):
+    """The training time is kept in the checkpoint: a run killed after its last checkpoint (so no summary
+    was written) and resumed reports the earlier session's time up to that checkpoint plus its own."""
+    import torch
+
+    path = classifier_config(tiny_corpus, tmp_path, steps=4, val_every=2, val_batches=1)
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(path), "--run_name", "r", "--stop_at_step", "2"], runs) == 0
+    ckpt = runs / "r" / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=False)
+    assert 0 < state["callbacks"]["RunSummary"]["fit_seconds"] < 600
+    state["callbacks"]["RunSummary"]["fit_seconds"] = 1000.0  # as if the first session had trained 1000 s
+    torch.save(state, ckpt)
+    (runs / "r" / "summary.json").unlink()  # as if killed before on_fit_end
+    assert run_main(["fit", "--config", str(path), "--run_name", "r", "--ckpt_path", "last"], runs) == 0
+    summary = json.loads((runs / "r" / "summary.json").read_text())
+    assert summary["global_step"] == 4 and 1000.0 < summary["fit_seconds"] < 1600.0
+
+
 def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, capsys):
     config = classifier_config(tiny_corpus, tmp_path, steps=3, val_every=3, val_batches=1)
     plan = {"name": "grid", "common": ["--trainer.max_steps", "2"],
