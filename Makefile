@@ -32,8 +32,12 @@ demo: data
 	$(PY) main.py fit --config configs/demo/finetune_bbc.yaml
 	$(PY) main.py test --config configs/demo/finetune_bbc.yaml --ckpt_path best
 
+# Two pytest workers (pytest-xdist), one test file each at a time: about 12 minutes on 2 cores
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: data
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # The adaptation results table (README): every style x task cell of the plan, fit + test, then the table.
 # Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
@@ -52,10 +56,10 @@ bench: data $(BENCH_STAMP)
 	$(PY) -m benchmarks
 
 test-slow: data
-	$(PY) -m pytest -q -m slow
+	$(PYTEST) -m slow
 
 test-all: data
-	$(PY) -m pytest -q -m ""
+	$(PYTEST) -m ""
 
 clean-runs:
 	rm -rf checkpoints/*/
