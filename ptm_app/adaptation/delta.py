@@ -61,6 +61,8 @@ class DeltaSpec:
         dropout: LoRA dropout; also dropout inside adapters and PALs.
         target_modules: module names LoRA / IA3 wrap; None = peft's default for the model type
             (BERT: query, value; GPT-2: c_attn).
+        feedforward_modules: with IA3 and your own ``target_modules``: which of them are FFN layers, whose
+            input (not output) is rescaled (Liu et al. 2022 §3.3, l_ff); None = none of them.
         num_virtual_tokens: soft prompt / prefix length (prefix, prompt, ptuning).
         train_layer_norm: also train every LayerNorm (Houlsby et al. 2019 §2.1 do).
         train_head: train the task head (a classifier; a pre-trained causal / seq2seq LM head, or one tied to the
@@ -77,6 +79,7 @@ class DeltaSpec:
     alpha: int = 16
     dropout: float = 0.0
     target_modules: Optional[list[str]] = None
+    feedforward_modules: Optional[list[str]] = None
     num_virtual_tokens: int = 20
     train_layer_norm: bool = False
     train_head: bool = True
@@ -87,6 +90,13 @@ class DeltaSpec:
         for field in ("bottleneck", "r", "num_virtual_tokens"):
             if getattr(self, field) < 1:
                 raise PtmError(f"delta.{field} must be >= 1 (got {getattr(self, field)})")
+        if self.feedforward_modules is not None:
+            if self.method != "ia3" or self.target_modules is None:
+                raise PtmError("delta.feedforward_modules is for method ia3 with your own target_modules; "
+                               "set both, or drop it")
+            if not set(self.feedforward_modules) <= set(self.target_modules):
+                raise PtmError(f"delta.feedforward_modules {self.feedforward_modules} must be among "
+                               f"delta.target_modules {self.target_modules}")
 
 
 def as_delta_spec(value: Union[DeltaSpec, dict, None]) -> Optional[DeltaSpec]:
@@ -193,7 +203,8 @@ def _peft_config(spec: DeltaSpec, task: Optional[TaskType], model: Optional[nn.M
         return LoraConfig(**{"task_type": task, "r": spec.r, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout,
                              "target_modules": spec.target_modules, **defaults})
     if spec.method == "ia3":
-        return IA3Config(**{"task_type": task, "target_modules": spec.target_modules, **defaults})
+        return IA3Config(**{"task_type": task, "target_modules": spec.target_modules,
+                            "feedforward_modules": spec.feedforward_modules, **defaults})
     if task is None:
         raise PtmError(f"delta.method={spec.method} needs a peft task type, and this head has none; "
                        f"use lora, ia3, bitfit or adapters, or one of {', '.join(t.value for t in TaskType)}")

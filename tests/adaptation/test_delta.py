@@ -319,6 +319,22 @@ def test_delta_state_must_fit():
         load_delta_state_dict(apply_delta(bert(), DeltaSpec(method="pfeiffer", **SMALL)), state)
 
 
+def test_ia3_feedforward_modules_rescale_the_input():
+    """IA3 (Liu et al. 2022 §3.3): l_k, l_v scale the keys' and values' outputs, l_ff the FFN's input."""
+    spec = DeltaSpec(method="ia3", target_modules=["key", "value", "intermediate.dense"],
+                     feedforward_modules=["intermediate.dense"])
+    model = apply_delta(bert(), spec, "sequence_classification")
+    layer = model.base_model.model.bert.encoder.layer[0]
+    hidden, ffn = layer.attention.self.key.in_features, layer.intermediate.dense.out_features
+    assert layer.intermediate.dense.ia3_l["default"].shape == (1, hidden)  # the FFN input: one scale per input
+    assert layer.attention.self.key.ia3_l["default"].shape == (hidden, 1)  # an output scale
+    assert ffn != hidden
+    with pytest.raises(PtmError, match="must be among delta.target_modules"):
+        DeltaSpec(method="ia3", target_modules=["key"], feedforward_modules=["intermediate.dense"])
+    with pytest.raises(PtmError, match="for method ia3 with your own target_modules"):
+        DeltaSpec(method="lora", target_modules=["key"], feedforward_modules=["key"])
+
+
 # -- export ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["lora", "ia3"])
 def test_merge_gives_a_plain_model_with_the_same_outputs(method, batch, tmp_path):
