@@ -107,12 +107,7 @@ class MaskedLMModule(LanguageModelModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self._losses(batch)
         n = self.count_targets(batch["labels"])
-        loss = self._total(losses)
-        self.log("train/loss", loss, prog_bar=True, batch_size=max(n, 1))
-        for name, value in losses.items():
-            if len(losses) > 1:
-                self.log(f"train/{name}", value, batch_size=max(n, 1))
-        return loss
+        return self.log_train_losses(self._total(losses), losses if len(losses) > 1 else {}, n)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         losses = self._losses(batch)

@@ -149,12 +149,7 @@ class ReplacedTokenDetectionModule(PtmModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self._losses(batch)
-        loss = self._total(losses)
-        n = len(batch["input_ids"])
-        self.log("train/loss", loss, prog_bar=True, batch_size=n)
-        for name, value in losses.items():
-            self.log(f"train/{name}", value, batch_size=n)
-        return loss
+        return self.log_train_losses(self._total(losses), losses, len(batch["input_ids"]))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         losses = self._losses(batch)

@@ -112,6 +112,13 @@ class PtmModule(pl.LightningModule):
         """What kind of run this is, for results tables (``summary.json``'s ``style``)."""
         return type(self).__name__.removesuffix("Module")
 
+    def log_train_losses(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], batch_size: int) -> torch.Tensor:
+        """Log the total training loss (on the progress bar) and each of ``parts`` as ``train/<name>``."""
+        self.log("train/loss", loss, prog_bar=True, batch_size=max(batch_size, 1))
+        for name, value in parts.items():
+            self.log(f"train/{name}", value, batch_size=max(batch_size, 1))
+        return loss
+
     def model_inputs(self, batch: dict) -> dict:
         keep = ("input_ids", "attention_mask", "token_type_ids")
         inputs = {k: batch[k] for k in keep if k in batch}
