@@ -45,7 +45,7 @@ results: data
 	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
-# cost, in subprocesses, alternating, 3 repeats (about 25 minutes on 2 cores; run it on a quiet machine).
+# cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).
 # Writes benchmarks/results.{md,json} and the table in benchmarks/README.md.  Not part of `make test`.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
