@@ -15,6 +15,7 @@ from ptm_app.paths import atomic_file, runs_root
 COLUMNS = ["run", "style", "module", "backbone", "data", "trainable_params", "trainable_percent", "last_ckpt_mb",
            "fit_seconds"]
 METRIC_PREFIXES = ("test/", "val/")
+FORMATS = {"trainable_percent": "{:.3g}", "last_ckpt_mb": "{:.1f}", "fit_seconds": "{:.0f}"}  # metrics: 4 decimals
 
 
 def collect(patterns: list[str]) -> list[dict]:
@@ -41,9 +42,9 @@ def table(rows: list[dict], stages: tuple[str, ...] = METRIC_PREFIXES,
     header = columns + metric_names
     body = []
     for r in rows:
-        cells = [r.get(c, "") for c in columns] + [r.get("metrics", {}).get(m, "") for m in metric_names]
-        body.append([f"{c:.4f}" if isinstance(c, float) else f"{c:,}" if isinstance(c, int) else str(c)
-                     for c in cells])
+        cells = [(c, r.get(c, "")) for c in columns] + [(m, r.get("metrics", {}).get(m, "")) for m in metric_names]
+        body.append([FORMATS.get(name, "{:.4f}").format(c) if isinstance(c, float) else
+                     f"{c:,}" if isinstance(c, int) else str(c) for name, c in cells])
     return header, body
 
 

@@ -102,7 +102,7 @@ def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
         (runs / name).mkdir(parents=True)
         (runs / name / "summary.json").write_text(json.dumps(
             {"style": "lora", "module": "M", "backbone": "minilm", "data": data, "trainable_params": 10,
-             "trainable_percent": 1.5, "metrics": metrics}))
+             "trainable_percent": 0.00512, "last_ckpt_mb": 1.84, "fit_seconds": 207.5, "metrics": metrics}))
     out = tmp_path / "results"
     assert run_main(["report", str(runs / "*"), "--output", str(out), "--by", "data", "--stages", "test"], runs) == 0
     sections = out.with_suffix(".md").read_text().split("### data: ")[1:]
@@ -111,6 +111,7 @@ def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
     assert tweets[0].split(" | ")[-2:] == ["test/acc", "test/mcc |"] and "data" not in tweets[0]
     assert qa[0].split(" | ")[-2:] == ["test/em", "test/f1 |"] and len(qa) == 3  # header, rule, one run
     assert tweets[3].startswith("| cls-b |") and tweets[3].endswith("| 0.5000 | 0.1000 |")
+    assert "| 10 | 0.00512 | 1.8 | 208 |" in tweets[3]  # sizes and seconds to their own precision, metrics 4 places
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
     assert [r["run"] for r in rows] == ["cls-a", "cls-b", "qa-a"]
     assert rows[0]["val/acc"] == "0.7000" and rows[2]["test/f1"] == "0.5000" and rows[0]["data"] == "tweets"
