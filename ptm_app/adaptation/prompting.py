@@ -18,6 +18,7 @@ from typing import Literal, Optional, Sequence, Union
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from ptm_app.backbones.build import max_positions
@@ -386,7 +387,11 @@ class PromptClassifierModule(_LabelScoringModule):
         return "PET cloze" + (f" + {n} soft prompt tokens" if n else "") + (" (frozen MLM)" if self.hparams.freeze_backbone else "")
 
     def configure_model(self) -> None:
+        built_here = self.backbone is None
         super().configure_model()
+        if built_here and not getattr(self, "_restored", False):
+            prefix = f"{self.backbone.base_model_prefix}."
+            self._fresh_head = [k for k in getattr(self.backbone, "ptm_missing_keys", ()) if not k.startswith(prefix)]
         if self.hparams.freeze_backbone:
             self.backbone.requires_grad_(False)
         n = self.hparams.soft_prompt_tokens
@@ -398,6 +403,38 @@ class PromptClassifierModule(_LabelScoringModule):
         super().setup(stage)
         if self.tokenizer is not None:
             self.label_words()  # a bad verbalizer fails now, not mid-epoch
+
+    # -- a masked LM without a trained head (e.g. a sentence-transformers checkpoint) --------------------
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._restored, self._fresh_head = True, []  # the checkpoint brings its own (trained) head
+
+    def fresh_head_warning(self) -> Optional[str]:
+        """Why cloze scores will be near chance, when the MLM head loaded freshly initialised and nothing trains it."""
+        fresh = getattr(self, "_fresh_head", [])
+        if not fresh:
+            return None
+        return (f"{type(self).__name__}: backbone {self.hparams.backbone!r} has no trained MLM head "
+                f"({len(fresh)} tensors, e.g. {fresh[0]}, were freshly initialised), so its cloze scores are near "
+                f"chance; train it (few-shot fit with freeze_backbone: false) or use an MLM-trained backbone, "
+                f"e.g. make demo's checkpoints/demo_mlm/export")
+
+    def on_train_start(self) -> None:
+        if not self.hparams.freeze_backbone:
+            self._fresh_head = []  # fine-tuning trains the head with the rest
+        self._warn_fresh_head()
+
+    def on_validation_start(self) -> None:
+        self._warn_fresh_head()
+
+    def on_test_start(self) -> None:
+        self._warn_fresh_head()
+
+    def _warn_fresh_head(self) -> None:
+        message = self.fresh_head_warning()
+        if message is not None and not getattr(self, "_warned_fresh_head", False):
+            self._warned_fresh_head = True
+            rank_zero_warn(message)
 
     def check_lengths(self, datamodule) -> None:
         super().check_lengths(datamodule)

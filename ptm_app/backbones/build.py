@@ -63,11 +63,13 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         if attention is not None:
             check_attention(attention, model_class(auto, lambda: transformers.AutoConfig.from_pretrained(where)))
         try:
-            return auto.from_pretrained(where, **overrides)
+            model, info = auto.from_pretrained(where, output_loading_info=True, **overrides)
         except ImportError as exc:  # a declared implementation this machine cannot run (flash-attn)
             raise attention_error(attention, exc) from None
         except (OSError, ValueError) as exc:
             raise load_error(pretrained, exc) from None
+        model.ptm_missing_keys = tuple(info.get("missing_keys", ()))  # weights the files did not have: fresh
+        return model
     if not config or "model_type" not in config:
         raise PtmError("model: give 'backbone' (a prepared name or directory) or 'backbone_config' with a 'model_type'")
     model_type = overrides.pop("model_type")

@@ -1,5 +1,6 @@
 """Prompt-based learning (survey §5.7): PET cloze classification (Schick & Schütze 2021 §3), soft prompts
 (Lester et al. 2021) and in-context learning (Brown et al. 2020 §2), on tiny models, then MiniLM on real BBC."""
+import contextlib
 import dataclasses
 import json
 import random
@@ -431,3 +432,25 @@ def test_soft_prompt_survives_export_and_reloads_from_the_directory(corpus, tmp_
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
         assert torch.allclose(loaded(batch), module.eval()(batch), atol=1e-6)
+
+
+@pytest.mark.parametrize("saved_as", ["BertModel", "BertForMaskedLM"])
+def test_a_backbone_without_a_trained_mlm_head_is_named_before_zero_shot(saved_as, bert_data, tmp_path):
+    """all-MiniLM-L6-v2 (sentence-transformers) ships no ``cls.predictions``: zero-shot cloze scores come from a
+    freshly initialised transform, so ``validate``/``test`` say so once; a saved MLM head says nothing."""
+    import transformers
+
+    config = transformers.BertConfig(**{k: v for k, v in TINY_BERT.items() if k != "model_type"},
+                                     vocab_size=len(bert_data.tokenizer))
+    getattr(transformers, saved_as)(config).save_pretrained(tmp_path / "bert")
+    module = PromptClassifierModule(backbone=str(tmp_path / "bert"), verbalizer=VERBALIZER)
+    with pytest.warns(UserWarning) if saved_as == "BertModel" else contextlib.nullcontext() as caught:
+        trainer(limit_val_batches=1).validate(module, datamodule=bert_data, verbose=False)
+    fresh = [str(w.message) for w in (caught or []) if "no trained MLM head" in str(w.message)]
+    if saved_as == "BertModel":
+        assert len(fresh) == 1 and "cls.predictions." in fresh[0] and "make demo" in fresh[0]
+        assert module.fresh_head_warning() is not None
+        module.on_train_start()  # few-shot fine-tuning trains the head: nothing to warn about any more
+        assert module.fresh_head_warning() is None
+    else:
+        assert module.fresh_head_warning() is None
