@@ -416,8 +416,8 @@ class PromptClassifierModule(_LabelScoringModule):
             return None
         return (f"{type(self).__name__}: backbone {self.hparams.backbone!r} has no trained MLM head "
                 f"({len(fresh)} tensors, e.g. {fresh[0]}, were freshly initialised), so its cloze scores are near "
-                f"chance; train it (few-shot fit with freeze_backbone: false) or use an MLM-trained backbone, "
-                f"e.g. make demo's checkpoints/demo_mlm/export")
+                f"chance; train it (few-shot fit with freeze_backbone: false) or use a masked LM pre-trained "
+                f"with its head")
 
     def on_train_start(self) -> None:
         if not self.hparams.freeze_backbone:

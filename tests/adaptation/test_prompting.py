@@ -448,7 +448,7 @@ def test_a_backbone_without_a_trained_mlm_head_is_named_before_zero_shot(saved_a
         trainer(limit_val_batches=1).validate(module, datamodule=bert_data, verbose=False)
     fresh = [str(w.message) for w in (caught or []) if "no trained MLM head" in str(w.message)]
     if saved_as == "BertModel":
-        assert len(fresh) == 1 and "cls.predictions." in fresh[0] and "make demo" in fresh[0]
+        assert len(fresh) == 1 and "cls.predictions." in fresh[0] and "few-shot fit" in fresh[0]
         assert module.fresh_head_warning() is not None
         module.on_train_start()  # few-shot fine-tuning trains the head: nothing to warn about any more
         assert module.fresh_head_warning() is None
