@@ -380,7 +380,9 @@ class PromptClassifierModule(_LabelScoringModule):
                            "(prompt tuning) or freeze_backbone: false")
         self.soft_prompt: Optional[nn.Parameter] = None
         self._words: Optional[tuple] = None
-        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+        self._fresh_head: list[str] = []  # MLM head weights the backbone's files did not have
+        self._restored = self._warned_fresh_head = False
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)  # may build the model
 
     def style(self) -> str:
         n = self.hparams.soft_prompt_tokens
@@ -389,7 +391,7 @@ class PromptClassifierModule(_LabelScoringModule):
     def configure_model(self) -> None:
         built_here = self.backbone is None
         super().configure_model()
-        if built_here and not getattr(self, "_restored", False):
+        if built_here and not self._restored:
             prefix = f"{self.backbone.base_model_prefix}."
             self._fresh_head = [k for k in getattr(self.backbone, "ptm_missing_keys", ()) if not k.startswith(prefix)]
         if self.hparams.freeze_backbone:
@@ -411,7 +413,7 @@ class PromptClassifierModule(_LabelScoringModule):
 
     def fresh_head_warning(self) -> Optional[str]:
         """Why cloze scores will be near chance, when the MLM head loaded freshly initialised and nothing trains it."""
-        fresh = getattr(self, "_fresh_head", [])
+        fresh = self._fresh_head
         if not fresh:
             return None
         return (f"{type(self).__name__}: backbone {self.hparams.backbone!r} has no trained MLM head "
@@ -432,7 +434,7 @@ class PromptClassifierModule(_LabelScoringModule):
 
     def _warn_fresh_head(self) -> None:
         message = self.fresh_head_warning()
-        if message is not None and not getattr(self, "_warned_fresh_head", False):
+        if message is not None and not self._warned_fresh_head:
             self._warned_fresh_head = True
             rank_zero_warn(message)
 
