@@ -10,56 +10,9 @@ import hashlib
 import json
 from pathlib import Path
 
-import torch
-
+from ptm_app.checkpoints import (BACKBONE_PREFIX, CKPT_KEY, as_file, backbone_state, read_checkpoint)
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_dir, cache_root, restore_replaced
-
-PREFIX = "backbone."
-
-
-def checkpoint_path(ckpt_path: str | Path) -> Path:
-    """A checkpoint file or sharded directory; a run directory stands for its ``checkpoints/last.ckpt``."""
-    path = restore_replaced(ckpt_path)  # a sharded save that crashed swapping directories: its previous one
-    if path.is_dir() and restore_replaced(path / "checkpoints" / "last.ckpt").exists():
-        path = path / "checkpoints" / "last.ckpt"
-    if not path.exists():
-        raise PtmError(f"checkpoint {ckpt_path} not found; pass a .ckpt file or a run directory")
-    return path
-
-
-def consolidate_sharded(path: Path) -> dict:
-    """One full, ordinary checkpoint dict from a sharded ``.ckpt`` directory, in this process, on the CPU.
-
-    FSDP (``torch.distributed.checkpoint``): Lightning's ``_load_distributed_checkpoint`` reads every shard into
-    full tensors and adds the trainer state from ``meta.pt``.  DeepSpeed: DeepSpeed's ``zero_to_fp32`` merges the
-    ZeRO partitions (any stage) into fp32 weights, through Lightning's ``convert_zero_checkpoint_to_fp32_state_dict``
-    (which also keeps the client state: hyper-parameters, loops, ``ptm_app``).
-    """
-    if (path / "latest").is_file():
-        import tempfile
-
-        from ptm_app.training.strategies import _require_deepspeed
-
-        _require_deepspeed()
-        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
-        with tempfile.TemporaryDirectory() as tmp:
-            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "full.ckpt")
-    if (path / ".metadata").is_file():
-        from lightning.fabric.utilities.load import _load_distributed_checkpoint
-
-        return _load_distributed_checkpoint(path)
-    raise PtmError(f"{path} is a directory but not a sharded checkpoint (FSDP or DeepSpeed); pass a .ckpt or run dir")
-
-
-def read_checkpoint(ckpt_path: str | Path) -> dict:
-    path = checkpoint_path(ckpt_path)
-    ckpt = consolidate_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
-    if "ptm_app" not in ckpt or "state_dict" not in ckpt:
-        raise PtmError(f"{path} is not a ptm_app checkpoint (no backbone config inside)")
-    return ckpt
-
+from ptm_app.paths import atomic_dir, cache_root
 
 def backbone_from_checkpoint(ckpt: dict):
     """Rebuild the plain transformers model stored in a checkpoint."""
@@ -70,8 +23,7 @@ def backbone_from_checkpoint(ckpt: dict):
     config = dict(ckpt["hyper_parameters"]["backbone_config"])
     hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
     model = from_config(ckpt["ptm_app"]["head"], hf_config)
-    state = {k[len(PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(backbone_state(ckpt), strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     real_missing = [k for k in missing if k not in tied and not any(k.endswith(t) for t in tied)]
     if real_missing or unexpected:
@@ -81,27 +33,23 @@ def backbone_from_checkpoint(ckpt: dict):
     return model.eval()
 
 
-def delta_backbone_from_checkpoint(ckpt_path: str | Path, ckpt: dict):
+def delta_backbone_from_checkpoint(ckpt: dict):
     """A delta-tuned run: merge LoRA/IA3 into plain weights, or return (base, delta-tuned model) to save apart.
     Also a frozen-feature run whose checkpoint omits the backbone: the module rebuilds it from its source."""
     import importlib
-    import io
 
     from ptm_app.adaptation.delta import merge_for_export
 
-    module_path, _, name = ckpt["ptm_app"]["module"].rpartition(".")
-    if Path(ckpt_path).is_dir():  # consolidated from shards: hand Lightning the dict as an in-memory file
-        buffer = io.BytesIO()
-        torch.save(ckpt, buffer)
-        buffer.seek(0)
-        ckpt_path = buffer
-    module = getattr(importlib.import_module(module_path), name).load_from_checkpoint(ckpt_path, map_location="cpu")
+    module_path, _, name = ckpt[CKPT_KEY]["module"].rpartition(".")
+    # the dict was read (and checked) once: Lightning gets it as an in-memory file, consolidated shards included
+    module = getattr(importlib.import_module(module_path), name).load_from_checkpoint(as_file(ckpt), map_location="cpu",
+                                                                                      weights_only=True)
     tuned = module.backbone.eval()
     merged = merge_for_export(tuned)
     return (merged, None) if merged is not None else (None, (module.delta, tuned))
 
 
-def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path) -> Path:
+def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool = False) -> Path:
     """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance.
 
     Delta-tuned runs: LoRA/IA3 are merged into plain weights; adapters and prompt methods cannot be
@@ -110,10 +58,10 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path) -> Path:
     Weights the module keeps outside the transformers model (a soft prompt, a scalar mix and feature head,
     multitask heads) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
     rebuilds the whole module from the directory."""
-    ckpt = read_checkpoint(ckpt_path)
+    ckpt = read_checkpoint(ckpt_path, trust)
     delta = None
     if ckpt["hyper_parameters"].get("delta") or ckpt["ptm_app"].get("delta_only"):  # base rebuilt by the module
-        model, delta = delta_backbone_from_checkpoint(checkpoint_path(ckpt_path), ckpt)
+        model, delta = delta_backbone_from_checkpoint(ckpt)
     else:
         model = backbone_from_checkpoint(ckpt)
     output_dir = Path(output_dir)
@@ -143,7 +91,7 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
     """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
     extra, aliases, seen = {}, {}, {}
     for key, value in ckpt["state_dict"].items():
-        if key.startswith(PREFIX):
+        if key.startswith(BACKBONE_PREFIX):
             continue
         storage = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
         if storage in seen:  # a tied tensor (ELECTRA's generator head = its word table): stored once
@@ -193,7 +141,7 @@ def load_exported_module(directory: str | Path):
     weights = load_file(str(directory / MODULE_WEIGHTS))
     weights.update({alias: weights[key] for alias, key in spec.get("aliases", {}).items()})
     missing, unexpected = module.load_state_dict(weights, strict=False)
-    own = [k for k in missing if not k.startswith(PREFIX)]
+    own = [k for k in missing if not k.startswith(BACKBONE_PREFIX)]
     if own or unexpected:
         raise PtmError(f"{directory}: module weights do not fit {name} (missing {own[:3]}, unexpected {unexpected[:3]})")
     return module.eval()
@@ -214,7 +162,9 @@ def export_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="main.py export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt file or a run directory (uses its last.ckpt)")
     parser.add_argument("--output_dir", required=True, help="where to write the save_pretrained directory")
+    parser.add_argument("--trust_checkpoint", action="store_true",
+                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
     args = parser.parse_args(argv)
-    out = export_checkpoint(args.ckpt_path, args.output_dir)
+    out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint)
     print(f"exported {args.ckpt_path} -> {out}")
     return 0

@@ -46,11 +46,12 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike, keep: str | os.PathLike | None = None) -> None:
     """Move the complete directory ``new`` to ``target``, replacing the file or directory there.
 
-    Two renames: ``target`` to ``.<name>.old-<pid>``, then ``new`` to ``target``; the old one is deleted last.
-    A crash between the renames leaves no ``target`` but the old one complete: ``restore_replaced`` puts it back.
+    Two renames: ``target`` to ``.<name>.old-<pid>``, then ``new`` to ``target``; the old one is deleted last, or
+    becomes ``keep`` (the previous checkpoint).  A crash between the renames leaves no ``target`` but the old one
+    complete: ``restore_replaced`` puts it back.
     """
     new, target = Path(new), Path(target)
     old = None
@@ -58,8 +59,25 @@ def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)
     os.replace(new, target)
-    if old is not None:
+    if old is not None and keep is not None:
+        replace_dir(old, keep)
+    elif old is not None:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+
+
+def keep_copy(target: str | os.PathLike, keep: str | os.PathLike) -> None:
+    """Make ``keep`` a copy of the file ``target`` (a hard link, renamed into place: atomic, no data copied)."""
+    target, keep = Path(target), Path(keep)
+    if not target.is_file():
+        return
+    tmp = keep.with_name(f".{keep.name}.tmp-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(target, tmp)
+    except OSError:  # a file system without hard links
+        shutil.copy2(target, tmp)
+    os.replace(tmp, keep)
 
 
 def restore_replaced(target: str | os.PathLike) -> Path:
@@ -116,3 +134,50 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def is_first_process() -> bool:
+    """True in the process that owns a run directory: rank 0 of node 0 (or a plain single-process run)."""
+    ranks = (os.environ.get(name, "0") for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"))
+    return all(r in ("", "0") for r in ranks)
+
+
+class RunLock:
+    """An exclusive lock on a run directory (``<run>/.lock``, with the owner's PID, host and command), so two
+    processes never write one run.  The kernel drops an ``flock`` when its process dies, so a lock left by a
+    killed run is stale and simply taken over; the file's PID only names the owner in the message."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._fh = None
+
+    def acquire(self, run_dir: str | os.PathLike) -> "RunLock":
+        import fcntl
+        import socket
+        import sys
+
+        self.release()
+        self.path = Path(run_dir) / ".lock"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            owner = fh.read().strip() or "another process"
+            fh.close()
+            from ptm_app.errors import PtmError
+
+            raise PtmError(f"run directory {self.path.parent} is in use by {owner}; wait for it to finish, "
+                           f"or give this run another --run_name") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"PID {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv[:3])})\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing drops the flock; the file stays (its content is only informative)
+            self._fh = None

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from ptm_app.errors import PtmError
-from ptm_app.export import PREFIX, read_checkpoint
+from ptm_app.checkpoints import backbone_state, read_checkpoint
 from ptm_app.paths import runs_root
 
 
@@ -64,8 +64,7 @@ def source_state_dict(path: str) -> dict[str, torch.Tensor]:
     where = resolve_path(path)
     if where.is_dir() and (where / "config.json").is_file():
         return _pretrained_state_dict(where)
-    state = read_checkpoint(where)["state_dict"]
-    return {k[len(PREFIX):]: v for k, v in state.items() if k.startswith(PREFIX)}
+    return backbone_state(read_checkpoint(where))
 
 
 def _pretrained_state_dict(directory: Path) -> dict[str, torch.Tensor]:

@@ -80,8 +80,8 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         raise PtmError(f"backbone_config: {str(exc).splitlines()[0]}") from None
     except StrictDataclassError as exc:  # a value of the wrong type, e.g. "0.1" typed on the command line
         cause = str(exc.__cause__ or exc).split(". Errors:")[0]
-        raise PtmError(f"backbone_config: {cause}; set it in a YAML config file (command-line values of "
-                       f"--model.init_args.backbone_config.KEY stay strings)") from None
+        raise PtmError(f"backbone_config: {cause}; give the value its type (e.g. 768, 0.1, true; "
+                       f"a quoted '0.1' in YAML stays a string)") from None
     if attention is not None:
         check_attention(attention, model_class(auto, lambda: hf_config))
         try:

@@ -88,7 +88,7 @@ class LastCheckpoint(Callback):
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
         epoch_end = batch_idx + 1 >= trainer.num_training_batches
         if stop or periodic or epoch_end:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # the full state: optimizer, loops, callbacks
         if stop:
             trainer.should_stop = True
 

@@ -2,6 +2,7 @@
 self-contained checkpoints (resolved backbone config + tokenizer files inside the ``.ckpt``)."""
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -11,10 +12,9 @@ import lightning.pytorch as pl
 import torch
 
 from ptm_app.backbones.build import build_backbone, max_positions
+from ptm_app.checkpoints import CKPT_KEY, checkpoint_path as checkpoint_file
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
-
-CKPT_KEY = "ptm_app"
 
 
 class PtmModule(pl.LightningModule):
@@ -45,6 +45,16 @@ class PtmModule(pl.LightningModule):
         self.tokenizer = None
         if self.can_build():
             self.configure_model()
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
+                             weights_only: bool = True, **kwargs):
+        """Lightning's loader, made safe: a checkpoint file is checked first (intact; plain data unless
+        ``weights_only=False``, for files you made yourself) and unpickled weights-only."""
+        if isinstance(checkpoint_path, (str, os.PathLike)):
+            checkpoint_path = checkpoint_file(checkpoint_path, trust=not weights_only)
+        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
+                                            weights_only=weights_only, **kwargs)
 
     # -- building -----------------------------------------------------------------------------
     def can_build(self) -> bool:

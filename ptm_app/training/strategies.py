@@ -81,6 +81,7 @@ class AtomicShardedSave:
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any = None) -> None:
+        from ptm_app.checkpoints import LAST, PREVIOUS
         from ptm_app.paths import fsync_tree, replace_dir
 
         target = Path(self.broadcast(str(filepath)))
@@ -93,7 +94,7 @@ class AtomicShardedSave:
         self.barrier("ptm_app_save_written")
         if self.is_global_zero:
             fsync_tree(tmp)
-            replace_dir(tmp, target)
+            replace_dir(tmp, target, keep=target.with_name(PREVIOUS) if target.name == LAST else None)
         self.barrier("ptm_app_save_committed")
 
     def write_shards(self, checkpoint: dict[str, Any], directory: Path, storage_options: Any = None) -> None:
@@ -153,8 +154,11 @@ class FSDP(AtomicShardedSave, ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
         """Lightning's loader, except for delta-only checkpoints (``delta_only``: the trainable tensors, the frozen
         base rebuilt from its source), which ``torch.distributed.checkpoint`` loads partially."""
+        from ptm_app.checkpoints import load_file, verify
+
         path = Path(self.broadcast(checkpoint_path))
-        meta = torch.load(path / "meta.pt", weights_only=False) if (path / "meta.pt").is_file() else {}
+        verify(path, trust=weights_only is False)  # torch.distributed.checkpoint unpickles .metadata with pickle
+        meta = load_file(path / "meta.pt", trust=weights_only is False) if (path / "meta.pt").is_file() else {}
         if not meta.get("ptm_app", {}).get("delta_only"):
             return super().load_checkpoint(checkpoint_path, weights_only)
         from torch.distributed.checkpoint import DefaultLoadPlanner, load
@@ -217,6 +221,13 @@ class DeepSpeed(AtomicShardedSave, DeepSpeedStrategy):
 
     def _cpu(self) -> bool:
         return self.root_device.type == "cpu"
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
+        """DeepSpeed unpickles its files with ``weights_only=False``: they are checked to be plain data first."""
+        from ptm_app.checkpoints import verify
+
+        verify(Path(self.broadcast(str(checkpoint_path))), trust=weights_only is False)
+        return super().load_checkpoint(checkpoint_path, weights_only)
 
     def setup_environment(self) -> None:
         if not self._cpu():

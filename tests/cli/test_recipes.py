@@ -69,7 +69,8 @@ def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     from ptm_app.backbones.build import auto_class
-    from ptm_app.export import backbone_from_checkpoint, read_checkpoint
+    from ptm_app.checkpoints import read_checkpoint
+    from ptm_app.export import backbone_from_checkpoint
 
     ckpt = read_checkpoint(runs / "full")
     exported = auto_class(ckpt["ptm_app"]["head"]).from_pretrained(out)
