@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ptm_app.errors import PtmError
+from ptm_app.extras import require_deepspeed
 from ptm_app.paths import restore_replaced
 
 CKPT_KEY = "ptm_app"  # ptm_app's own section of a checkpoint: head, module class, tokenizer files, delta_only
@@ -172,9 +173,7 @@ def _check(path: Path, trust: bool) -> None:
         if not files:
             raise CheckpointCorrupt(f"{path}: the sharded checkpoint directory is empty; use another checkpoint")
         if (path / "latest").is_file():  # DeepSpeed's layout
-            from ptm_app.training.strategies import _require_deepspeed
-
-            _require_deepspeed()
+            require_deepspeed("a DeepSpeed checkpoint")
             _register_deepspeed_globals()
         for file in files:
             # .distcp shards hold raw tensor bytes, which torch.distributed.checkpoint reads weights-only itself
@@ -247,9 +246,7 @@ def consolidate_sharded(path: Path, trust: bool = False) -> dict:
     if (path / "latest").is_file():
         import tempfile
 
-        from ptm_app.training.strategies import _require_deepspeed
-
-        _require_deepspeed()
+        require_deepspeed("a DeepSpeed checkpoint")
         from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -281,3 +278,21 @@ def as_file(ckpt: dict) -> io.BytesIO:
     torch.save(ckpt, buffer)
     buffer.seek(0)
     return buffer
+
+
+def strip_frozen_base(checkpoint: dict, kept: dict[str, torch.Tensor], source: str, source_config) -> None:
+    """Save a run without its frozen base (``delta_only``): the module's own weights plus ``kept`` backbone
+    tensors (a delta; none for frozen features); the base is rebuilt from ``source`` when the checkpoint loads."""
+    rest = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(BACKBONE_PREFIX)}
+    checkpoint["state_dict"] = {**rest, **{BACKBONE_PREFIX + k: v for k, v in kept.items()}}
+    hp = checkpoint["hyper_parameters"]
+    hp["backbone"], hp["backbone_config"] = source, source_config
+    checkpoint[CKPT_KEY]["delta_only"] = True  # read by export and by sharded loading
+
+
+def restore_frozen_base(checkpoint: dict, backbone) -> None:
+    """Complete a ``delta_only`` checkpoint with the rebuilt base's weights before Lightning loads it (sharded
+    strategies load the weights themselves: there is no ``state_dict`` to complete then)."""
+    if checkpoint.get(CKPT_KEY, {}).get("delta_only") and "state_dict" in checkpoint and backbone is not None:
+        base = {BACKBONE_PREFIX + k: v for k, v in backbone.state_dict().items()}
+        checkpoint["state_dict"] = {**base, **checkpoint["state_dict"]}

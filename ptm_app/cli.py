@@ -5,7 +5,6 @@ Every run writes to ``checkpoints/<run_name>/`` (``$PTM_RUNS_DIR`` moves it): th
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional

@@ -54,18 +54,19 @@ def is_done(run_dir: Path) -> bool:
 
 def run_cell(plan: dict, cell: dict, fresh: bool = False) -> int:
     """Fit (resuming an interrupted fit from its ``last.ckpt`` unless ``fresh``), then test."""
-    from ptm_app.main import main
+    from ptm_app.cli import run_lightning
+    from ptm_app.config_errors import guarded
 
     name, common = run_name(plan, cell), [str(a) for a in plan.get("common") or []]
     base = ["--config", cell["config"], *common, *[str(a) for a in cell.get("args") or []], "--run_name", name]
     fits = cell.get("fit", True)
     if fits:
         resume = not fresh and (runs_root() / name / "checkpoints" / "last.ckpt").exists()
-        code = main(["fit", *base, *(["--ckpt_path", "last"] if resume else [])])
+        code = guarded(run_lightning, ["fit", *base, *(["--ckpt_path", "last"] if resume else [])])
         if code:
             return code
     if plan.get("test", True):
-        return main(["test", *base, *(["--ckpt_path", "best"] if fits else [])])
+        return guarded(run_lightning, ["test", *base, *(["--ckpt_path", "best"] if fits else [])])
     return 0
 
 

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ptm_app.adaptation.chaining import InitFrom, apply_init_from, as_init_from, freeze_prefixes
-from ptm_app.adaptation.delta import DeltaSpec
+from ptm_app.backbones.delta import DeltaSpec
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
@@ -38,7 +38,7 @@ class SequenceClassificationModule(DeltaTuningMixin, LabelScoresMixin, PtmModule
             when a fit builds the module (before any restore: sharded strategies see the loaded weights); on
             ``--ckpt_path`` resume the restored checkpoint then replaces them (the source is still read, so it
             must exist), and ``load_from_checkpoint`` never applies it.  Its ``freeze`` always applies.
-        delta: parameter-efficient tuning (``adaptation.delta.DeltaSpec``): bottleneck adapters (houlsby,
+        delta: parameter-efficient tuning (``backbones.delta.DeltaSpec``): bottleneck adapters (houlsby,
             pfeiffer, pals), lora, ia3, prefix, prompt, ptuning or bitfit; only the delta (+ head) trains.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
     """

@@ -1,7 +1,7 @@
 """Delta tuning as a setting of any fine-tuning module (Ding et al. 2023, "Parameter-efficient fine-tuning
 of large-scale pre-trained language models" §3: addition, specification and reparameterisation methods).
 
-``DeltaTuningMixin`` gives a ``PtmModule`` subclass a ``delta`` spec (``adaptation.delta.DeltaSpec``) applied
+``DeltaTuningMixin`` gives a ``PtmModule`` subclass a ``delta`` spec (``backbones.delta.DeltaSpec``) applied
 to its freshly built backbone, and delta-only checkpoints: the frozen base is rebuilt from ``backbone``
 when the checkpoint loads, so a checkpoint holds just the delta (+ head) weights.  A backbone built from a
 config alone (random weights) has no source to rebuild it from: its checkpoints keep every weight.
@@ -13,8 +13,9 @@ from typing import Optional
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from ptm_app.adaptation.delta import (PROMPT_METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict,
-                                      trainable_report)
+from ptm_app.backbones.delta import (PROMPT_METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict,
+                                     trainable_report)
+from ptm_app.checkpoints import restore_frozen_base, strip_frozen_base
 
 
 class DeltaTuningMixin:
@@ -45,10 +46,8 @@ class DeltaTuningMixin:
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        # sharded strategies (FSDP, DeepSpeed) load the weights themselves: no "state_dict" to complete here
-        if self.delta is not None and checkpoint.get("ptm_app", {}).get("delta_only") and "state_dict" in checkpoint:
-            base = {f"backbone.{k}": v for k, v in self.backbone.state_dict().items()}
-            checkpoint["state_dict"] = {**base, **checkpoint["state_dict"]}  # frozen base + saved delta
+        if self.delta is not None:
+            restore_frozen_base(checkpoint, self.backbone)  # frozen base + saved delta
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -57,8 +56,5 @@ class DeltaTuningMixin:
         hp = checkpoint["hyper_parameters"]
         hp["delta"] = asdict(self.delta)  # plain data: checkpoints load with weights_only=True
         if self.delta_only:  # the base is rebuilt from its source: keep only the delta (+ head) weights
-            rest = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("backbone.")}
-            delta = {f"backbone.{k}": v for k, v in delta_state_dict(self.backbone).items()}
-            checkpoint["state_dict"] = {**rest, **delta}
-            hp["backbone"], hp["backbone_config"] = self.hparams.backbone, self.hparams.backbone_config
-            checkpoint["ptm_app"]["delta_only"] = True
+            strip_frozen_base(checkpoint, delta_state_dict(self.backbone), self.hparams.backbone,
+                              self.hparams.backbone_config)

@@ -19,7 +19,7 @@ from ptm_app.adaptation.qa import QuestionAnsweringModule
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.backbones.scalar_mix import ScalarMix
 from ptm_app.errors import PtmError
-from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY
+from ptm_app.checkpoints import restore_frozen_base, strip_frozen_base
 from ptm_app.training.optim import OptimConfig
 
 Representation = Literal["embedding", "top", "scalar_mix"]
@@ -93,16 +93,11 @@ class FrozenFeaturesMixin:
         super().on_save_checkpoint(checkpoint)
         if not self.hparams.backbone:  # random weights from a config: nothing to rebuild them from
             return
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(BACKBONE_PREFIX)}
-        hp = checkpoint["hyper_parameters"]
-        hp["backbone"], hp["backbone_config"] = self.hparams.backbone, self.hparams.backbone_config
-        checkpoint[CKPT_KEY]["delta_only"] = True  # the trained weights only; read by export and FSDP loading
+        strip_frozen_base(checkpoint, {}, self.hparams.backbone, self.hparams.backbone_config)  # the trained weights only
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        if checkpoint.get(CKPT_KEY, {}).get("delta_only") and "state_dict" in checkpoint and self.backbone is not None:
-            base = {f"{BACKBONE_PREFIX}{k}": v for k, v in self.backbone.state_dict().items()}
-            checkpoint["state_dict"] = {**base, **checkpoint["state_dict"]}  # rebuilt frozen base + saved head
+        restore_frozen_base(checkpoint, self.backbone)  # rebuilt frozen base + saved head
 
 
 def task_head(width: int, outputs: int, hidden: Optional[int], dropout: float) -> nn.Sequential:

@@ -22,7 +22,7 @@ By default the architecture follows the backbone: ``encoder_decoder`` if its con
 
 Delta tuning (``delta:``, ``adaptation.delta_tuning``) works for all three: LoRA (Hu et al. 2022 §4), IA3, prefix /
 prompt / P-tuning through peft's ``SEQ_2_SEQ_LM`` and ``CAUSAL_LM`` models, the hand-written adapters and PALs
-(``adaptation.adapters``; PALs in a decoder are causal and generate without the KV cache), BitFit.  BERT2BERT's
+(``backbones.adapters``; PALs in a decoder are causal and generate without the KV cache), BitFit.  BERT2BERT's
 new cross-attention and LM-head transform train with the delta (``train_head``): they start random.
 """
 from __future__ import annotations
@@ -33,13 +33,13 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens, transformers_model
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens, transformers_model
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.adaptation.token_classification import write_predictions
-from ptm_app.backbones.build import build_backbone, max_positions
-from ptm_app.backbones.resolve import load_error, resolve_pretrained
+from ptm_app.backbones.build import build_backbone, max_positions, model_dir
+from ptm_app.data.sources.references import load_error
 from ptm_app.data.collators import pad
-from ptm_app.data.corruption import IGNORE_INDEX
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.errors import PtmError
 from ptm_app.objectives.seq2seq import seq2seq_token_ids
 from ptm_app.tasks.metrics import GenerationScores
@@ -109,11 +109,7 @@ def backbone_model_type(backbone: Optional[str], backbone_config: Optional[dict]
     if backbone:
         import transformers
 
-        where = resolve_pretrained(backbone)
-        if where.endswith(".ckpt"):
-            from ptm_app.export import exported_cache_dir
-
-            where = str(exported_cache_dir(where))
+        where = model_dir(backbone)
         try:
             return transformers.AutoConfig.from_pretrained(where).model_type
         except (OSError, ValueError) as exc:
@@ -161,7 +157,7 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
         length_penalty / no_repeat_ngram_size: beam-search settings of transformers' ``generate``.
         bleu_lowercase: compute BLEU on lowercased text (an uncased tokenizer such as MiniLM's generates
             lowercase; ROUGE-L always lowercases).
-        delta: parameter-efficient tuning (``adaptation.delta.DeltaSpec``): lora, ia3, prefix, prompt, ptuning,
+        delta: parameter-efficient tuning (``backbones.delta.DeltaSpec``): lora, ia3, prefix, prompt, ptuning,
             houlsby, pfeiffer, pals or bitfit; only the delta (+ BERT2BERT's new cross-attention) trains.
         delta_only: checkpoints then hold only the trained tensors; the frozen base is rebuilt from ``backbone``.
     """
@@ -211,11 +207,7 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
                                   **self.config_updates())
         from transformers import EncoderDecoderModel
 
-        where = resolve_pretrained(self.hparams.backbone)
-        if where.endswith(".ckpt"):
-            from ptm_app.export import exported_cache_dir
-
-            where = str(exported_cache_dir(where))
+        where = model_dir(self.hparams.backbone)
         overrides = {f"{side}_{k}": v for k, v in (self.hparams.backbone_config or {}).items() for side in
                      ("encoder", "decoder") if k != "model_type"}
         try:

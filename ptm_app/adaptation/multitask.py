@@ -9,7 +9,7 @@ found multitask training then per-task fine-tuning best: start a single-task run
 ``init_from`` (the shared encoder loads by name; see ``configs/adapt/multitask_*.yaml``).
 
 With ``delta:`` the encoder stays frozen and one shared delta (LoRA, Houlsby adapters ... see
-``adaptation.delta``) trains with the per-task heads: Stickland & Murray 2019 (PALs) §3 and Houlsby et al. 2019
+``backbones.delta``) trains with the per-task heads: Stickland & Murray 2019 (PALs) §3 and Houlsby et al. 2019
 §1 share one frozen model across tasks this way.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.adaptation.qa import SPLITS, BestSpans, QuestionAnsweringModule, best_span, epoch_answers, squad_scores
 from ptm_app.adaptation.token_classification import (TokenClassificationModule, compute_tagging_metrics,
@@ -51,7 +51,7 @@ class MultitaskModule(DeltaTuningMixin, PtmModule):
         pooling: the sequence-level representation: ``first`` token ([CLS], BERT §3) or ``last`` real token
             (GPT-style decoders, Radford et al. 2018 §3.3); default ``first`` for BERT-style tokenizers.
         max_answer_length / n_best: QA span search (see ``adaptation.qa.best_span``).
-        delta: one delta shared by all tasks (``adaptation.delta.DeltaSpec``: houlsby, pfeiffer, pals, lora, ia3,
+        delta: one delta shared by all tasks (``backbones.delta.DeltaSpec``: houlsby, pfeiffer, pals, lora, ia3,
             prefix, prompt, ptuning, bitfit); the encoder stays frozen, the delta and every task head train.
         delta_only: checkpoints then hold only the delta and the heads; the frozen base is rebuilt from ``backbone``.
     """

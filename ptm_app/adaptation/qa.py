@@ -17,7 +17,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from ptm_app.adaptation.token_classification import write_predictions
-from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
 from ptm_app.data.token_tasks import QACollator
@@ -103,7 +103,7 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
         backbone: prepared name / local dir / exported run / hub id of the pretrained encoder.
         backbone_config: config overrides, or a from-scratch config.
         optim: optimiser and schedule.
-        delta: parameter-efficient tuning instead of full fine-tuning (``adaptation.delta.DeltaSpec``:
+        delta: parameter-efficient tuning instead of full fine-tuning (``backbones.delta.DeltaSpec``:
             adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.  The
             outputs at prompt / P-tuning's virtual tokens are dropped, so spans index the window's tokens.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.

@@ -15,10 +15,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.delta import DeltaSpec, prepended_tokens
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
-from ptm_app.data.corruption import IGNORE_INDEX
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.datasets import _index
 from ptm_app.data.token_tasks import TokenLabelCollator
 from ptm_app.errors import PtmError
@@ -75,7 +75,7 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
         backbone_config: config overrides (e.g. ``classifier_dropout``), or a from-scratch config.
         labels: the tag names in order; by default taken from the data module (``TokenTaskDataModule``).
         optim: optimiser and schedule.
-        delta: parameter-efficient tuning instead of full fine-tuning (``adaptation.delta.DeltaSpec``:
+        delta: parameter-efficient tuning instead of full fine-tuning (``backbones.delta.DeltaSpec``:
             adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.  The
             outputs at prompt / P-tuning's virtual tokens are dropped, so logits line up with the labels.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.

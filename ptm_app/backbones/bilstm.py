@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+
+from ptm_app.constants import IGNORE_INDEX
 import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import nn
@@ -21,7 +23,6 @@ from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedMode
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
-IGNORE_INDEX = -100
 MODEL_TYPE = "ptm_bilstm_lm"
 
 

@@ -1,4 +1,5 @@
-"""Build or load a plain transformers model for a given head (DESIGN principle 3).
+"""Build or load a plain transformers model for a given head (backbones are plain transformers models:
+export is ``save_pretrained``, reuse is ``from_pretrained``).
 
 From scratch: ``backbone_config`` is a transformers config dict with a ``model_type``.
 Pretrained: a prepared name (``minilm``), a local ``save_pretrained`` directory, or a hub id;
@@ -18,35 +19,10 @@ from typing import Any, Optional
 import transformers
 from huggingface_hub.errors import StrictDataclassError
 
-from ptm_app.backbones.resolve import load_error, resolve_pretrained
+from ptm_app.backbones.from_checkpoint import checkpoint_backbone_dir, is_checkpoint
+from ptm_app.backbones.heads import HEADS, auto_class, from_config  # noqa: F401  (the builder's vocabulary)
+from ptm_app.data.sources.references import load_error, resolve_pretrained
 from ptm_app.errors import PtmError
-
-HEADS = {
-    "masked_lm": "AutoModelForMaskedLM",
-    "causal_lm": "AutoModelForCausalLM",
-    "seq2seq_lm": "AutoModelForSeq2SeqLM",
-    "sequence_classification": "AutoModelForSequenceClassification",
-    "token_classification": "AutoModelForTokenClassification",
-    "question_answering": "AutoModelForQuestionAnswering",
-    "base": "AutoModel",
-    "rtd": "ElectraForPreTraining",  # ELECTRA's discriminator (Clark et al. 2020 §2)
-    "bilm": "BiLSTMForLanguageModeling",  # ptm_app.backbones.bilstm (ELMo, Peters et al. 2018)
-}
-
-
-def auto_class(head: str):
-    if head == "bilm":  # ELMo's BiLSTM: ptm_app's own transformers-compatible model
-        from ptm_app.backbones.bilstm import HEAD_CLASSES
-
-        return HEAD_CLASSES["bilm"]
-    return getattr(transformers, HEADS[head])
-
-
-def from_config(head: str, config):
-    """Instantiate a head class from a config (Auto classes and concrete classes alike)."""
-    cls = auto_class(head)
-    return cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
-
 
 def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict], **updates: Any):
     """Return a ``PreTrainedModel`` with the head's output layer."""
@@ -54,11 +30,7 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
     overrides = {**(config or {}), **updates}
     attention = overrides.get("attn_implementation")
     if pretrained:
-        where = resolve_pretrained(pretrained)
-        if where.endswith(".ckpt"):  # stage chaining from a ptm_app checkpoint
-            from ptm_app.export import exported_cache_dir
-
-            where = str(exported_cache_dir(where))
+        where = model_dir(pretrained)
         overrides.pop("model_type", None)
         if attention is not None:
             check_attention(attention, model_class(auto, lambda: transformers.AutoConfig.from_pretrained(where)))
@@ -89,6 +61,13 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         except (ImportError, ValueError) as exc:
             raise attention_error(attention, exc) from None
     return from_config(head, hf_config)
+
+
+def model_dir(ref: str) -> str:
+    """A local ``from_pretrained`` directory (or hub id) for any model reference: a prepared name, a directory, a
+    hub id, or a ptm_app checkpoint / run directory (stage chaining: its backbone, exported once into the cache)."""
+    where = resolve_pretrained(ref)
+    return str(checkpoint_backbone_dir(where)) if is_checkpoint(where) else where
 
 
 def check_model_type(model_type: str) -> None:

@@ -11,7 +11,8 @@ from typing import Literal, Optional
 
 import torch
 
-from ptm_app.data.corruption import IGNORE_INDEX, draw_generator, draw_rng, mlm_mask
+from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data.corruption import draw_generator, draw_rng, mlm_mask
 
 SCALAR_FIELDS = {"label": "labels", "sentence_label": "sentence_labels"}
 
@@ -118,12 +119,10 @@ class MLMCollator(PadCollator):
                                            max_len=self.max_span_length, word_starts=starts)
                 corrupted, lab = sp.span_mask(content, spans, rng, mask_token_id=self.mask_token_id,
                                               vocab_size=self.vocab_size, random_ids=random_ids)
-                for start, end in spans:  # boundaries are the tokens just outside the span, in the full row
-                    left, right = int(positions[start]) - 1, min(int(positions[end - 1]) + 1, out_ids.shape[1] - 1)
-                    for k in range(end - start):
-                        for name, value in (("rows", row), ("left", left), ("right", right), ("offset", k),
-                                            ("pos", int(positions[start + k]))):
-                            sbo[name].append(value)
+                left, right, offset, pos = sp.sbo_targets(spans, out_ids.shape[1], positions.tolist())
+                for name, values in (("rows", [row] * len(pos)), ("left", left), ("right", right),
+                                     ("offset", offset), ("pos", pos)):
+                    sbo[name].extend(values)
             out_ids[row, positions] = torch.tensor(corrupted, dtype=out_ids.dtype)
             labels[row, positions] = torch.tensor(lab, dtype=labels.dtype)
         batch["input_ids"], batch["labels"] = out_ids, labels

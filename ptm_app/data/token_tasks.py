@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch.utils.data import Dataset
 
 from ptm_app.data.collators import PadCollator, pad
-from ptm_app.data.corruption import IGNORE_INDEX
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.datamodules import _Base, holdout_split
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records

@@ -9,10 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Literal, Optional
 
-from ptm_app.backbones.resolve import load_error, resolve_pretrained
+from ptm_app.data.sources.references import load_error, resolve_pretrained
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root
 

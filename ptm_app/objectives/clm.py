@@ -2,6 +2,7 @@
 ``p(x) = Π_t p(x_t | x_<t)``, labels are the inputs shifted inside the model, padding ignored."""
 from __future__ import annotations
 
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import CLMCollator
 from ptm_app.objectives.lm_base import LanguageModelModule
 
@@ -16,4 +17,4 @@ class CausalLMModule(LanguageModelModule):
         return CLMCollator(pad_token_id=pad)
 
     def count_targets(self, labels) -> int:
-        return int((labels[:, 1:] != -100).sum())  # the first position predicts nothing
+        return int((labels[:, 1:] != IGNORE_INDEX).sum())  # the first position predicts nothing

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Optional
 
 import torch
+
+from ptm_app.constants import IGNORE_INDEX
 from torch import nn
 
 
@@ -45,7 +47,7 @@ class SpanBoundaryHead(nn.Module):
 
 class MaskedLMOutput(NamedTuple):
     """``loss``: mean cross-entropy over the selected positions; ``logits``: ``[N, V]`` at those positions
-    (``labels != -100``, row-major order); ``hidden``: the last hidden state ``[B, L, H]`` (when asked for)."""
+    (``labels != IGNORE_INDEX``, row-major order); ``hidden``: the last hidden state ``[B, L, H]`` (when asked for)."""
 
     loss: torch.Tensor
     logits: torch.Tensor
@@ -82,7 +84,7 @@ def masked_lm_forward(model, inputs: dict, labels: torch.Tensor, *, sparse: bool
     """Masked-LM loss of a transformers ``*ForMaskedLM`` model, with vocabulary logits only where predicted.
 
     transformers' ``*ForMaskedLM.forward`` projects every position onto the vocabulary, though only the
-    ~15 % selected ones (``labels != -100``) enter the loss; for a small model with a 16–30k vocabulary
+    ~15 % selected ones (``labels != IGNORE_INDEX``) enter the loss; for a small model with a 16–30k vocabulary
     that projection dominates the cost.  The sparse path calls the base model (``model.base_model``),
     gathers the hidden states at the selected positions and applies the model's own prediction head
     (``cls``, ``lm_head``, ``predictions``, ``generator_lm_head`` ...) to those rows only, then the same mean
@@ -92,7 +94,7 @@ def masked_lm_forward(model, inputs: dict, labels: torch.Tensor, *, sparse: bool
     layer).  Models without a
     known head (see ``PREDICTION_HEADS``), or ``sparse=False``, take the dense path.
     """
-    selected = labels != -100
+    selected = labels != IGNORE_INDEX
     head = prediction_head(model) if sparse else None
     if head is None:
         out = model(**inputs, labels=labels, **({"output_hidden_states": True} if hidden else {}))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward
@@ -98,7 +99,7 @@ class MaskedLMModule(LanguageModelModule):
             decoder = self.backbone.get_output_embeddings().weight
             logits = self.heads["sbo"](out.hidden, sbo["rows"], sbo["left"], sbo["right"], sbo["offset"],
                                        decoder).float()
-            losses["sbo"] = nn.functional.cross_entropy(logits, target, ignore_index=-100)
+            losses["sbo"] = nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
         return losses
 
     def _total(self, losses: dict[str, torch.Tensor]) -> torch.Tensor:

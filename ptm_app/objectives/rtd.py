@@ -18,7 +18,9 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from ptm_app.data.collators import MLMCollator
-from ptm_app.data.corruption import IGNORE_INDEX, draw_generator
+from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data.corruption import draw_generator
+from ptm_app.data.corruption.rtd import rtd_labels, sample_replacements
 from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import masked_lm_forward
 from ptm_app.training.module import PtmModule, weighted_mean_update
@@ -125,13 +127,12 @@ class ReplacedTokenDetectionModule(PtmModule):
         losses = {"gen_loss": gen.loss}
         if stage == 0:  # two-stage, first phase: the generator alone
             return losses
-        with torch.no_grad():
-            logits = gen.logits.float() / self.hparams.sampling_temperature
-            rng = draw_generator(0, batch["keys"]) if "keys" in batch else None  # reproducible per batch
-            sampled = torch.multinomial(torch.softmax(logits, -1), 1, generator=rng).squeeze(1)
+        rng = draw_generator(0, batch["keys"]) if "keys" in batch else None  # reproducible per batch
+        rows = torch.ones(gen.logits.shape[:-1], dtype=torch.bool, device=gen.logits.device)  # the masked positions
+        sampled = sample_replacements(gen.logits, rows, rng, self.hparams.sampling_temperature)
         corrupted = batch["input_ids"].clone()
         corrupted[selected] = sampled.to(corrupted.dtype)
-        disc_labels = (corrupted != original).long().masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+        disc_labels = rtd_labels(original, corrupted, batch["attention_mask"])
         d_logits = self.backbone(**{**inputs, "input_ids": corrupted}).logits.float()
         active = disc_labels != IGNORE_INDEX
         losses["disc_loss"] = nn.functional.binary_cross_entropy_with_logits(d_logits[active], disc_labels[active].float())

@@ -17,7 +17,8 @@ from typing import Literal, Optional
 import torch
 
 from ptm_app.data.collators import pad
-from ptm_app.data.corruption import IGNORE_INDEX, draw_rng
+from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data.corruption import draw_rng
 from ptm_app.errors import PtmError
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.training.optim import OptimConfig

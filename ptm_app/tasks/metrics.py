@@ -20,7 +20,7 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from ptm_app.data.corruption import IGNORE_INDEX
+from ptm_app.constants import IGNORE_INDEX
 
 Span = tuple[str, int, int]  # (type, first word, last word), inclusive
 

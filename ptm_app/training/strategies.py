@@ -44,6 +44,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelPa
 from lightning.pytorch.strategies import FSDPStrategy as _LightningFSDP
 
 from ptm_app.errors import PtmError
+from ptm_app.extras import require_deepspeed
 
 SHARDED = (ModelParallelStrategy, DeepSpeedStrategy, _LightningFSDP)
 
@@ -193,21 +194,13 @@ class FSDP(AtomicShardedSave, ModelParallelStrategy):
         return self._step("predict_step", self.precision_plugin.predict_step_context, *args, **kwargs)
 
 
-def _require_deepspeed() -> None:
-    from lightning.fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE
-
-    if not _DEEPSPEED_AVAILABLE:
-        raise PtmError("strategy DeepSpeed needs the deepspeed package; install it with: "
-                       "DS_BUILD_OPS=0 .venv/bin/pip install -c constraints-cpu.txt -e '.[deepspeed]'")
-
-
 class DeepSpeed(AtomicShardedSave, DeepSpeedStrategy):
     """DeepSpeed ZeRO (stage 1, 2, 3, optional CPU offload) on CPU or GPU; every argument is Lightning's
     ``DeepSpeedStrategy``'s.  On a CPU, offloading keeps ZeRO-3's numbers (the states are in host memory anyway)."""
 
     def __init__(self, stage: Literal[1, 2, 3] = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
                  **kwargs: Any):
-        _require_deepspeed()
+        require_deepspeed()
         self._on_cpu = not torch.cuda.is_available()
         if self._on_cpu:
             os.environ["DS_ACCELERATOR"] = "cpu"  # before deepspeed is imported; an empty value is an error

@@ -9,8 +9,8 @@ import torch
 import transformers
 from torch import nn
 
-from ptm_app.adaptation.adapters import BottleneckAdapter, add_adapter, set_active_adapter
-from ptm_app.adaptation.delta import DeltaSpec, apply_delta, delta_state_dict, load_delta, save_delta
+from ptm_app.backbones.adapters import BottleneckAdapter, add_adapter, set_active_adapter
+from ptm_app.backbones.delta import DeltaSpec, apply_delta, delta_state_dict, load_delta, save_delta
 from ptm_app.errors import PtmError
 
 H, LAYERS, FFN, VOCAB = 32, 2, 64, 60

@@ -10,9 +10,9 @@ import torch
 import transformers
 from torch import nn
 
-from ptm_app.adaptation.adapters import (BottleneckAdapter, add_adapter, list_adapters, remove_adapter,
+from ptm_app.backbones.adapters import (BottleneckAdapter, add_adapter, list_adapters, remove_adapter,
                                          set_active_adapter)
-from ptm_app.adaptation.delta import (METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, load_delta,
+from ptm_app.backbones.delta import (METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, load_delta,
                                       load_delta_state_dict, merge_for_export, save_delta, trainable_report)
 from ptm_app.errors import PtmError
 

@@ -27,7 +27,7 @@ def test_delta_config_trains_resumes_and_exports(method, tmp_path):
     assert sum(ckpt["state_dict"][k].numel() for k in backbone_keys) < 0.2 * 22_700_000
 
     from ptm_app.adaptation import SequenceClassificationModule
-    from ptm_app.adaptation.delta import load_delta
+    from ptm_app.backbones.delta import load_delta
 
     module = SequenceClassificationModule.load_from_checkpoint(runs / "full" / "checkpoints" / "last.ckpt").eval()
     out = tmp_path / "export"

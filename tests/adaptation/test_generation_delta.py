@@ -15,7 +15,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
-from ptm_app.adaptation.delta import load_delta
+from ptm_app.backbones.delta import load_delta
 from ptm_app.adaptation.generation import GenerationModule
 from ptm_app.errors import PtmError
 from ptm_app.export import export_checkpoint

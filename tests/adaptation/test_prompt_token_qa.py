@@ -8,7 +8,7 @@ import torch
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from ptm_app.adaptation.delta import prepended_tokens
+from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.adaptation.qa import QuestionAnsweringModule
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.training.optim import OptimConfig

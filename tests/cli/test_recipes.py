@@ -70,11 +70,11 @@ def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     from ptm_app.backbones.build import auto_class
     from ptm_app.checkpoints import read_checkpoint
-    from ptm_app.export import backbone_from_checkpoint
+    from ptm_app.backbones.from_checkpoint import rebuild_backbone
 
     ckpt = read_checkpoint(runs / "full")
     exported = auto_class(ckpt["ptm_app"]["head"]).from_pretrained(out)
-    expected = backbone_from_checkpoint(ckpt).state_dict()
+    expected = rebuild_backbone(ckpt).state_dict()
     got = exported.state_dict()
     assert set(got) == set(expected)
     assert all(torch.equal(got[k], expected[k]) for k in expected)

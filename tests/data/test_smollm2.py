@@ -206,7 +206,7 @@ def test_prepared_smollm2_manifest_and_answers(real):
 def test_smollm2_resolves_like_minilm(real, fresh_env):
     """``smollm2`` is a backbone and tokenizer name wherever ``minilm`` is; unprepared, one line says how."""
     from ptm_app.backbones.build import build_backbone
-    from ptm_app.backbones.resolve import resolve_pretrained
+    from ptm_app.data.sources.references import resolve_pretrained
     from ptm_app.data.tokenizer import TokenizerSpec, load_tokenizer
 
     path, tok, model = real

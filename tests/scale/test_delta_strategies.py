@@ -83,7 +83,7 @@ def test_lora_gives_the_same_losses_under_every_strategy(strategy, lora_fsdp, tm
 def test_adapters_resume_and_export_under_sharding(strategy, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from ptm_app.adaptation.delta import load_delta
+    from ptm_app.backbones.delta import load_delta
 
     runs = tmp_path / "runs"
     full = fit("houlsby", strategy, runs)

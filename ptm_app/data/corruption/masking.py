@@ -12,7 +12,8 @@ from typing import Iterable
 
 import torch
 
-IGNORE_INDEX = -100
+from ptm_app.constants import IGNORE_INDEX
+
 
 
 def _seed_from(seed: int, keys: Iterable) -> int:

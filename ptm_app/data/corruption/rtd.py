@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ptm_app.data.corruption.masking import IGNORE_INDEX
+from ptm_app.constants import IGNORE_INDEX
 
 
 def rtd_labels(original: torch.Tensor, corrupted: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
-from ptm_app.data.corruption.masking import IGNORE_INDEX
+from ptm_app.constants import IGNORE_INDEX
 
 Span = tuple[int, int]
 
@@ -205,18 +205,23 @@ def span_mask(
     return corrupted, labels
 
 
-def sbo_targets(spans: Sequence[Span], length: int) -> tuple[list[int], list[int], list[int]]:
-    """Span Boundary Objective inputs (Joshi et al. 2020 §3.2), one entry per masked position.
+def sbo_targets(spans: Sequence[Span], length: int,
+                positions: Optional[Sequence[int]] = None) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Span Boundary Objective inputs (Joshi et al. 2020 §3.2), one entry per masked position:
+    ``(left boundary, right boundary, 0-based offset within the span, position)``.
 
-    Entries follow the masked positions in ascending order (the order of
-    ``[i for i, y in enumerate(labels) if y != IGNORE_INDEX]``).  The boundaries are the indices
-    just outside the span, ``start - 1`` and ``end``, clipped to ``[0, length - 1]``; the relative
-    position is 0-based within the span.  Shift the spans first when specials are prepended.
+    ``spans`` index the maskable tokens; ``positions`` maps them to their places in the row (special tokens and
+    padding skipped; default: the identity), whose ``length`` the boundaries are clipped to.  The boundaries are
+    the row tokens just outside the span (a prepended [CLS] is the left boundary of a span at the start).
+    Entries follow the spans in ascending order, i.e. the order of ``[i for i, y in enumerate(labels) if y != -100]``.
     """
-    left, right, relative = [], [], []
+    at = list(range(length)) if positions is None else [int(p) for p in positions]
+    left, right, relative, where = [], [], [], []
     for start, end in sorted(spans):
+        first, last = at[start], at[end - 1]
         for i in range(start, end):
-            left.append(max(start - 1, 0))
-            right.append(min(end, length - 1))
+            left.append(max(first - 1, 0))
+            right.append(min(last + 1, length - 1))
             relative.append(i - start)
-    return left, right, relative
+            where.append(at[i])
+    return left, right, relative, where

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from ptm_app.data.corruption.masking import IGNORE_INDEX
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.corruption.spans import (
     geometric_spans,
     sbo_targets,
@@ -77,9 +77,13 @@ def test_span_mask_and_sbo_golden():
     assert corrupted == [10, 11, MASK, MASK, MASK, 15, 16, 17]  # I am [MASK] [MASK] [MASK] with you today
     assert [y for y in labels if y != IGNORE_INDEX] == [12, 13, 14]  # happy to join
     # boundaries x_{s-1} = "am" (1) and x_{e+1} = "with" (5); relative positions 0, 1, 2
-    assert sbo_targets([(2, 5)], len(IDS)) == ([1, 1, 1], [5, 5, 5], [0, 1, 2])
+    assert sbo_targets([(2, 5)], len(IDS)) == ([1, 1, 1], [5, 5, 5], [0, 1, 2], [2, 3, 4])
     # clipped at the sequence edges; entries follow the masked positions in ascending order
-    assert sbo_targets([(6, 8), (0, 2)], 8) == ([0, 0, 5, 5], [2, 2, 7, 7], [0, 1, 0, 1])
+    assert sbo_targets([(6, 8), (0, 2)], 8) == ([0, 0, 5, 5], [2, 2, 7, 7], [0, 1, 0, 1], [0, 1, 6, 7])
+    # in a row "[CLS] a b [SEP] c d [SEP]" the maskable tokens sit at 1, 2, 4, 5: the boundaries are row tokens
+    # ([CLS] left of a span at the start; a span over the [SEP] reaches around it)
+    assert sbo_targets([(0, 1)], 7, positions=[1, 2, 4, 5]) == ([0], [2], [0], [1])
+    assert sbo_targets([(1, 3)], 7, positions=[1, 2, 4, 5]) == ([1, 1], [5, 5], [0, 1], [2, 4])
 
 
 def test_geometric_spans_golden_seed():

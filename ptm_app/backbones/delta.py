@@ -1,6 +1,6 @@
 """Delta tuning behind one call (survey §5.6): ``model = apply_delta(model, DeltaSpec(...), task_type)``.
 
-Hand-written bottleneck adapters and PALs (``adaptation.adapters``); peft's LoRA (Hu et al. 2022),
+Hand-written bottleneck adapters and PALs (``backbones.adapters``); peft's LoRA (Hu et al. 2022),
 IA3 (Liu et al. 2022), prefix-tuning (Li & Liang 2021), prompt tuning (Lester et al. 2021) and
 P-tuning (Liu et al. 2021b); BitFit (Ben Zaken et al. 2022 §2: every bias term, LayerNorm biases
 included). Only the delta (+ the task head, + LayerNorms when asked) stays trainable, and
@@ -24,7 +24,7 @@ from peft import (IA3Config, LoraConfig, PeftModel, PeftType, PrefixTuningConfig
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ptm_app.adaptation.adapters import remove_adapter, ADAPTER_KINDS, add_adapter, list_adapters
+from ptm_app.backbones.adapters import remove_adapter, ADAPTER_KINDS, add_adapter, list_adapters
 from ptm_app.errors import PtmError
 
 Method = Literal["houlsby", "pfeiffer", "pals", "lora", "ia3", "prefix", "prompt", "ptuning", "bitfit", "none"]

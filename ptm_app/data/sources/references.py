@@ -1,4 +1,5 @@
-"""Turn a model/tokenizer reference into something ``from_pretrained`` can open, offline first.
+"""Turn a model/tokenizer reference into something ``from_pretrained`` can open, offline first (a ptm_app
+checkpoint as a reference is ``backbones.build.model_dir``'s part).
 
 A reference is, in order of precedence: an existing local path, the name of a prepared
 model (``python main.py data prepare NAME``), or a Hugging Face hub id (used only when the
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ptm_app.data.sources import SOURCES, prepared_dir
 from ptm_app.errors import PtmError
 
 
@@ -17,8 +19,6 @@ def resolve_pretrained(ref: str) -> str:
     path = Path(ref).expanduser()
     if path.exists():
         return str(path.resolve())
-    from ptm_app.data.sources import SOURCES, prepared_dir
-
     if ref in SOURCES:
         return str(prepared_dir(ref))
     looks_like_path = ref.startswith((".", "/", "~")) or ref.endswith((".ckpt", ".json", ".yaml"))
