@@ -1,6 +1,6 @@
 """The one place that reads checkpoints: their keys, safe loading, integrity checks and ``last`` with a fallback.
 
-Loading never executes code from a file (DESIGN principle 11):
+Loading never executes code from a file (docs/design.md principle 11):
 - every pickle is read by torch's weights-only unpickler (``torch.load(weights_only=True)``), which builds only
   tensors, containers, primitives and the few types registered in ``SAFE_GLOBALS``;
 - a sharded checkpoint directory (FSDP's ``torch.distributed.checkpoint`` ``.metadata`` and ``meta.pt``,

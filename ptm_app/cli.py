@@ -32,7 +32,7 @@ from ptm_app.paths import RunLock, atomic_dir, is_first_process, restore_replace
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
 from ptm_app.training.throughput import ThroughputMonitor
-from ptm_app.training.precision import PtmTrainer
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.training.strategies import is_sharded
 from ptm_app.training.loggers import RunCSVLogger
 

@@ -30,3 +30,11 @@ def test_taxonomy_rows_match_their_configs():
         cfg = yaml.safe_load((ROOT / config).read_text())
         assert cfg["model"]["class_path"].split(".")[-1] == module, model
         assert cfg["model"]["init_args"]["backbone_config"]["model_type"] == model_type, model
+
+
+def test_architecture_names_only_paths_that_exist():
+    section = (ROOT / "README.md").read_text().split("## Architecture")[1].split("\n## ")[0]
+    named = set(re.findall(r"`((?:ptm_app|configs|benchmarks|tests|docs)[\w/.-]*|main\.py)`", section))
+    assert len(named) > 20
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, missing

@@ -1,7 +1,7 @@
 """Stage chaining: start a run from an earlier stage's weights, optionally only some sub-modules and
 optionally frozen (ULMFiT's 3 stages, Howard & Ruder 2018 §3; two-stage fine-tuning, Qiu et al. 2020 §5.2).
 
-This is not resume (DESIGN principle 4): only weights are taken, never the optimiser, schedule, step
+This is not resume (docs/design.md principle 4): only weights are taken, never the optimiser, schedule, step
 or data position, and the new run has its own head and hyper-parameters.
 """
 from __future__ import annotations

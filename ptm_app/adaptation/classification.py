@@ -61,10 +61,10 @@ class SequenceClassificationModule(DeltaTuningMixin, LabelScoresMixin, PtmModule
         return super().can_build() and self.hparams.labels is not None
 
     def config_updates(self) -> dict:
-        datamodule = self._datamodule()
-        if self.hparams.labels is None and datamodule is not None:
-            self.hparams.labels = datamodule.label_set()
-        if getattr(datamodule, "task", "classification") == "regression":
+        facts = self.data_facts
+        if self.hparams.labels is None and facts is not None:
+            self.hparams.labels = facts.labels()
+        if facts is not None and facts.task == "regression":
             raise PtmError(f"{type(self).__name__} classifies, and data.task is regression; "
                            f"use model.class_path: SequenceRegressionModule")
         labels = list(self.hparams.labels or [])
@@ -142,8 +142,8 @@ class SequenceRegressionModule(RegressionScoresMixin, SequenceClassificationModu
         return PtmModule.can_build(self)
 
     def config_updates(self) -> dict:
-        datamodule = self._datamodule()
-        if datamodule is not None and getattr(datamodule, "task", "regression") != "regression":
+        facts = self.data_facts
+        if facts is not None and (facts.task or "regression") != "regression":
             raise PtmError("SequenceRegressionModule needs real-valued targets: set data.init_args.task: regression")
         return {**PtmModule.config_updates(self), "num_labels": 1, "problem_type": "regression"}
 

@@ -33,13 +33,14 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from ptm_app.backbones.delta import DeltaSpec, prepended_tokens, transformers_model
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.adaptation.token_classification import write_predictions
 from ptm_app.backbones.build import build_backbone, max_positions, model_dir
-from ptm_app.data.sources.references import load_error
-from ptm_app.data.collators import pad
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens, transformers_model
 from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data.collators import pad
+from ptm_app.data.contract import DataFacts
+from ptm_app.data.sources.references import load_error
 from ptm_app.errors import PtmError
 from ptm_app.objectives.seq2seq import seq2seq_token_ids
 from ptm_app.tasks.metrics import GenerationScores
@@ -245,9 +246,9 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
                            "use a tokenizer with [SEP] or an EOS token")
         return {"pad_token_id": pad_id, "eos_token_id": eos, "decoder_start_token_id": start}
 
-    def check_lengths(self, datamodule) -> None:
+    def check_lengths(self, facts: DataFacts) -> None:
         """Refuse source/target lengths (+ specials, prompt, generated tokens) the position embeddings cannot hold."""
-        src, tgt = getattr(datamodule, "max_source_length", None), getattr(datamodule, "max_target_length", None)
+        src, tgt = facts.max_source_length, facts.max_target_length
         if src is None or tgt is None:
             return
         model = transformers_model(self.backbone)
@@ -307,8 +308,8 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
     def generate(self, batch: dict) -> list[str]:
         """Greedy or beam-search generations, decoded without special tokens."""
         hp, ids = self.hparams, self.token_ids()
-        datamodule = self._datamodule()
-        new = hp.max_new_tokens or (getattr(datamodule, "max_target_length", 31) + 1)
+        target_length = self.data_facts.max_target_length if self.data_facts is not None else None
+        new = hp.max_new_tokens or ((target_length or 31) + 1)
         settings = dict(num_beams=hp.num_beams, max_new_tokens=new, do_sample=False, pad_token_id=ids["pad_token_id"],
                         eos_token_id=ids["eos_token_id"])
         if hp.num_beams > 1:
@@ -360,7 +361,7 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
         return {"keys": batch["keys"], "generated": generated}
 
     def on_predict_epoch_end(self) -> None:
-        records = self.trainer.datamodule.records("test")
+        records = self.data_facts.records("test")
         rows = []
         for key, text in self._predicted:
             i = key[1] if isinstance(key, (tuple, list)) else int(key)

@@ -78,10 +78,10 @@ class MultitaskModule(DeltaTuningMixin, PtmModule):
     @property
     def tasks(self) -> dict[str, dict]:
         if self.hparams.tasks is None:
-            datamodule = self._datamodule()
-            if datamodule is None or not hasattr(datamodule, "task_specs"):
+            specs = self.data_facts.task_specs() if self.data_facts is not None else {}
+            if not specs:
                 raise PtmError("MultitaskModule needs tasks: use data.class_path: MultitaskDataModule")
-            self.hparams.tasks = datamodule.task_specs()
+            self.hparams.tasks = specs
         for name, spec in self.hparams.tasks.items():
             if spec.get("kind") not in KINDS:
                 raise PtmError(f"multitask task '{name}': kind '{spec.get('kind')}' is not one of {', '.join(KINDS)}")
@@ -185,7 +185,7 @@ class MultitaskModule(DeltaTuningMixin, PtmModule):
         if kind == "token":
             return compute_tagging_metrics(metric)
         if kind == "qa":
-            records = self.trainer.datamodule.tasks[task].records(SPLITS[stage])
+            records = self.data_facts.task_records(task, SPLITS[stage])
             return squad_scores(epoch_answers(metric, records), records)
         values = metric.compute()
         metric.reset()

@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from ptm_app.backbones.build import max_positions
+from ptm_app.data.contract import DataFacts
 from ptm_app.data.collators import PadCollator, pad
 from ptm_app.data.prompt_data import PromptDataset
 from ptm_app.errors import PtmError
@@ -335,9 +336,9 @@ class _LabelScoringModule(LabelScoresMixin, PtmModule):
     def labels(self) -> list[str]:
         """``labels``; else the data module's label set (then kept in hparams); else the verbalizer's labels."""
         if self.hparams.labels is None:
-            datamodule = self._datamodule()
-            if datamodule is not None and hasattr(datamodule, "label_set"):
-                self.hparams.labels = datamodule.label_set()
+            labels = self.data_facts.labels() if self.data_facts is not None else None
+            if labels is not None:
+                self.hparams.labels = labels
             elif self.hparams.verbalizer is not None:
                 return list(self.hparams.verbalizer)
             else:
@@ -438,9 +439,9 @@ class PromptClassifierModule(_LabelScoringModule):
             self._warned_fresh_head = True
             rank_zero_warn(message)
 
-    def check_lengths(self, datamodule) -> None:
-        super().check_lengths(datamodule)
-        limit, wanted = max_positions(self.backbone), getattr(datamodule, "max_length", None)
+    def check_lengths(self, facts: DataFacts) -> None:
+        super().check_lengths(facts)
+        limit, wanted = max_positions(self.backbone), facts.max_length
         n = self.hparams.soft_prompt_tokens
         if n and limit is not None and wanted is not None and wanted + n > limit:
             raise PtmError(f"data.max_length={wanted} + soft_prompt_tokens={n} exceeds the backbone's {limit} "
@@ -459,7 +460,7 @@ class PromptClassifierModule(_LabelScoringModule):
     def make_collator(self, tokenizer, seed: int = 0) -> ClozeCollator:
         if tokenizer.mask_token_id is None:
             raise PtmError("PromptClassifierModule needs a masked LM's tokenizer (it has no mask token)")
-        max_length = (getattr(self._datamodule(), "max_length", None)
+        max_length = ((self.data_facts.max_length if self.data_facts is not None else None)
                       or max_positions(self.backbone) - self.hparams.soft_prompt_tokens)
         return ClozeCollator(pad_token_id=tokenizer.pad_token_id, encoder=PromptEncoder(self.template, tokenizer),
                              max_length=max_length)
@@ -569,7 +570,7 @@ class InContextEvalModule(_LabelScoringModule):
                                  max_length=max_positions(self.backbone), content_free=content_free)
 
     def make_collator(self, tokenizer, seed: int = 0) -> InContextCollator:
-        pool = getattr(self._datamodule(), "datasets", {}).get("train")
+        pool = self.data_facts.train_examples() if self.data_facts is not None else None
         if not isinstance(pool, PromptDataset):
             raise PtmError("InContextEvalModule draws demonstrations from the training split of a PromptDataModule; "
                            "use data.class_path: ptm_app.data.prompt_data.PromptDataModule")

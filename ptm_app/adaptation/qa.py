@@ -160,10 +160,10 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
         self._eval_step("test", batch)
 
     def answers(self, stage: str) -> dict[int, tuple[float, int, int, str]]:
-        return epoch_answers(self.spans[stage], self.trainer.datamodule.records(SPLITS[stage]))
+        return epoch_answers(self.spans[stage], self.data_facts.records(SPLITS[stage]))
 
     def _log_metrics(self, stage: str) -> None:
-        squad = squad_scores(self.answers(stage), self.trainer.datamodule.records(SPLITS[stage]))
+        squad = squad_scores(self.answers(stage), self.data_facts.records(SPLITS[stage]))
         self.log_dict({f"{stage}/{k}": v for k, v in squad.items()}, prog_bar=(stage == "val"))
 
     def on_validation_epoch_end(self) -> None:
@@ -177,7 +177,7 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
         return {"keys": batch["keys"], "examples": batch["examples"].tolist(), "spans": spans}
 
     def on_predict_epoch_end(self) -> None:
-        examples = self.trainer.datamodule.records(SPLITS["predict"])
+        examples = self.data_facts.records(SPLITS["predict"])
         rows = [{"id": examples.ids[e], "question": examples.questions[e], "context": examples.contexts[e],
                  "answer": text, "answer_start": start, "score": round(score, 4) if start >= 0 else None}
                 for e, (score, start, _, text) in self.answers("predict").items()]

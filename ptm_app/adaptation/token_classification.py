@@ -96,9 +96,8 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
         return super().can_build() and self.hparams.labels is not None
 
     def config_updates(self) -> dict:
-        datamodule = self._datamodule()
-        if self.hparams.labels is None and datamodule is not None and hasattr(datamodule, "label_set"):
-            self.hparams.labels = datamodule.label_set()
+        if self.hparams.labels is None and self.data_facts is not None:
+            self.hparams.labels = self.data_facts.labels()
         labels = list(self.hparams.labels or [])
         if not labels:
             raise PtmError("TokenClassificationModule needs labels: set model.init_args.labels or use a "
@@ -158,7 +157,7 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """One predicted tag per word (from its first sub-token); ``None`` for words cut by ``max_length``."""
         preds = self(batch).argmax(-1).cpu()
-        records = self.trainer.datamodule.records("test")
+        records = self.data_facts.records("test")
         labels = self.hparams.labels
         rows = []
         for key, row, words in zip(batch["keys"], preds, batch["word_index"].cpu()):

@@ -1,4 +1,4 @@
-"""Self-attention mask builders (UniLM, Dong et al. 2019 §2.2–2.3; survey_recipes.md §1.3, §2.4.2).
+"""Self-attention mask builders (UniLM, Dong et al. 2019 §2.2–2.3).
 
 One shared Transformer becomes a bidirectional, left-to-right or seq2seq LM purely by its self-attention
 mask (Han Eq. 1: ``ATT-Mask(x) = −∞`` where q_i must not attend to k_j).  Packed sequences use a

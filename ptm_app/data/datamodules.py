@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.collators import PadCollator
 from ptm_app.data.corpus import Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
@@ -72,6 +73,7 @@ class _Base(pl.LightningDataModule):
         self.num_workers, self.seed, self.holdout = num_workers, seed, holdout
         self.tokenizer = None
         self.collate_fn: Optional[Callable] = None
+        self.model_hooks: Optional[ModelHooks] = None  # from data.contract.connect
         self.datasets: dict = {}
         # tokenize once per job, on global rank 0; the other ranks wait at Lightning's setup barrier and read the
         # cache (a shared filesystem; without one, each node's setup builds its own cache)
@@ -93,6 +95,21 @@ class _Base(pl.LightningDataModule):
             self.tokenizer = load_tokenizer(self.tokenizer_spec, corpus, key)
         return self.tokenizer
 
+    # -- the data contract (data.contract.connect) ----------------------------------------------------
+    def facts(self) -> DataFacts:
+        """What the module may know of this data; the callables are answered once the data is prepared."""
+        return DataFacts(tokenizer=self.load_tokenizer, max_length=getattr(self, "max_length", None),
+                         max_source_length=getattr(self, "max_source_length", None),
+                         max_target_length=getattr(self, "max_target_length", None),
+                         task=getattr(self, "task", None), languages=getattr(self, "languages", None),
+                         labels=getattr(self, "label_set", DataFacts.labels),
+                         records=getattr(self, "records", DataFacts.records),
+                         train_examples=lambda: self.datasets.get("train"))
+
+    def connect_model(self, hooks: ModelHooks) -> None:
+        """Take the module's collator factory and example format."""
+        self.model_hooks = hooks
+
     def _rank(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -100,9 +117,9 @@ class _Base(pl.LightningDataModule):
     def _collate(self) -> Callable:
         if self.collate_fn is not None:
             return self.collate_fn
-        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
-        if module is not None and hasattr(module, "make_collator"):
-            self.collate_fn = module.make_collator(self.tokenizer, seed=self.seed)
+        hooks = self.model_hooks
+        if hooks is not None and hooks.collator is not None:
+            self.collate_fn = hooks.collator(self.tokenizer, seed=self.seed)
             return self.collate_fn
         return PadCollator(self.tokenizer.pad_token_id)
 
@@ -191,8 +208,8 @@ class PretrainDataModule(_Base):
     def example_format(self) -> str:
         if self.examples:
             return self.examples
-        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
-        return getattr(module, "example_format", "blocks")
+        hooks = self.model_hooks
+        return (hooks.example_format if hooks is not None else None) or "blocks"
 
     def prepare_data(self) -> None:
         tokenizer = self.load_tokenizer()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Literal, Optional
 import lightning.pytorch as pl
 import torch
 
+from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.datamodules import TaskDataModule
 from ptm_app.data.loader import ResumableLoader
 from ptm_app.data.token_tasks import QADataModule, TokenTaskDataModule
@@ -181,6 +182,7 @@ class MultitaskDataModule(pl.LightningDataModule):
         self.tasks = {name: _task_module(name, spec, tokenizer, shared) for name, spec in tasks.items()}
         self.tokenizer = None
         self.max_length = max(getattr(t, "max_length", 0) for t in self.tasks.values())
+        self.model_hooks: Optional[ModelHooks] = None  # from data.contract.connect
         self._attached = False
 
     def load_tokenizer(self):
@@ -202,6 +204,14 @@ class MultitaskDataModule(pl.LightningDataModule):
         for task in self.tasks.values():
             task.setup(stage)
 
+    def facts(self) -> DataFacts:
+        """What the multitask module may know: the shared tokenizer, each task's kind and labels, its records."""
+        return DataFacts(tokenizer=self.load_tokenizer, max_length=self.max_length, task_specs=self.task_specs,
+                         task_records=lambda task, split: self.tasks[task].records(split))
+
+    def connect_model(self, hooks: ModelHooks) -> None:
+        self.model_hooks = hooks
+
     def task_specs(self) -> dict[str, dict[str, Any]]:
         """Per task: its kind and label names (what the model needs to build one head per task)."""
         return {name: {"kind": task_kind(task), "labels": task.label_set() if hasattr(task, "label_set") and
@@ -212,10 +222,12 @@ class MultitaskDataModule(pl.LightningDataModule):
         """Give every task the trainer (rank, world size) and the model's collator for its kind."""
         if self._attached:
             return
-        module = self.trainer.lightning_module
+        if self.model_hooks is None or self.model_hooks.task_collator is None:
+            raise PtmError("MultitaskDataModule needs a multitask module's collators (model.class_path: "
+                           "MultitaskModule); connect them with ptm_app.data.contract.connect(model, data)")
         for name, task in self.tasks.items():
             task.trainer = self.trainer
-            task.collate_fn = TaggedCollator(module.task_collator(task_kind(task), self.tokenizer), name)
+            task.collate_fn = TaggedCollator(self.model_hooks.task_collator(task_kind(task), self.tokenizer), name)
         self._attached = True
 
     def rates(self) -> list[float]:

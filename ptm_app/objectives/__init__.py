@@ -1,4 +1,4 @@
-"""One LightningModule per pre-training family (DESIGN principle 2); representative models are YAML recipes."""
+"""One LightningModule per pre-training family (docs/design.md principle 2); representative models are YAML recipes."""
 from ptm_app.objectives.bilm import BiLMModule
 from ptm_app.objectives.clm import CausalLMModule
 from ptm_app.objectives.contrastive import ContrastiveModule

@@ -1,4 +1,4 @@
-"""Contrastive pre-training with in-batch negatives: SimCSE and InfoWord (survey_recipes §2.2, §2.4.4).
+"""Contrastive pre-training with in-batch negatives: SimCSE and InfoWord.
 
 SimCSE (Gao et al. 2021 §3, unsupervised): every sequence is encoded twice with dropout on; the two
 views are a positive pair and the other sequences of the batch are negatives.  Loss = InfoNCE over

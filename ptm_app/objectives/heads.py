@@ -1,4 +1,4 @@
-"""Small target heads that sit on a backbone's hidden states (UER-style targets, DESIGN principle 2).
+"""Small target heads that sit on a backbone's hidden states (UER-style targets, docs/design.md principle 2).
 
 Each head returns logits; the objective module owns the loss and its weight.
 """

@@ -1,4 +1,4 @@
-"""Replaced token detection (ELECTRA, Clark et al. 2020 §2; survey_recipes §2.4.4).
+"""Replaced token detection (ELECTRA, Clark et al. 2020 §2).
 
 A small generator G (MLM) fills the masked positions with samples; the discriminator D labels
 every token as original (0) or replaced (1).  A sampled token equal to the original counts as

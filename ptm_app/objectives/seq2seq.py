@@ -1,6 +1,6 @@
 """Sequence-to-sequence denoising pre-training on an encoder–decoder (``AutoModelForSeq2SeqLM``).
 
-``noise`` picks the corruption (survey_recipes §2.4.3):
+``noise`` picks the corruption:
 - ``t5_span``: T5 span corruption (Raffel et al. 2020 §3.1.4): each span → one sentinel; the target
   lists the sentinels and their spans.
 - ``mass``: MASS (Song et al. 2019 §2.2): one contiguous fragment masked with one [MASK] per token;

@@ -1,4 +1,4 @@
-"""Translation language modelling (XLM, Lample & Conneau 2019 §3.3; survey_recipes.md §2.4.2 "TLM").
+"""Translation language modelling (XLM, Lample & Conneau 2019 §3.3).
 
 BERT's masked LM (15 %, 80/10/10) over an aligned sentence pair concatenated, masking tokens of
 both sentences, so a masked English word can be predicted from its French translation and vice
@@ -42,7 +42,7 @@ class TranslationLMModule(MaskedLMModule):
             return updates
         xlm = {"unk_index": tok.unk_token_id, "mask_index": tok.mask_token_id, "mask_token_id": tok.mask_token_id,
                "bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id}
-        languages = getattr(self._datamodule(), "languages", None)
+        languages = self.data_facts.languages if self.data_facts is not None else None
         if languages:
             xlm.update(n_langs=len(languages), lang2id={lang: i for i, lang in enumerate(languages)},
                        id2lang=dict(enumerate(languages)))
@@ -50,9 +50,8 @@ class TranslationLMModule(MaskedLMModule):
 
     def configure_model(self) -> None:
         super().configure_model()
-        datamodule = self._datamodule()
-        if datamodule is not None:
-            self.language_ids = self._language_ids(getattr(datamodule, "languages", None))
+        if self.data_facts is not None:
+            self.language_ids = self._language_ids(self.data_facts.languages)
 
     def _language_ids(self, languages: Optional[list[str]]) -> list[int]:
         """The backbone's language id (``config.lang2id``) of each data language, checked against ``n_langs``."""

@@ -18,7 +18,7 @@ stream, so with dropout > 0 a compiled run's losses are not the eager run's.  A 
 unfreezing schedules) recompiles the blocks once per stage.
 
 Caches: inductor's FX graph, AOTAutograd and kernel caches go to ``cache_dir`` (``TORCHINDUCTOR_CACHE_DIR``),
-so the next run of the same model compiles in seconds (platform_notes §8: 34 s cold, 3.5 s warm).  Inductor keeps
+so the next run of the same model compiles in seconds (docs/design.md "Platform notes" §8: 34 s cold, 3.5 s warm).  Inductor keeps
 its precompiled C++ headers (~150 MB) in ``<tmp>/torchinductor_<user>`` whatever the setting.
 """
 from __future__ import annotations

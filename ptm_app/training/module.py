@@ -13,6 +13,7 @@ import torch
 
 from ptm_app.backbones.build import build_backbone, max_positions
 from ptm_app.checkpoints import CKPT_KEY, checkpoint_path as checkpoint_file
+from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
 
@@ -43,6 +44,7 @@ class PtmModule(pl.LightningModule):
         self.optim = as_optim_config(optim)
         self.backbone = None
         self.tokenizer = None
+        self.data_facts: Optional[DataFacts] = None  # from data.contract.connect
         if self.can_build():
             self.configure_model()
 
@@ -73,37 +75,43 @@ class PtmModule(pl.LightningModule):
                 updates[name] = getattr(tok, name)
         return {k: v for k, v in updates.items() if k not in (self.hparams.backbone_config or {})}
 
+    # -- the data contract (data.contract.connect) ---------------------------------------------------
+    def connect_data(self, facts: DataFacts) -> None:
+        """Take the data's facts: tokenizer, labels, lengths ... (asked for when the model is built)."""
+        self.data_facts = facts
+
+    def hooks(self) -> ModelHooks:
+        """What the DataModule takes from this module: its collator factory and example format."""
+        return ModelHooks(collator=getattr(self, "make_collator", None),
+                          example_format=getattr(self, "example_format", None),
+                          task_collator=getattr(self, "task_collator", None))
+
     def configure_model(self) -> None:
         if self.backbone is not None:
             return
-        datamodule = self._datamodule()
-        if datamodule is not None and self.tokenizer is None:
-            self.tokenizer = datamodule.load_tokenizer()
+        facts = self.data_facts
+        if facts is not None and self.tokenizer is None:
+            self.tokenizer = facts.tokenizer()
         self.backbone = self.build_model()
         self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
         if self.hparams.gradient_checkpointing:
             enable_activation_checkpointing(self.backbone)
-        if datamodule is not None:
-            self.check_lengths(datamodule)
+        if facts is not None:
+            self.check_lengths(facts)
 
     def build_model(self):
         """The transformers model for ``head``; override to assemble one differently (e.g. BERT2BERT)."""
         return build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config, **self.config_updates())
 
-    def _datamodule(self):
-        trainer = self._trainer
-        return getattr(trainer, "datamodule", None) if trainer is not None else None
-
     def setup(self, stage: str) -> None:
-        datamodule = self._datamodule()
-        if datamodule is not None:
-            self.tokenizer = datamodule.load_tokenizer()
+        if self.data_facts is not None:
+            self.tokenizer = self.data_facts.tokenizer()
             if self.backbone is not None:
-                self.check_lengths(datamodule)
+                self.check_lengths(self.data_facts)
 
-    def check_lengths(self, datamodule) -> None:
+    def check_lengths(self, facts: DataFacts) -> None:
         """Refuse a data max_length the backbone's position embeddings cannot hold."""
-        limit, wanted = max_positions(self.backbone), getattr(datamodule, "max_length", None)
+        limit, wanted = max_positions(self.backbone), facts.max_length
         virtual = self.virtual_positions()
         if limit is not None and wanted is not None and wanted + virtual > limit:
             what = f"data.max_length={wanted}" + (f" + {virtual} virtual tokens" if virtual else "")

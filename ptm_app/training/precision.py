@@ -4,17 +4,15 @@
   else ``16-mixed`` (with Lightning's loss scaling).
 - CPU: ``bf16-mixed`` when the CPU has bfloat16 instructions (x86 AVX512-BF16 or AMX; on ARM, oneDNN's own
   bf16 check), which oneDNN uses: 1.4-1.7x fp32 on the project machines, loss equal to 3 decimals
-  (platform_notes §7).  CPUs without them only emulate bf16, so they get ``32-true``.  fp16 is never chosen on
+  (docs/design.md "Platform notes" §7).  CPUs without them only emulate bf16, so they get ``32-true``.  fp16 is never chosen on
   a CPU: without AVX512-FP16 it is a scalar fallback about 1000x slower (§9).
 """
 from __future__ import annotations
 
 import platform
-from typing import Literal, Optional, Union
+from typing import Optional
 
 import torch
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
-from lightning.pytorch import Trainer
 
 
 def cpu_has_native_bf16() -> bool:
@@ -35,12 +33,3 @@ def auto_precision(accelerator: Optional[str]) -> str:
     if accelerator in ("cpu", "auto") and cpu_has_native_bf16():
         return "bf16-mixed"
     return "32-true"
-
-
-class PtmTrainer(Trainer):
-    """Lightning's ``Trainer`` that also takes ``precision: auto`` (see the module docstring)."""
-
-    def __init__(self, *args, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = None, **kwargs):
-        if precision == "auto":
-            precision = auto_precision(kwargs.get("accelerator"))
-        super().__init__(*args, precision=precision, **kwargs)

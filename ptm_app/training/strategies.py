@@ -5,7 +5,7 @@ Lightning refuses ``strategy="fsdp"`` and ``"deepspeed"`` without a GPU (``accel
 
 - ``FSDP`` is Lightning's ``ModelParallelStrategy`` (FSDP2, ``torch.distributed.fsdp.fully_shard``), which has
   no CUDA check.  We prefer it to an FSDP1 subclass: FSDP1 on CPU needs a ``device_id`` override and segfaults
-  saving a full state dict (platform_notes §5.3), and it refuses frozen and trainable parameters in one flat
+  saving a full state dict (docs/design.md "Platform notes" §5.3), and it refuses frozen and trainable parameters in one flat
   parameter ("uniform requires_grad", so LoRA needs ``use_orig_params=True``); FSDP2 shards per parameter, so
   LoRA and adapters need nothing special.  ``ModelParallelStrategy`` leaves the sharding to the module's
   ``configure_model``; here the strategy does it for every ptm_app module: one ``fully_shard`` unit per
@@ -14,8 +14,8 @@ Lightning refuses ``strategy="fsdp"`` and ``"deepspeed"`` without a GPU (``accel
   FSDP1 strategy does), so heads used outside the backbone's forward are unsharded too.  ``sharding: hybrid``
   is HSDP: shard inside a node, replicate across nodes (a 2-D device mesh, nodes × devices).
   Checkpoints are ``torch.distributed.checkpoint`` directories; ``export`` consolidates them.
-- ``DeepSpeed`` is Lightning's ``DeepSpeedStrategy``; on a CPU it makes the three changes of platform_notes
-  §5.4 (skip the CUDA check and the device-index check, pass the local rank as DeepSpeed's device rank),
+- ``DeepSpeed`` is Lightning's ``DeepSpeedStrategy``; on a CPU it makes the three changes of docs/design.md
+  "Platform notes" §5.4 (skip the CUDA check and the device-index check, pass the local rank as DeepSpeed's device rank),
   sets ``DS_ACCELERATOR=cpu`` and, for ZeRO-3, destroys the process group at teardown (DeepSpeed's CPU
   backend otherwise aborts at exit).  On CUDA every method is Lightning's own but one: the model is built whole
   and partitioned by ``deepspeed.initialize``, not under ``deepspeed.zero.Init``, where transformers' weight

@@ -63,7 +63,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, size: int = PROBE_SIZE,
     """Measured peak FLOP/s of ``size``×``size`` matmuls on ``device`` in ``dtype`` (best of ``repeats``).
 
     Cached in ``<cache>/flops_peak.json`` by device name, dtype and torch thread count, so a run pays the
-    probe (about a second on a CPU) once.  platform_notes §9 has the figures for the reference machine.
+    probe (about a second on a CPU) once.  docs/design.md "Platform notes" §9 has the figures for the reference machine.
     """
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     key = f"{device.type}|{_device_name(device)}|{dtype}|threads={threads}|{size}"

@@ -9,6 +9,7 @@ import yaml
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.chaining import InitFrom, apply_init_from
 from ptm_app.adaptation.classification import SequenceClassificationModule
 from ptm_app.adaptation.features import FeatureExtractionModule
@@ -40,7 +41,7 @@ def batch(seed: int = 0, n: int = 4, length: int = 6) -> dict:
 
 
 def fit_tiny(module, steps: int = 3) -> pl.Trainer:
-    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = PtmTrainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, DataLoader([batch(i) for i in range(steps)], batch_size=None))
     return trainer
@@ -249,7 +250,7 @@ def test_unfreezing_state_is_derived_from_the_trainer_and_spares_weights_outside
 # -- L2-SP --------------------------------------------------------------------------------------------------
 def test_l2_sp_penalty_is_zero_at_start_and_matches_the_formula():
     module = tiny_classifier(l2_sp=0.3)
-    trainer = pl.Trainer(accelerator="cpu", logger=False)
+    trainer = PtmTrainer(accelerator="cpu", logger=False)
     trainer.state.fn = TrainerFn.FITTING
     module.trainer = trainer
     module.configure_model()  # takes w⁰ when a fit builds the module

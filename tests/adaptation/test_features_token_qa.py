@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.features import (FeatureExtractionModule, QAFeatureExtractionModule,
                                          TokenFeatureExtractionModule)
 from ptm_app.data.sources import prepared_dir
@@ -45,7 +46,7 @@ def make(cls, **kwargs):
 
 
 def fit(module, steps: int = 3, batches: list[dict] | None = None) -> pl.Trainer:
-    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = PtmTrainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, DataLoader(batches or [batch(i) for i in range(steps)], batch_size=None))
     return trainer
@@ -208,7 +209,7 @@ def tagged(n: int, seed: int) -> list[dict]:
 
 
 def tiny_trainer(root: Path, steps: int) -> pl.Trainer:
-    return pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+    return PtmTrainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
                       num_sanity_val_steps=0, val_check_interval=steps, check_val_every_n_epoch=None)
 

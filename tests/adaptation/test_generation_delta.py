@@ -15,6 +15,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.backbones.delta import load_delta
 from ptm_app.adaptation.generation import GenerationModule
 from ptm_app.errors import PtmError
@@ -80,7 +81,7 @@ def batches(module: GenerationModule, n: int = 3) -> list[dict]:
 
 
 def fit(module: GenerationModule, data: list[dict]) -> pl.Trainer:
-    trainer = pl.Trainer(max_steps=len(data), accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = PtmTrainer(max_steps=len(data), accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, DataLoader(data, batch_size=None))
     return trainer

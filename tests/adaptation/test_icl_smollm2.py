@@ -3,9 +3,9 @@
 import json
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.prompting import InContextEvalModule
 from ptm_app.data.prompt_data import PromptDataModule
 from ptm_app.data.sources import prepared_dir
@@ -41,7 +41,7 @@ def test_smollm2_in_context_labels_obvious_sentiment(tmp_path):
                               eval_batch_size=6)
         module = InContextEvalModule(backbone="smollm2", template="Review: {text}\nSentiment: {label}\n\n",
                                      k_shot=k, seed=3)
-        trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        trainer = PtmTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False)
         metrics[k] = trainer.test(module, datamodule=dm, verbose=False)[0]
     assert metrics[0]["test/shots"] == 0 and metrics[2]["test/shots"] == 2

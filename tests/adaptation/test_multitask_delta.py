@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.multitask import MultitaskModule
 from ptm_app.export import export_checkpoint, load_exported_module
 from tests.adaptation.test_generation import tiny_bert_dir
@@ -67,7 +67,7 @@ def test_one_shared_delta_and_the_heads_train_and_reload_from_a_delta_only_check
     trainable = {n for n, p in module.backbone.named_parameters() if p.requires_grad}
     assert trainable and all(any(k in n for k in DELTA_NAMES[method]) for n in trainable), sorted(trainable)[:4]
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
-    trainer = pl.Trainer(max_steps=len(BATCHES), accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = PtmTrainer(max_steps=len(BATCHES), accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, DataLoader(BATCHES, batch_size=None))
     for name, param in module.named_parameters():

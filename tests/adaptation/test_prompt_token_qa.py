@@ -5,9 +5,9 @@ prompt-prepended model run by hand), the loss is the hand-computed one, a tiny m
 post-processing, and delta-only checkpoints reload with the same outputs."""
 import pytest
 import torch
-import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.adaptation.qa import QuestionAnsweringModule
 from ptm_app.adaptation.token_classification import TokenClassificationModule
@@ -88,7 +88,7 @@ def test_prompt_tuned_qa_learns_spans_through_the_post_processing(qa_data, tmp_p
 @pytest.mark.parametrize("cls, method", [(TokenClassificationModule, "prompt"), (QuestionAnsweringModule, "ptuning")])
 def test_delta_only_checkpoints_reload_with_the_same_outputs(cls, method, tiny_dir, tmp_path):
     module = tuned(cls, method, backbone=str(tiny_dir), backbone_config=None)
-    trainer = pl.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = PtmTrainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, DataLoader([batch(0), batch(1)], batch_size=None))
     trainer.save_checkpoint(tmp_path / "run.ckpt")
@@ -106,14 +106,13 @@ def test_delta_only_checkpoints_reload_with_the_same_outputs(cls, method, tiny_d
 @pytest.mark.parametrize("cls", [TokenClassificationModule, QuestionAnsweringModule])
 def test_virtual_tokens_count_against_the_position_limit(cls):
     """TINY_BERT has 64 positions: 59 input tokens + 5 virtual ones fit, 60 + 5 are refused in one line."""
-    from types import SimpleNamespace
-
+    from ptm_app.data.contract import DataFacts
     from ptm_app.errors import PtmError
 
     module = tuned(cls, "prompt")
-    module.check_lengths(SimpleNamespace(max_length=59))
+    module.check_lengths(DataFacts(tokenizer=lambda: None, max_length=59))
     with pytest.raises(PtmError) as err:
-        module.check_lengths(SimpleNamespace(max_length=60))
+        module.check_lengths(DataFacts(tokenizer=lambda: None, max_length=60))
     assert str(err.value) == ("data.max_length=60 + 5 virtual tokens is longer than the backbone allows (64 positions); "
                               "set data.init_args.max_length <= 59")
-    tuned(cls, "lora").check_lengths(SimpleNamespace(max_length=64))  # LoRA adds no positions
+    tuned(cls, "lora").check_lengths(DataFacts(tokenizer=lambda: None, max_length=64))  # LoRA adds no positions

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.prompting import (InContextEvalModule, PromptClassifierModule, PromptEncoder, Template,
                                           Verbalizer, longest_first)
 from ptm_app.data.prompt_data import PromptDataModule
@@ -63,7 +64,7 @@ def bert_data(corpus) -> PromptDataModule:
 
 
 def trainer(**kwargs) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    return PtmTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, num_sanity_val_steps=0, **kwargs)
 
 

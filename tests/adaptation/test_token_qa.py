@@ -4,12 +4,12 @@ import csv
 import json
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
 from torch.utils.data import DataLoader
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.qa import BestSpans, best_span
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.data.sources import prepared_dir
@@ -85,7 +85,7 @@ def test_module_logs_token_accuracy_and_entity_f1_for_bio_tags():
     logits = torch.nn.functional.one_hot(torch.tensor([[2, 0, 2, 2, 0, 1]]), 3).float()
     module.forward = lambda batch: logits
     batch = {"input_ids": torch.ones(1, 6, dtype=torch.long), "labels": torch.tensor([[-100, 0, 1, 2, 0, -100]])}
-    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = PtmTrainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     metrics = trainer.validate(module, DataLoader([batch], batch_size=None), verbose=False)[0]
     assert metrics["val/acc"] == pytest.approx(3 / 4)  # the two -100 positions are not counted
     assert metrics["val/entity_f1"] == pytest.approx(1 / 2)  # (PER, 3, 3) right; (PER, 0, 0) != (PER, 0, 1)

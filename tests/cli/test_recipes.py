@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 
+from ptm_app.training.trainer import PtmTrainer
 from tests.conftest import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,6 @@ def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.stem)
 def test_recipe_overfits_one_fixed_batch(config, tmp_path, monkeypatch):
-    import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader
 
@@ -107,7 +107,7 @@ def test_recipe_overfits_one_fixed_batch(config, tmp_path, monkeypatch):
         def on_train_batch_end(self, trainer, pl_module, outputs, b, i):
             seen.append(float(outputs["loss"]))
 
-    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = PtmTrainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[Record()])
     trainer.fit(module, train_dataloaders=DataLoader([batch] * steps, batch_size=None))
     first, last = seen[0], sum(seen[-5:]) / 5

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ptm_app.training import precision as prec
+from ptm_app.training.trainer import PtmTrainer
 
 
 @pytest.fixture
@@ -39,12 +40,12 @@ def test_auto_precision_follows_capabilities(hardware, probes, accelerator, expe
 
 def test_trainer_resolves_auto(hardware):
     hardware(avx512_bf16=True)
-    trainer = prec.PtmTrainer(precision="auto", accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = PtmTrainer(precision="auto", accelerator="cpu", logger=False, enable_checkpointing=False,
                               enable_progress_bar=False, enable_model_summary=False)
     assert trainer.precision == "bf16-mixed"
     hardware(avx512_bf16=False)
-    assert prec.PtmTrainer(precision="auto", accelerator="cpu", logger=False).precision == "32-true"
-    assert prec.PtmTrainer(precision="bf16-mixed", accelerator="cpu", logger=False).precision == "bf16-mixed"
+    assert PtmTrainer(precision="auto", accelerator="cpu", logger=False).precision == "32-true"
+    assert PtmTrainer(precision="bf16-mixed", accelerator="cpu", logger=False).precision == "bf16-mixed"
 
 
 def test_auto_through_the_cli_and_fp16_on_cpu_refused(tiny_corpus, tmp_path, capsys, hardware):

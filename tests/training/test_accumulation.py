@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.data.datamodules import PretrainDataModule
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.objectives import MaskedLMModule
@@ -126,7 +127,7 @@ def test_throughput_counts_every_micro_batch(tiny_corpus):
             seen.append(batch["input_ids"].shape[0])
 
     monitor = ThroughputMonitor(measure_peak=False)
-    trainer = pl.Trainer(max_steps=3, accumulate_grad_batches=2, accelerator="cpu", log_every_n_steps=2,
+    trainer = PtmTrainer(max_steps=3, accumulate_grad_batches=2, accelerator="cpu", log_every_n_steps=2,
                          limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[monitor, Recorder()], use_distributed_sampler=False)
     trainer.fit(MaskedLMModule(backbone_config=TINY_BERT, optim={"lr": 1e-3, "warmup": 1}), datamodule=dm)

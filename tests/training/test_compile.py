@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.errors import PtmError
 from ptm_app.training.compile import TorchCompile, compile_units
 from tests.conftest import TINY_BERT, TINY_GPT2, logged_losses, run_main, tiny_mlm_config
@@ -123,13 +124,12 @@ def test_cuda_graphs_mode_is_refused_on_cpu(tiny_corpus, tmp_path, capsys):
 
 
 def test_deepspeed_is_refused(monkeypatch):
-    import lightning.pytorch as pl
 
     from ptm_app.objectives import MaskedLMModule
     from ptm_app.training.strategies import DeepSpeed
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # DeepSpeed() sets it for the process: restored after
-    trainer = pl.Trainer(strategy=DeepSpeed(stage=2), accelerator="cpu", devices=1, logger=False)
+    trainer = PtmTrainer(strategy=DeepSpeed(stage=2), accelerator="cpu", devices=1, logger=False)
     with pytest.raises(PtmError, match="TorchCompile is not supported with DeepSpeed"):
         TorchCompile().setup(trainer, MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}), "fit")
 

@@ -3,6 +3,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.training.optim import OptimConfig, build_optimizer, fused_if_possible
 
 
@@ -21,7 +22,7 @@ class Tiny(pl.LightningModule):
 @pytest.mark.parametrize("precision, clip, fused", [("bf16-mixed", 1.0, False), ("bf16-mixed", None, True),
                                                     ("32-true", 1.0, True)])
 def test_fused_unless_mixed_precision_clips(precision, clip, fused):
-    trainer = pl.Trainer(max_steps=2, precision=precision, gradient_clip_val=clip, accelerator="cpu", logger=False,
+    trainer = PtmTrainer(max_steps=2, precision=precision, gradient_clip_val=clip, accelerator="cpu", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)
     trainer.fit(Tiny(), data)  # Lightning raises if a fused optimizer meets mixed-precision clipping

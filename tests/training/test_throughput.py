@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers
 
+from ptm_app.training.trainer import PtmTrainer
 from ptm_app.data.datamodules import PretrainDataModule
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.objectives import MaskedLMModule
@@ -31,7 +32,7 @@ def test_counts_match_the_batches_and_rates_match_the_wall_time(tiny_corpus, tmp
     dm = PretrainDataModule(TokenizerSpec(train="wordpiece", vocab_size=200, min_frequency=1), source=str(tiny_corpus),
                             max_length=32, batch_size=4, packing="split_documents", limit_documents=20)
     monitor, recorder = ThroughputMonitor(), BatchRecorder()
-    trainer = pl.Trainer(max_steps=9, accelerator="cpu", log_every_n_steps=3, limit_val_batches=0, logger=False,
+    trainer = PtmTrainer(max_steps=9, accelerator="cpu", log_every_n_steps=3, limit_val_batches=0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[monitor, recorder], use_distributed_sampler=False)
     module = MaskedLMModule(backbone_config=TINY_BERT, optim={"lr": 1e-3, "warmup": 1})

@@ -1,4 +1,4 @@
-"""BERT masked-LM corruption (Devlin et al. 2019, §3.1; survey_recipes.md §2.4 "BERT").
+"""BERT masked-LM corruption (Devlin et al. 2019, §3.1).
 
 Select ``p`` (15 %) of the maskable positions; of those, 80 % become ``[MASK]``, 10 % a random
 token and 10 % stay unchanged.  Labels hold the original id at selected positions and

@@ -1,5 +1,5 @@
 """Sentence-pair objectives: NSP (BERT, Devlin et al. 2019 §3.1 Task #2) and SOP (ALBERT, Lan et al.
-2020 §3.1 "Inter-sentence coherence loss"); survey_recipes.md §2.4.5.
+2020 §3.1 "Inter-sentence coherence loss")
 
 ``documents`` is a list of documents, each a list of non-empty sentences of token ids.  Segment A
 is one or more consecutive sentences starting at ``sentence_index``; sentences are gathered (as in

@@ -1,4 +1,4 @@
-"""XLNet permutation-LM inputs (Yang et al. 2019 §2.2–2.3; survey_recipes.md §2.4.3 "PLM (XLNet)").
+"""XLNet permutation-LM inputs (Yang et al. 2019 §2.2–2.3).
 
 A factorisation order ``z`` is sampled and only the last tokens of ``z`` are predicted (partial
 prediction, Yang et al. eq. 5): ``max E_z log p(x_{z>c} | x_{z<=c})``.  As in XLNet's data pipeline

@@ -1,4 +1,4 @@
-"""Replaced token detection (ELECTRA, Clark et al. 2020 §2; survey_recipes.md §2.4.4).
+"""Replaced token detection (ELECTRA, Clark et al. 2020 §2).
 
 Label convention (trap T5): 1 = replaced, 0 = original, as HF ``ElectraForPreTraining`` expects.
 The survey's ``y_t = 1(x̂_t = x_t)`` is the opposite (1 = original).  A generator sample equal

@@ -1,4 +1,4 @@
-"""Sequence-to-sequence masked LM: T5 span corruption and MASS (survey_recipes.md §2.4.3, trap T9).
+"""Sequence-to-sequence masked LM: T5 span corruption and MASS.
 
 * T5 (Raffel et al. 2020 §3.1.4): each corrupted span becomes ONE sentinel in the inputs; the
   targets list every sentinel followed by its span, then a final sentinel.

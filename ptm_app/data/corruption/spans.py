@@ -1,4 +1,4 @@
-"""Word- and span-level masking on token-id lists (survey_recipes.md §2.4.2).
+"""Word- and span-level masking on token-id lists.
 
 * Whole-word masking (Google BERT's 2019 "Whole Word Masking" models; Cui et al. 2019): every
   sub-token of a selected word is selected, so no word is ever partially masked.

@@ -1,4 +1,4 @@
-"""BART noising functions and Liu's word shuffle: golden formats (survey_recipes.md §2.3) and statistics."""
+"""BART noising functions and Liu's word shuffle: golden formats and statistics."""
 import math
 import random
 

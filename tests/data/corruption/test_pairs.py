@@ -1,4 +1,4 @@
-"""NSP / SOP pair builders: golden formats (survey_recipes.md §2.3), balance, negatives, HF conventions."""
+"""NSP / SOP pair builders: golden formats, balance, negatives, HF conventions."""
 import random
 
 import pytest

@@ -1,4 +1,4 @@
-"""T5 span corruption and MASS: golden formats (survey_recipes.md §2.3, trap T9) and statistics."""
+"""T5 span corruption and MASS: golden formats and statistics."""
 import random
 
 import pytest

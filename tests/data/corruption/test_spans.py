@@ -1,4 +1,4 @@
-"""Whole-word masking and SpanBERT spans: golden formats (survey_recipes.md §2.3) and statistics."""
+"""Whole-word masking and SpanBERT spans: golden formats and statistics."""
 import random
 
 import pytest
