@@ -15,6 +15,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes by their short names)
+import ptm_app.data.choice_data  # noqa: F401
 import ptm_app.data.datamodules  # noqa: F401
 import ptm_app.data.generation_data  # noqa: F401
 import ptm_app.data.multitask  # noqa: F401
@@ -155,7 +156,7 @@ class PtmCLI(LightningCLI):
             DataPositionCallback(),
             RNGStateCallback(),
             LastCheckpoint(ckpt_dir / "last.ckpt", cfg.get("checkpoint_every") or 0, cfg.get("stop_at_step") or 0),
-            PredictionWriter(run_dir / "predictions.jsonl"),
+            PredictionWriter(),
             RunSummary(run_dir, self.subcommand or "fit"),
             ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1,
                             enable_version_counter=False),

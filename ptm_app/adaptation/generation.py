@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
-from ptm_app.adaptation.token_classification import write_predictions
 from ptm_app.backbones.build import build_backbone, max_positions, model_dir
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens, transformers_model
 from ptm_app.constants import IGNORE_INDEX
@@ -44,6 +43,7 @@ from ptm_app.data.sources.references import load_error
 from ptm_app.errors import PtmError
 from ptm_app.objectives.seq2seq import seq2seq_token_ids
 from ptm_app.tasks.metrics import GenerationScores
+from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 

@@ -13,89 +13,17 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
 
-from ptm_app.adaptation.token_classification import write_predictions
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
 from ptm_app.data.token_tasks import QACollator
-from ptm_app.tasks.metrics import SquadMetric
+from ptm_app.tasks.spans import SPLITS, BestSpans, best_span, epoch_answers, span_loss, squad_scores
+from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 HEADS.setdefault("question_answering", "AutoModelForQuestionAnswering")
-SPLITS = {"val": "validation", "test": "test", "predict": "test"}
-
-
-def best_span(start_logits: torch.Tensor, end_logits: torch.Tensor, offsets: torch.Tensor, n_best: int = 20,
-              max_answer_length: int = 30) -> tuple[float, int, int]:
-    """The best ``(score, start_char, end_char)`` of one window, or ``(-inf, -1, -1)`` if none is valid.
-
-    Candidates: the ``n_best`` highest start and end logits among *context* tokens (``offsets >= 0``; the
-    question, specials and padding never qualify); a pair is valid if ``end >= start`` and it spans at most
-    ``max_answer_length`` tokens; its score is ``start_logit + end_logit`` (BERT §4.2).
-    """
-    context = offsets[:, 0] >= 0
-    if not context.any():
-        return float("-inf"), -1, -1
-    k = min(n_best, int(context.sum()))
-    starts = start_logits.float().masked_fill(~context, float("-inf")).topk(k).indices
-    ends = end_logits.float().masked_fill(~context, float("-inf")).topk(k).indices
-    length = ends[None, :] - starts[:, None]
-    scores = start_logits.float()[starts][:, None] + end_logits.float()[ends][None, :]
-    scores = scores.masked_fill((length < 0) | (length >= max_answer_length), float("-inf"))
-    best = int(scores.argmax())
-    score = float(scores.flatten()[best])
-    if score == float("-inf"):
-        return score, -1, -1
-    i, j = divmod(best, k)
-    return score, int(offsets[starts[i], 0]), int(offsets[ends[j], 1])
-
-
-class BestSpans(Metric):
-    """Collects each window's best span over an epoch (gathered across processes) and keeps, per example,
-    the highest-scoring one."""
-
-    full_state_update = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        for name in ("example", "score", "start", "end"):
-            self.add_state(name, default=[], dist_reduce_fx="cat")
-
-    def update(self, example: torch.Tensor, score: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> None:
-        for name, value in (("example", example), ("score", score), ("start", start), ("end", end)):
-            getattr(self, name).append(value)
-
-    def compute(self) -> dict[int, tuple[float, int, int]]:
-        if not self.example:
-            return {}
-        best: dict[int, tuple[float, int, int]] = {}
-        rows = zip(*(dim_zero_cat(getattr(self, n)).tolist() for n in ("example", "score", "start", "end")))
-        for example, score, start, end in rows:
-            if int(example) not in best or score > best[int(example)][0]:
-                best[int(example)] = (score, int(start), int(end))
-        return best
-
-
-def epoch_answers(spans: BestSpans, records) -> dict[int, tuple[float, int, int, str]]:
-    """Per example seen this epoch: ``(score, start_char, end_char, text)`` of its best span (``""`` if none);
-    resets ``spans``."""
-    best = spans.compute()
-    spans.reset()
-    contexts = records.contexts
-    return {e: (score, s, t, contexts[e][s:t] if s >= 0 else "") for e, (score, s, t) in sorted(best.items())}
-
-
-def squad_scores(answers: dict[int, tuple[float, int, int, str]], records) -> dict[str, torch.Tensor]:
-    """SQuAD EM / F1 of the answers against the records' gold answers."""
-    squad = SquadMetric(sync_on_compute=False)  # the spans are already gathered from every process
-    squad.update([a[3] for a in answers.values()], [records.answers[e] for e in answers])
-    return squad.compute()
-
-
 class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
     """Fine-tune every weight of the backbone plus a fresh start/end span layer.
 
@@ -131,13 +59,8 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
         out, virtual = self.backbone(**self.model_inputs(batch)), prepended_tokens(self.backbone)
         return out.start_logits[:, virtual:].float(), out.end_logits[:, virtual:].float()
 
-    @staticmethod
-    def loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        ce = nn.functional.cross_entropy
-        return (ce(start_logits, batch["start_positions"]) + ce(end_logits, batch["end_positions"])) / 2
-
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(*self(batch), batch)
+        loss = span_loss(*self(batch), batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
         return loss
 
@@ -150,7 +73,7 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
 
     def _eval_step(self, stage: str, batch: dict) -> None:
         start_logits, end_logits = self(batch)
-        self.log(f"{stage}/loss", self.loss(start_logits, end_logits, batch), batch_size=len(batch["input_ids"]))
+        self.log(f"{stage}/loss", span_loss(start_logits, end_logits, batch), batch_size=len(batch["input_ids"]))
         self._collect(stage, batch, start_logits, end_logits)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

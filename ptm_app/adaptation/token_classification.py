@@ -8,8 +8,6 @@ seqeval's default mode, see ``tasks.metrics``).  ``predict`` writes one tag per 
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -18,53 +16,16 @@ from torch import nn
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.backbones.build import HEADS
-from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.datasets import _index
 from ptm_app.data.token_tasks import TokenLabelCollator
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_file
-from ptm_app.tasks.metrics import EntityF1, is_bio, token_accuracy
+from ptm_app.tasks.tagging import (compute_tagging_metrics, tagging_loss, tagging_metrics, update_tagging_metrics,
+                                   word_tags)
+from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 HEADS.setdefault("token_classification", "AutoModelForTokenClassification")
-
-
-def write_predictions(trainer, rows: list[dict]) -> None:
-    """Write ``rows`` to ``<trainer.default_root_dir>/predictions.jsonl`` (the run directory under main.py)."""
-    if not rows or not trainer.is_global_zero:
-        return
-    path = Path(trainer.default_root_dir) / "predictions.jsonl"
-    with atomic_file(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"wrote {len(rows)} predictions to {path}")
-
-
-def word_tags(labels: list[str], ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
-    """Tag names at the labelled (first sub-token) positions of each row, in word order."""
-    return [[labels[i] for i in row[keep].tolist()] for row, keep in zip(ids, where)]
-
-
-def tagging_metrics(labels: list[str]) -> nn.ModuleDict:
-    """Token accuracy, plus entity-level P/R/F1 when the tags are BIO."""
-    return nn.ModuleDict({"acc": token_accuracy(len(labels)), **({"entities": EntityF1()} if is_bio(labels) else {})})
-
-
-def update_tagging_metrics(metrics: nn.ModuleDict, labels: list[str], preds: torch.Tensor, gold: torch.Tensor) -> None:
-    metrics["acc"].update(preds, gold)
-    if "entities" in metrics:
-        labelled = gold != IGNORE_INDEX
-        metrics["entities"].update(word_tags(labels, preds, labelled), word_tags(labels, gold, labelled))
-
-
-def compute_tagging_metrics(metrics: nn.ModuleDict) -> dict[str, torch.Tensor]:
-    values = {"acc": metrics["acc"].compute()}
-    if "entities" in metrics:
-        values.update(metrics["entities"].compute())
-    for metric in metrics.values():
-        metric.reset()
-    return values
 
 
 class TokenClassificationModule(DeltaTuningMixin, PtmModule):
@@ -118,12 +79,8 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
         """Tag logits [B, T, labels], one per input token (prompt / P-tuning's virtual tokens dropped)."""
         return self.backbone(**self.model_inputs(batch)).logits[:, prepended_tokens(self.backbone):]
 
-    @staticmethod
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(self(batch), batch["labels"])
+        loss = tagging_loss(self(batch), batch["labels"])
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
         return loss
 
@@ -132,7 +89,7 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
 
     def _eval_step(self, stage: str, batch: dict) -> None:
         logits, labels = self(batch), batch["labels"]
-        self.log(f"{stage}/loss", self.loss(logits, labels), batch_size=len(labels))
+        self.log(f"{stage}/loss", tagging_loss(logits, labels), batch_size=len(labels))
         update_tagging_metrics(self.stage_metrics[stage], self.hparams.labels, logits.argmax(-1), labels)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

@@ -37,7 +37,7 @@ DELTA_FILE, CONFIG_FILE = "delta.safetensors", "delta_config.json"
 HEAD_TASK_TYPES: dict[str, Optional[str]] = {
     "sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS",
     "question_answering": "QUESTION_ANS", "causal_lm": "CAUSAL_LM", "seq2seq_lm": "SEQ_2_SEQ_LM",
-    "base": "FEATURE_EXTRACTION", "masked_lm": None, "rtd": None,
+    "base": "FEATURE_EXTRACTION", "masked_lm": None, "rtd": None, "multiple_choice": None,
 }
 
 

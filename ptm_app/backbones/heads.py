@@ -10,6 +10,7 @@ HEADS = {
     "sequence_classification": "AutoModelForSequenceClassification",
     "token_classification": "AutoModelForTokenClassification",
     "question_answering": "AutoModelForQuestionAnswering",
+    "multiple_choice": "AutoModelForMultipleChoice",
     "base": "AutoModel",
     "rtd": "ElectraForPreTraining",  # ELECTRA's discriminator (Clark et al. 2020 §2)
     "bilm": "BiLSTMForLanguageModeling",  # ptm_app.backbones.bilstm (ELMo, Peters et al. 2018)

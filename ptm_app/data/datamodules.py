@@ -64,6 +64,7 @@ def seeded_subset(index: list[int], n: int, seed: int) -> list[int]:
 
 class _Base(pl.LightningDataModule):
     group_by_length = False  # labelled data modules take it as an argument (see ``EpochSampler``)
+    kind: Optional[str] = None  # the task type of labelled data (tasks.types.TASK_TYPES), for multitask heads
 
     def __init__(self, source: str, tokenizer: TokenizerSpec, batch_size: int, eval_batch_size: Optional[int],
                  num_workers: int, seed: int, holdout: float):
@@ -121,6 +122,10 @@ class _Base(pl.LightningDataModule):
         if hooks is not None and hooks.collator is not None:
             self.collate_fn = hooks.collator(self.tokenizer, seed=self.seed)
             return self.collate_fn
+        return self.default_collator()
+
+    def default_collator(self) -> Callable:
+        """The collator when the module gives none: pad the inputs per batch."""
         return PadCollator(self.tokenizer.pad_token_id)
 
 
@@ -313,6 +318,10 @@ class TaskDataModule(_Base):
         pick = lambda seq: None if seq is None else [seq[i] for i in index]  # noqa: E731
         self.splits[split] = {"ids": pick(enc.ids), "texts": pick(enc.texts), "path": enc.path}
         self.datasets[split] = EncodedDataset(pick(enc.input_ids), pick(ids), pick(enc.token_type_ids))
+
+    @property
+    def kind(self) -> str:
+        return "regression" if self.task == "regression" else "sequence"
 
     def records(self, split: str) -> dict:
         """Ids and texts of a split, aligned with its dataset (for writing predictions)."""

@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 import torch
 
 from ptm_app.data.contract import DataFacts, ModelHooks
+from ptm_app.data.choice_data import MultipleChoiceDataModule
 from ptm_app.data.datamodules import TaskDataModule
 from ptm_app.data.loader import ResumableLoader
 from ptm_app.data.token_tasks import QADataModule, TokenTaskDataModule
@@ -28,7 +29,9 @@ from ptm_app.data.tokenizer import TokenizerSpec, load_tokenizer
 from ptm_app.errors import PtmError
 
 Mixing = Literal["proportional", "temperature", "uniform"]
-TASK_MODULES = {cls.__name__: cls for cls in (TaskDataModule, TokenTaskDataModule, QADataModule)}
+TASK_MODULES = {cls.__name__: cls for cls in (TaskDataModule, TokenTaskDataModule, QADataModule,
+                                               MultipleChoiceDataModule)}
+LABELLED_KINDS = ("sequence", "token", "choice")  # kinds whose head has one output per label
 
 
 def mixing_rates(sizes: list[int], mixing: Mixing = "proportional", temperature: float = 2.0,
@@ -47,12 +50,8 @@ def mixing_rates(sizes: list[int], mixing: Mixing = "proportional", temperature:
 
 
 def task_kind(module: pl.LightningDataModule) -> str:
-    """``sequence``, ``regression``, ``token`` or ``qa``: which head and loss the task needs."""
-    if isinstance(module, QADataModule):
-        return "qa"
-    if isinstance(module, TokenTaskDataModule):
-        return "token"
-    return "regression" if getattr(module, "task", "classification") == "regression" else "sequence"
+    """The task type a task's data needs (``tasks.types.TASK_TYPES``: head, loss, metrics): its ``kind``."""
+    return module.kind
 
 
 class TaskSchedule:
@@ -214,8 +213,7 @@ class MultitaskDataModule(pl.LightningDataModule):
 
     def task_specs(self) -> dict[str, dict[str, Any]]:
         """Per task: its kind and label names (what the model needs to build one head per task)."""
-        return {name: {"kind": task_kind(task), "labels": task.label_set() if hasattr(task, "label_set") and
-                       task_kind(task) in ("sequence", "token") else None}
+        return {name: {"kind": task_kind(task), "labels": task.label_set() if task_kind(task) in LABELLED_KINDS else None}
                 for name, task in self.tasks.items()}
 
     def _attach(self) -> None:

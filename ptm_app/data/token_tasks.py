@@ -154,6 +154,8 @@ class TokenTaskDataModule(_Base):
         group_by_length: batch sentences of similar length together (see ``TaskDataModule``).
     """
 
+    kind = "token"
+
     def __init__(self, tokenizer: TokenizerSpec, source: str = "brown_pos", words_field: str = "words",
                  tags_field: str = "tags", id_field: str = "id", labels: Optional[list[str]] = None,
                  max_length: int = 128, batch_size: int = 32, eval_batch_size: Optional[int] = None,
@@ -341,6 +343,8 @@ class QADataModule(_Base):
         limit_train: use only the windows of the first N training examples.
         group_by_length: batch windows of similar length together (see ``TaskDataModule``).
     """
+
+    kind = "qa"
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "wordnet_qa", question_field: str = "question",
                  context_field: str = "context", answers_field: str = "answers", id_field: str = "id",

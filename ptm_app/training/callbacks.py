@@ -105,12 +105,23 @@ def optimizer_stepped(trainer) -> bool:
     return not trainer.fit_loop._should_accumulate()
 
 
-class PredictionWriter(Callback):
-    """Writes ``predictions.jsonl``: id, text, predicted label and every label's probability (or the predicted
-    value, for regression)."""
+def write_predictions(trainer, rows: list[dict]) -> None:
+    """Write ``rows`` to ``<trainer.default_root_dir>/predictions.jsonl`` (the run directory under main.py): the one
+    predictions writer of every module and of ``PredictionWriter``."""
+    if not rows or not trainer.is_global_zero:
+        return
+    path = Path(trainer.default_root_dir) / "predictions.jsonl"
+    with atomic_file(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} predictions to {path}")
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+
+class PredictionWriter(Callback):
+    """Writes ``predictions.jsonl`` in the run directory: id, text, predicted label and every label's probability
+    (or the predicted value, for regression), for modules whose ``predict_step`` returns scores."""
+
+    def __init__(self) -> None:
         self.rows: list[dict] = []
 
     def on_predict_epoch_start(self, trainer, pl_module) -> None:
@@ -119,11 +130,15 @@ class PredictionWriter(Callback):
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if not isinstance(outputs, dict) or not ({"probs", "values"} & set(outputs)):
             return
-        records = trainer.datamodule.records("test") if hasattr(trainer.datamodule, "records") else None
+        facts = getattr(pl_module, "data_facts", None)
+        try:
+            records = facts.records("test") if facts is not None else None
+        except KeyError:  # a data module that keeps no example records
+            records = None
         if "values" in outputs:  # regression: one real value per example
             rows = [{"value": round(v, 6)} for v in outputs["values"].tolist()]
         else:
-            labels = list(pl_module.hparams.labels)
+            labels = outputs.get("labels") or list(pl_module.hparams.labels)
             rows = [{"label": labels[int(np.argmax(probs))],
                      "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
                     for probs in outputs["probs"].tolist()]
@@ -134,12 +149,7 @@ class PredictionWriter(Callback):
             self.rows.append(row)
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
-        if not self.rows or not trainer.is_global_zero:
-            return
-        with atomic_file(self.path, "w", encoding="utf-8") as fh:
-            for row in self.rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        print(f"wrote {len(self.rows)} predictions to {self.path}")
+        write_predictions(trainer, self.rows)
 
 
 class RunSummary(Callback):

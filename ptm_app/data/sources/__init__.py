@@ -59,6 +59,7 @@ SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
                               (("bbc", bbc), ("tweets", tweets), ("brown", brown), ("minilm", minilm),
                                ("brown_pos", brown_pos), ("wordnet_qa", wordnet.QA),
                                ("wordnet_pairs", wordnet.PAIRS), ("wordnet_supersense", wordnet.SUPERSENSE),
+                               ("wordnet_choice", wordnet.CHOICE),
                                ("bbc_headlines", bbc_headlines), ("smollm2", smollm2))}
 
 

@@ -41,6 +41,7 @@ DEB_SHA256 = "61060d960f9ada8fa120872312eccd3ecebfbab8c4579e4f5a74e1cf67620752"
 ARTIFACT = Artifact("apt", "wordnet-base", "1:3.0-37", "wordnet-base_1%3a3.0-37_all.deb", DEB_SHA256)
 SEED = 1234
 SUPERSENSE_MAX = 20_000
+CHOICE_MAX, CHOICES = 20_000, 4
 LICENCE = ("WordNet 3.0 licence (Princeton University; permissive, BSD-like: use, copy, modify and distribute "
            "with the copyright notice); Debian packaging GPL-2+")
 _DERIVED = "wordnet-base 1:3.0-37 (Debian bookworm .deb): usr/share/wordnet/data.{noun,verb,adj,adv}"
@@ -315,6 +316,36 @@ def read_pairs(deb: Path) -> tuple[list[dict], dict]:
     return records, stats
 
 
+# ---------------------------------------------------------------------------------------------- choice
+def read_choice(deb: Path) -> tuple[list[dict], dict]:
+    """A word and four definitions, one its own (multiple choice; see ``CHOICE``)."""
+    synsets, _ = load(deb)
+    usable = [s for s in synsets if s.definition and s.lemmas]
+    by_pos: dict[str, list[Synset]] = defaultdict(list)
+    for s in usable:
+        by_pos[s.pos].append(s)
+    rng = random.Random(SEED)
+    picked = sorted(rng.sample(range(len(usable)), min(CHOICE_MAX, len(usable))))
+    records, resampled = [], 0
+    for i in progress(picked, "wordnet_choice: drawing distractors"):
+        syn = usable[i]
+        word = syn.lemmas[0]
+        pool, options = by_pos[syn.pos], [syn.definition]
+        while len(options) < CHOICES:
+            other = pool[rng.randrange(len(pool))]
+            if other.definition in options or word.lower() in (lem.lower() for lem in other.lemmas):
+                resampled += 1  # the same definition, or a definition the word also has: not a wrong answer
+                continue
+            options.append(other.definition)
+        rng.shuffle(options)
+        records.append({"id": syn.id, "word_class": syn.pos, "text": word, "choices": options,
+                        "label": options.index(syn.definition)})
+    stats = _base_stats(synsets)
+    stats.update({"synsets_usable": len(usable), "records": len(records), "distractors_resampled": resampled,
+                  "answer_positions": dict(sorted(Counter(r["label"] for r in records).items()))})
+    return records, stats
+
+
 # ---------------------------------------------------------------------------------------------- supersense
 def _proportional(sizes: dict[str, int], total: int) -> dict[str, int]:
     """Largest-remainder allocation of ``total`` over the classes, proportional to their sizes."""
@@ -425,5 +456,25 @@ SUPERSENSE = SimpleNamespace(
         "id": "synset <offset>-<n|v>, e.g. 02084071-n",
         "text": "the synset's definition",
         "label": "lexicographer file name, e.g. noun.animal, verb.motion",
+    },
+)
+CHOICE = SimpleNamespace(
+    **_COMMON, read=read_choice, SPLIT_BY="word_class", GROUP_BY="id", PRIVATE_FIELDS=("word_class",),
+    DESCRIPTION=(f"WordNet-derived multiple choice (NOT SWAG): a word and {CHOICES} definitions, one of them its "
+                 f"own; {CHOICE_MAX:,} questions; split by synset, stratified by part of speech."),
+    DERIVED_FROM=_DERIVED,
+    DERIVATION={
+        "questions": f"random.Random({SEED}).sample of {CHOICE_MAX:,} synsets with a definition (in synset-id "
+                     "order); the question is the synset's first lemma",
+        "choices": f"the synset's definition and {CHOICES - 1} definitions of random synsets of the same part of "
+                   "speech, drawn again when the definition is already a choice or the word is a lemma of that "
+                   "synset too (so exactly one choice is a sense of the word); then shuffled",
+        "split": "by synset, stratified by part of speech (used for splitting only)",
+    },
+    FIELDS={
+        "id": "synset <offset>-<n|v|a|r>",
+        "text": "the word (a lemma, '_' as space)",
+        "choices": f"{CHOICES} definitions",
+        "label": "the 0-based index of the word's own definition among the choices",
     },
 )
