@@ -11,17 +11,14 @@ from typing import Optional
 
 import torch
 
-from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
+from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
 from ptm_app.data.choice_data import ChoiceCollator
 from ptm_app.errors import PtmError
-from ptm_app.tasks.label_scores import LabelScoresMixin
-from ptm_app.tasks.types import choice_loss, task_type
-from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 
-class MultipleChoiceModule(DeltaTuningMixin, LabelScoresMixin, PtmModule):
+class MultipleChoiceModule(TaskModule):
     """A ``*ForMultipleChoice`` head on the backbone, every weight trained (or only ``delta``).
 
     Args:
@@ -33,12 +30,11 @@ class MultipleChoiceModule(DeltaTuningMixin, LabelScoresMixin, PtmModule):
 
     head = "multiple_choice"
     monitor = ("val/acc", "max")
+    task_kind = "choice"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  num_choices: Optional[int] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
-        self.metrics: dict = {}
-        self.init_delta(delta, delta_only)
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
@@ -52,15 +48,10 @@ class MultipleChoiceModule(DeltaTuningMixin, LabelScoresMixin, PtmModule):
                                "MultipleChoiceDataModule")
             self.hparams.num_choices = len(labels)
         super().configure_model()
-        self.build_label_metrics(self.hparams.num_choices)
 
-    def build_label_metrics(self, num_labels: int, positive: Optional[int] = None) -> None:
-        if self.metrics:
-            return
-        kind = task_type("choice")
-        names = [str(i) for i in range(num_labels)]
-        self.val_metrics, self.test_metrics = kind.metrics(names), kind.metrics(names)
-        self.metrics = {"val": self.val_metrics, "test": self.test_metrics}
+    def task_labels(self) -> list[str]:
+        """The choice positions ``0 .. num_choices-1`` are the labels."""
+        return [str(i) for i in range(self.hparams.num_choices)]
 
     def make_collator(self, tokenizer, seed: int = 0) -> ChoiceCollator:
         return ChoiceCollator(pad_token_id=tokenizer.pad_token_id)
@@ -71,13 +62,7 @@ class MultipleChoiceModule(DeltaTuningMixin, LabelScoresMixin, PtmModule):
         inputs = {k: v.view(-1, n, v.shape[-1]) for k, v in self.model_inputs(batch).items()}
         return self.backbone(**inputs).logits
 
-    def task_loss(self, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return choice_loss(scores, labels)
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.task_loss(self(batch), batch["labels"])
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
-        return loss
-
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        return {**super().predict_step(batch, batch_idx), "labels": [str(i) for i in range(self.hparams.num_choices)]}
+        """Every choice's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
+        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu(),
+                "labels": self.task_labels()}

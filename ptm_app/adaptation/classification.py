@@ -3,23 +3,20 @@
 (``init_from``) and the L2-SP penalty against catastrophic forgetting (Li et al. 2018)."""
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
-from lightning.pytorch.trainer.states import TrainerFn
 
-from ptm_app.adaptation.chaining import InitFrom, apply_init_from, as_init_from, freeze_prefixes
+from ptm_app.adaptation.chaining import InitFrom
+from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
-from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
-from ptm_app.tasks.label_scores import LabelScoresMixin, RegressionScoresMixin, positive_index
-from ptm_app.training.module import PtmModule
+from ptm_app.tasks.label_scores import label_metrics, positive_index
 from ptm_app.training.optim import OptimConfig
 
 
-class SequenceClassificationModule(DeltaTuningMixin, LabelScoresMixin, PtmModule):
+class SequenceClassificationModule(TaskModule):
     """Fine-tune every weight of the backbone plus a fresh classification head.
 
     Logs ``val/acc``, ``val/f1_macro``, ``val/mcc`` and for two labels ``val/f1`` (the positive class's F1;
@@ -45,16 +42,12 @@ class SequenceClassificationModule(DeltaTuningMixin, LabelScoresMixin, PtmModule
 
     head = "sequence_classification"
     monitor = ("val/acc", "max")
+    task_kind = "sequence"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
                  delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None):
-        self.metrics: dict = {}
-        self.init_delta(delta, delta_only)
-        self.l2_sp, self.init_from = l2_sp, as_init_from(init_from)
-        self._init_from_pending = self.init_from is not None
-        self.l2_sp_anchor: Optional[WeightAnchor] = None
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
@@ -73,39 +66,9 @@ class SequenceClassificationModule(DeltaTuningMixin, LabelScoresMixin, PtmModule
         return {**super().config_updates(), "num_labels": len(labels),
                 "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
 
-    def configure_model(self) -> None:
-        super().configure_model()
-        self.build_task_metrics()
-        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
-        if self.init_from is not None:
-            if self._init_from_pending and fitting:
-                apply_init_from(self, self.init_from)
-                self._init_from_pending = False
-            else:
-                freeze_prefixes(self.backbone, self.init_from.freeze)
-        if self.l2_sp and fitting and self.l2_sp_anchor is None:
-            encoder = {id(p) for p in self.backbone.base_model.parameters()}
-            self.l2_sp_anchor = WeightAnchor({n: p for n, p in self.backbone.named_parameters()
-                                              if id(p) in encoder and p.requires_grad})
-
-    def build_task_metrics(self) -> None:
-        labels = list(self.hparams.labels)
-        self.build_label_metrics(len(labels), positive_index(labels, self.hparams.get("positive_label")))
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self._init_from_pending = False  # the weights come from the checkpoint
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        hp = checkpoint["hyper_parameters"]
-        if self.init_from is not None:  # plain data: checkpoints load with weights_only=True
-            hp["init_from"] = asdict(self.init_from)
-
-    def l2_sp_penalty(self) -> torch.Tensor:
-        """``α/2 · Σ ‖w − w⁰‖²`` over the anchored encoder weights (Li et al. 2018, L2-SP)."""
-        params = dict(self.backbone.named_parameters())
-        return 0.5 * self.l2_sp * sum(((params[n] - w0) ** 2).sum() for n, w0 in self.l2_sp_anchor.items())
+    def build_metrics(self):
+        labels = self.task_labels()
+        return label_metrics(len(labels), positive_index(labels, self.hparams.get("positive_label")))
 
     def make_collator(self, tokenizer, seed: int = 0) -> PadCollator:
         return PadCollator(pad_token_id=tokenizer.pad_token_id)
@@ -113,17 +76,12 @@ class SequenceClassificationModule(DeltaTuningMixin, LabelScoresMixin, PtmModule
     def forward(self, batch: dict) -> torch.Tensor:
         return self.backbone(**self.model_inputs(batch)).logits
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.task_loss(self(batch), batch["labels"])
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
-        if self.l2_sp_anchor is not None:
-            penalty = self.l2_sp_penalty()
-            self.log("train/l2_sp", penalty, batch_size=len(batch["labels"]))
-            loss = loss + penalty
-        return loss
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
+        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu()}
 
 
-class SequenceRegressionModule(RegressionScoresMixin, SequenceClassificationModule):
+class SequenceRegressionModule(SequenceClassificationModule):
     """Fine-tuning for a real-valued target (GLUE's STS-B: Wang et al. 2019 §3; BERT §4.1): one linear output
     on the [CLS] state, mean-squared error loss; logs ``val/pearson``, ``val/spearman``, ``val/mse`` (and
     ``test/*``); ``predict`` writes one value per example.  Takes every ``SequenceClassificationModule``
@@ -131,6 +89,7 @@ class SequenceRegressionModule(RegressionScoresMixin, SequenceClassificationModu
     """
 
     monitor = ("val/pearson", "max")
+    task_kind = "regression"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=3e-5), gradient_checkpointing: bool = False, l2_sp: float = 0.0,
@@ -139,27 +98,19 @@ class SequenceRegressionModule(RegressionScoresMixin, SequenceClassificationModu
                          delta_only)
 
     def can_build(self) -> bool:
-        return PtmModule.can_build(self)
+        return TaskModule.can_build(self)
 
     def config_updates(self) -> dict:
         facts = self.data_facts
         if facts is not None and (facts.task or "regression") != "regression":
             raise PtmError("SequenceRegressionModule needs real-valued targets: set data.init_args.task: regression")
-        return {**PtmModule.config_updates(self), "num_labels": 1, "problem_type": "regression"}
+        return {**TaskModule.config_updates(self), "num_labels": 1, "problem_type": "regression"}
 
-    def build_task_metrics(self) -> None:
-        self.build_label_metrics()
+    def build_metrics(self):
+        return self.kind.metrics(None)
 
+    def forward(self, batch: dict) -> torch.Tensor:
+        return super().forward(batch).float().squeeze(-1)
 
-class WeightAnchor(torch.nn.Module):
-    """Copies of weights as non-persistent buffers: they follow the module across devices, stay out of
-    checkpoints and of the optimiser."""
-
-    def __init__(self, weights: dict[str, torch.Tensor]):
-        super().__init__()
-        self.names = list(weights)
-        for i, w in enumerate(weights.values()):
-            self.register_buffer(f"w{i}", w.detach().clone(), persistent=False)
-
-    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return zip(self.names, self.buffers())
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        return {"keys": batch["keys"], "values": self(batch).cpu()}

@@ -20,7 +20,7 @@ Three ways to get a generator, one setting (``architecture``):
 By default the architecture follows the backbone: ``encoder_decoder`` if its config is an encoder–decoder, else
 ``decoder`` (a bidirectional encoder is refused there); ``bert2bert`` is always asked for explicitly.
 
-Delta tuning (``delta:``, ``adaptation.delta_tuning``) works for all three: LoRA (Hu et al. 2022 §4), IA3, prefix /
+Delta tuning (``delta:``, the ``Delta`` policy of ``adaptation.policies``) works for all three: LoRA (Hu et al. 2022 §4), IA3, prefix /
 prompt / P-tuning through peft's ``SEQ_2_SEQ_LM`` and ``CAUSAL_LM`` models, the hand-written adapters and PALs
 (``backbones.adapters``; PALs in a decoder are causal and generate without the KV cache), BitFit.  BERT2BERT's
 new cross-attention and LM-head transform train with the delta (``train_head``): they start random.
@@ -33,9 +33,9 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
+from ptm_app.adaptation.policies import fine_tuning_policies
 from ptm_app.backbones.build import build_backbone, max_positions, model_dir
-from ptm_app.backbones.delta import DeltaSpec, prepended_tokens, transformers_model
+from ptm_app.backbones.delta import DeltaSpec, as_delta_spec, prepended_tokens, transformers_model
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import pad
 from ptm_app.data.contract import DataFacts
@@ -139,7 +139,7 @@ def resolve_architecture(architecture: Optional[str], backbone: Optional[str], b
     return "decoder"
 
 
-class GenerationModule(DeltaTuningMixin, PtmModule):
+class GenerationModule(PtmModule):
     """Fine-tune a generator on source → target pairs (``data.generation_data.Seq2SeqDataModule``).
 
     Logs ``train/loss``, ``val/loss`` (teacher-forced cross-entropy of the target tokens), and from generated
@@ -180,8 +180,8 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
             raise PtmError("architecture=bert2bert warm-starts from a pre-trained encoder: "
                            "set model.init_args.backbone (e.g. minilm)")
         self.head = HEAD[self.architecture]
-        self.init_delta(delta, delta_only)
-        if self.architecture == "bert2bert" and self.delta is not None and not self.delta.train_head:
+        spec = as_delta_spec(delta)
+        if self.architecture == "bert2bert" and spec is not None and not spec.train_head:
             raise PtmError("architecture=bert2bert: the decoder's cross-attention and LM head start random and must "
                            "train; set delta.train_head: true")
         self._predicted: list[tuple] = []
@@ -189,8 +189,8 @@ class GenerationModule(DeltaTuningMixin, PtmModule):
         self.scores = nn.ModuleDict({stage: GenerationScores(bleu_lowercase) for stage in STAGES})
         self._scored = dict.fromkeys(STAGES, 0)
 
-    def style(self) -> str:
-        return self.delta.method if self.delta is not None else PtmModule.style(self)
+    def make_policies(self) -> list:
+        return fine_tuning_policies(self.hparams.delta, self.hparams.delta_only)
 
     # -- building -----------------------------------------------------------------------------
     def can_build(self) -> bool:  # a saved EncoderDecoderModel config has no top-level vocab_size

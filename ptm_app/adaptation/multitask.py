@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
+from ptm_app.adaptation.policies import fine_tuning_policies
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.tokenizer import is_bert_style
 from ptm_app.errors import PtmError
@@ -30,7 +30,7 @@ from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 
-class MultitaskModule(DeltaTuningMixin, PtmModule):
+class MultitaskModule(PtmModule):
     """Shared backbone (``AutoModel``) + ``heads[task]`` (dropout + linear) for every task of the data module.
 
     Args:
@@ -55,7 +55,6 @@ class MultitaskModule(DeltaTuningMixin, PtmModule):
                  gradient_checkpointing: bool = False, dropout: float = 0.1, pooling: Optional[str] = None,
                  max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
                  delta_only: bool = True):
-        self.init_delta(delta, delta_only)
         self.heads: Optional[nn.ModuleDict] = None
         self.stage_metrics: Optional[nn.ModuleDict] = None
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
@@ -63,8 +62,8 @@ class MultitaskModule(DeltaTuningMixin, PtmModule):
     def can_build(self) -> bool:
         return super().can_build() and self.hparams.tasks is not None
 
-    def style(self) -> str:
-        return self.delta.method if self.delta is not None else PtmModule.style(self)
+    def make_policies(self) -> list:
+        return fine_tuning_policies(self.hparams.delta, self.hparams.delta_only)
 
     @property
     def tasks(self) -> dict[str, dict]:

@@ -26,8 +26,7 @@ from ptm_app.data.contract import DataFacts
 from ptm_app.data.collators import PadCollator, pad
 from ptm_app.data.prompt_data import PromptDataset
 from ptm_app.errors import PtmError
-from ptm_app.tasks.label_scores import LabelScoresMixin
-from ptm_app.training.module import PtmModule
+from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.training.optim import OptimConfig
 
 FIELDS = ("text", "text_pair")
@@ -318,15 +317,15 @@ def _text_key(fields: Fields) -> tuple:
     return tuple(fields["text"]), tuple(fields.get("text_pair") or ())
 
 
-class _LabelScoringModule(LabelScoresMixin, PtmModule):
-    """Shared: the label set, ``val``/``test`` accuracy and macro-F1 over label scores (as
-    ``SequenceClassificationModule``), cross-entropy as ``*/loss``, predictions with label probabilities."""
+class _LabelScoringModule(TaskModule):
+    """Shared: the label set, ``val``/``test`` accuracy and macro-F1 over label scores (the ``sequence`` task type,
+    as ``SequenceClassificationModule``), cross-entropy as ``*/loss``, predictions with label probabilities."""
 
     monitor = ("val/acc", "max")
+    task_kind = "sequence"
 
     def __init__(self, backbone: Optional[str], backbone_config: Optional[dict], optim: OptimConfig = OptimConfig(),
                  gradient_checkpointing: bool = False):
-        self.metrics: dict = {}
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
@@ -346,9 +345,12 @@ class _LabelScoringModule(LabelScoresMixin, PtmModule):
                                f"or use a PromptDataModule")
         return list(self.hparams.labels)
 
-    def configure_model(self) -> None:
-        super().configure_model()
-        self.build_label_metrics(len(self.labels))
+    def task_labels(self) -> list[str]:
+        return self.labels
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
+        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu()}
 
 
 class PromptClassifierModule(_LabelScoringModule):
@@ -488,11 +490,6 @@ class PromptClassifierModule(_LabelScoringModule):
         at = batch["mask_positions"] + (0 if self.soft_prompt is None else len(self.soft_prompt))
         mask_logits = logits[torch.arange(len(logits), device=logits.device), at].float()
         return label_scores(mask_logits, self.label_words(), self.hparams.scoring)
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = torch.nn.functional.cross_entropy(self(batch), batch["labels"])
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
-        return loss
 
 
 class InContextEvalModule(_LabelScoringModule):

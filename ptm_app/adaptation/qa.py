@@ -14,17 +14,18 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
-from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
+from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.build import HEADS
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.token_tasks import QACollator
-from ptm_app.tasks.spans import SPLITS, BestSpans, best_span, epoch_answers, span_loss, squad_scores
+from ptm_app.tasks.spans import SPLITS, epoch_answers
 from ptm_app.training.callbacks import write_predictions
-from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 HEADS.setdefault("question_answering", "AutoModelForQuestionAnswering")
-class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
+
+
+class QuestionAnsweringModule(TaskModule):
     """Fine-tune every weight of the backbone plus a fresh start/end span layer.
 
     Args:
@@ -41,15 +42,14 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
 
     head = "question_answering"
     monitor = ("val/f1", "max")
+    task_kind = "qa"
+    metric_stages = ("val", "test", "predict")  # predict collects spans too
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
                  delta_only: bool = True):
-        self.init_delta(delta, delta_only)
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
-        self.max_answer_length, self.n_best = max_answer_length, n_best
-        self.spans = nn.ModuleDict({stage: BestSpans() for stage in SPLITS})
 
     def make_collator(self, tokenizer, seed: int = 0) -> QACollator:
         return QACollator(pad_token_id=tokenizer.pad_token_id)
@@ -59,45 +59,12 @@ class QuestionAnsweringModule(DeltaTuningMixin, PtmModule):
         out, virtual = self.backbone(**self.model_inputs(batch)), prepended_tokens(self.backbone)
         return out.start_logits[:, virtual:].float(), out.end_logits[:, virtual:].float()
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = span_loss(*self(batch), batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
-        return loss
-
-    def _collect(self, stage: str, batch: dict, start_logits: torch.Tensor, end_logits: torch.Tensor) -> list:
-        spans = [best_span(s, e, o, self.n_best, self.max_answer_length)
-                 for s, e, o in zip(start_logits, end_logits, batch["offsets"])]
-        score, start, end = (torch.tensor(v, device=self.device) for v in zip(*spans))
-        self.spans[stage].update(batch["examples"], score.float(), start, end)
-        return spans
-
-    def _eval_step(self, stage: str, batch: dict) -> None:
-        start_logits, end_logits = self(batch)
-        self.log(f"{stage}/loss", span_loss(start_logits, end_logits, batch), batch_size=len(batch["input_ids"]))
-        self._collect(stage, batch, start_logits, end_logits)
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("val", batch)
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("test", batch)
-
     def answers(self, stage: str) -> dict[int, tuple[float, int, int, str]]:
-        return epoch_answers(self.spans[stage], self.data_facts.records(SPLITS[stage]))
-
-    def _log_metrics(self, stage: str) -> None:
-        squad = squad_scores(self.answers(stage), self.data_facts.records(SPLITS[stage]))
-        self.log_dict({f"{stage}/{k}": v for k, v in squad.items()}, prog_bar=(stage == "val"))
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
+        return epoch_answers(self.stage_metrics[stage], self.data_facts.records(SPLITS[stage]))
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        spans = self._collect("predict", batch, *self(batch))
-        return {"keys": batch["keys"], "examples": batch["examples"].tolist(), "spans": spans}
+        self.kind.update(self.stage_metrics["predict"], self(batch), batch, self.eval_settings())
+        return {"keys": batch["keys"], "examples": batch["examples"].tolist()}
 
     def on_predict_epoch_end(self) -> None:
         examples = self.data_facts.records(SPLITS["predict"])

@@ -13,22 +13,20 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
-from ptm_app.adaptation.delta_tuning import DeltaTuningMixin
+from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.build import HEADS
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.datasets import _index
 from ptm_app.data.token_tasks import TokenLabelCollator
 from ptm_app.errors import PtmError
-from ptm_app.tasks.tagging import (compute_tagging_metrics, tagging_loss, tagging_metrics, update_tagging_metrics,
-                                   word_tags)
+from ptm_app.tasks.tagging import word_tags
 from ptm_app.training.callbacks import write_predictions
-from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 HEADS.setdefault("token_classification", "AutoModelForTokenClassification")
 
 
-class TokenClassificationModule(DeltaTuningMixin, PtmModule):
+class TokenClassificationModule(TaskModule):
     """Fine-tune every weight of the backbone plus a fresh per-token classification layer.
 
     Args:
@@ -44,14 +42,13 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
 
     head = "token_classification"
     monitor = ("val/acc", "max")
+    task_kind = "token"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
                  gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
-        self.init_delta(delta, delta_only)
-        self.stage_metrics: Optional[nn.ModuleDict] = None
-        self.predictions: list[dict] = []
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+        self.predictions: list[dict] = []
 
     def can_build(self) -> bool:
         return super().can_build() and self.hparams.labels is not None
@@ -66,12 +63,6 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
         return {**super().config_updates(), "num_labels": len(labels),
                 "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
 
-    def configure_model(self) -> None:
-        super().configure_model()
-        if self.stage_metrics is None:
-            labels = list(self.hparams.labels)
-            self.stage_metrics = nn.ModuleDict({"val": tagging_metrics(labels), "test": tagging_metrics(labels)})
-
     def make_collator(self, tokenizer, seed: int = 0) -> TokenLabelCollator:
         return TokenLabelCollator(pad_token_id=tokenizer.pad_token_id)
 
@@ -79,34 +70,8 @@ class TokenClassificationModule(DeltaTuningMixin, PtmModule):
         """Tag logits [B, T, labels], one per input token (prompt / P-tuning's virtual tokens dropped)."""
         return self.backbone(**self.model_inputs(batch)).logits[:, prepended_tokens(self.backbone):]
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = tagging_loss(self(batch), batch["labels"])
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
-        return loss
-
     def word_tags(self, ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
         return word_tags(self.hparams.labels, ids, where)
-
-    def _eval_step(self, stage: str, batch: dict) -> None:
-        logits, labels = self(batch), batch["labels"]
-        self.log(f"{stage}/loss", tagging_loss(logits, labels), batch_size=len(labels))
-        update_tagging_metrics(self.stage_metrics[stage], self.hparams.labels, logits.argmax(-1), labels)
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("val", batch)
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("test", batch)
-
-    def _log_metrics(self, stage: str) -> None:
-        values = compute_tagging_metrics(self.stage_metrics[stage])
-        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=(stage == "val"))
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
 
     def on_predict_epoch_start(self) -> None:
         self.predictions = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Callable, Literal, Optional, Union
 
 import torch
 from peft import (IA3Config, LoraConfig, PeftModel, PeftType, PrefixTuningConfig, PromptEncoderConfig,
@@ -28,9 +28,6 @@ from ptm_app.backbones.adapters import remove_adapter, ADAPTER_KINDS, add_adapte
 from ptm_app.errors import PtmError
 
 Method = Literal["houlsby", "pfeiffer", "pals", "lora", "ia3", "prefix", "prompt", "ptuning", "bitfit", "none"]
-METHODS = ("houlsby", "pfeiffer", "pals", "lora", "ia3", "prefix", "prompt", "ptuning", "bitfit", "none")
-PROMPT_METHODS = ("prefix", "prompt", "ptuning")
-PEFT_METHODS = ("lora", "ia3") + PROMPT_METHODS
 DELTA_FILE, CONFIG_FILE = "delta.safetensors", "delta_config.json"
 
 # ptm_app heads (backbones.build.HEADS and the fine-tuning modules) -> peft task type
@@ -197,19 +194,78 @@ def _encoder_decoder_defaults(spec: DeltaSpec, model: nn.Module) -> dict:
         {"target_modules": IA3[kind], "feedforward_modules": IA3_FFN[kind]}
 
 
-def _peft_config(spec: DeltaSpec, task: Optional[TaskType], model: Optional[nn.Module] = None):
-    defaults = _encoder_decoder_defaults(spec, model)
-    if spec.method == "lora":
-        return LoraConfig(**{"task_type": task, "r": spec.r, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout,
-                             "target_modules": spec.target_modules, **defaults})
-    if spec.method == "ia3":
-        return IA3Config(**{"task_type": task, "target_modules": spec.target_modules,
-                            "feedforward_modules": spec.feedforward_modules, **defaults})
-    if task is None:
-        raise PtmError(f"delta.method={spec.method} needs a peft task type, and this head has none; "
-                       f"use lora, ia3, bitfit or adapters, or one of {', '.join(t.value for t in TaskType)}")
-    config = {"prefix": PrefixTuningConfig, "prompt": PromptTuningConfig, "ptuning": PromptEncoderConfig}[spec.method]
-    return config(task_type=task, num_virtual_tokens=spec.num_virtual_tokens, **defaults)
+def _lora_config(spec: DeltaSpec, task: Optional[TaskType], defaults: dict):
+    return LoraConfig(**{"task_type": task, "r": spec.r, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout,
+                         "target_modules": spec.target_modules, **defaults})
+
+
+def _ia3_config(spec: DeltaSpec, task: Optional[TaskType], defaults: dict):
+    return IA3Config(**{"task_type": task, "target_modules": spec.target_modules,
+                        "feedforward_modules": spec.feedforward_modules, **defaults})
+
+
+def _prompt_config(config_class: type):
+    def build(spec: DeltaSpec, task: Optional[TaskType], defaults: dict):
+        if task is None:
+            raise PtmError(f"delta.method={spec.method} needs a peft task type, and this head has none; "
+                           f"use lora, ia3, bitfit or adapters, or one of {', '.join(t.value for t in TaskType)}")
+        return config_class(task_type=task, num_virtual_tokens=spec.num_virtual_tokens, **defaults)
+    return build
+
+
+def _apply_peft(config_fn):
+    """peft's ``get_peft_model`` with the method's config (peft wraps and modifies the model in place)."""
+    def apply(model: nn.Module, spec: DeltaSpec, task: Optional[TaskType]) -> nn.Module:
+        config = config_fn(spec, task, _encoder_decoder_defaults(spec, model))
+        try:
+            return get_peft_model(model, config, adapter_name=spec.name)
+        except (ValueError, KeyError) as exc:  # e.g. no default target modules, prefix + checkpointing
+            message = str(exc).strip("'\"").splitlines()[0]
+            hint = "; set delta.target_modules" if "target_modules" in message else ""
+            raise PtmError(f"delta.method={spec.method}: {message}{hint}") from None
+    return apply
+
+
+def _apply_adapter(model: nn.Module, spec: DeltaSpec, task: Optional[TaskType]) -> nn.Module:
+    """A hand-written bottleneck adapter or PAL (``backbones.adapters``) in the frozen model."""
+    model.requires_grad_(False)
+    add_adapter(model, spec.name, spec.method, bottleneck=spec.bottleneck, reduction=spec.reduction,
+                activation=spec.activation, dropout=spec.dropout, heads=spec.heads).requires_grad_(True)
+    return model
+
+
+def _apply_bitfit(model: nn.Module, spec: DeltaSpec, task: Optional[TaskType]) -> nn.Module:
+    """Every bias term trains, LayerNorm biases included (Ben Zaken et al. 2022 §2)."""
+    model.requires_grad_(False)
+    biases = [p for name, p in _own_named_parameters(model) if name.endswith("bias")]
+    if not biases:
+        raise PtmError(f"delta.method=bitfit: this {model.config.model_type} model has no bias terms; use lora or ia3")
+    for param in biases:
+        param.requires_grad_(True)
+    return model
+
+
+@dataclass(frozen=True)
+class DeltaMethod:
+    """One delta-tuning method (peft's one-entry-per-method registry): how it is applied to a fresh model, whether
+    it puts virtual tokens before the input, and whether it folds into the weights on export."""
+
+    name: str
+    apply: Callable[[nn.Module, DeltaSpec, Optional[TaskType]], nn.Module]
+    virtual_tokens: bool = False
+    mergeable: bool = False
+
+
+DELTA_METHODS: dict[str, DeltaMethod] = {m.name: m for m in (
+    *(DeltaMethod(kind, _apply_adapter) for kind in ADAPTER_KINDS),
+    DeltaMethod("lora", _apply_peft(_lora_config), mergeable=True),
+    DeltaMethod("ia3", _apply_peft(_ia3_config), mergeable=True),
+    DeltaMethod("prefix", _apply_peft(_prompt_config(PrefixTuningConfig)), virtual_tokens=True),
+    DeltaMethod("prompt", _apply_peft(_prompt_config(PromptTuningConfig)), virtual_tokens=True),
+    DeltaMethod("ptuning", _apply_peft(_prompt_config(PromptEncoderConfig)), virtual_tokens=True),
+    DeltaMethod("bitfit", _apply_bitfit, mergeable=True),
+    DeltaMethod("none", lambda model, spec, task: model.requires_grad_(True), mergeable=True),
+)}
 
 
 def apply_delta(model: nn.Module, spec: DeltaSpec, task_type: Union[str, TaskType, None] = None) -> nn.Module:
@@ -218,35 +274,21 @@ def apply_delta(model: nn.Module, spec: DeltaSpec, task_type: Union[str, TaskTyp
     modify it in place, so always pass a freshly built backbone. ``task_type``: a ptm_app head name,
     a peft ``TaskType`` or its name (peft's SEQ_CLS / TOKEN_CLS / QUESTION_ANS keep the head trainable
     through ``modules_to_save``)."""
+    task = peft_task_type(task_type)
+    model = DELTA_METHODS[spec.method].apply(model, spec, task)
     if spec.method == "none":
-        return model.requires_grad_(True)
-    if spec.method in PEFT_METHODS:
-        try:
-            model = get_peft_model(model, _peft_config(spec, peft_task_type(task_type), model), adapter_name=spec.name)
-        except (ValueError, KeyError) as exc:  # e.g. no default target modules, prefix + checkpointing
-            message = str(exc).strip("'\"").splitlines()[0]
-            hint = "; set delta.target_modules" if "target_modules" in message else ""
-            raise PtmError(f"delta.method={spec.method}: {message}{hint}") from None
-    else:
-        model.requires_grad_(False)
-        if spec.method in ADAPTER_KINDS:
-            add_adapter(model, spec.name, spec.method, bottleneck=spec.bottleneck, reduction=spec.reduction,
-                        activation=spec.activation, dropout=spec.dropout, heads=spec.heads).requires_grad_(True)
-        else:  # bitfit
-            biases = [p for name, p in _own_named_parameters(model) if name.endswith("bias")]
-            if not biases:
-                raise PtmError(f"delta.method=bitfit: this {model.config.model_type} model has no bias terms; "
-                               "use lora or ia3")
-            for param in biases:
-                param.requires_grad_(True)
+        return model
     hf = transformers_model(model)
-    lm = peft_task_type(task_type) in (TaskType.CAUSAL_LM, TaskType.SEQ_2_SEQ_LM)
-    for param in _head_parameters(hf, lm):
+    for param in _head_parameters(hf, task in (TaskType.CAUSAL_LM, TaskType.SEQ_2_SEQ_LM)):
         param.requires_grad_(spec.train_head)
     if spec.train_layer_norm:
         for param in _layer_norm_parameters(hf):
             param.requires_grad_(True)
     return model
+
+
+METHODS = tuple(DELTA_METHODS)
+PROMPT_METHODS = tuple(name for name, method in DELTA_METHODS.items() if method.virtual_tokens)
 
 
 def trainable_report(model: nn.Module) -> dict:

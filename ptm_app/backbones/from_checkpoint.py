@@ -56,14 +56,14 @@ def _rebuilt_by_module(ckpt: dict) -> nn.Module:
 def checkpoint_backbone(ckpt: dict) -> tuple[Optional[nn.Module], Optional[tuple]]:
     """``(model, None)`` with any delta merged in, or ``(None, (delta spec, tuned model))`` for a delta that
     cannot be merged (adapters, PALs, prefix / prompt / P-tuning)."""
-    from ptm_app.backbones.delta import merge_for_export
+    from ptm_app.backbones.delta import as_delta_spec, merge_for_export
 
     if not (ckpt["hyper_parameters"].get("delta") or ckpt[CKPT_KEY].get("delta_only")):
         return rebuild_backbone(ckpt), None
     module = _rebuilt_by_module(ckpt)
     tuned = module.backbone.eval()
     merged = merge_for_export(tuned)
-    return (merged, None) if merged is not None else (None, (module.delta, tuned))
+    return (merged, None) if merged is not None else (None, (as_delta_spec(ckpt["hyper_parameters"]["delta"]), tuned))
 
 
 def checkpoint_backbone_dir(ckpt_path: str | Path) -> Path:

@@ -10,8 +10,10 @@ from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 from ptm_app.backbones.build import build_backbone, max_positions
+from ptm_app.backbones.delta import as_delta_spec
 from ptm_app.checkpoints import CKPT_KEY, checkpoint_path as checkpoint_file
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.errors import PtmError
@@ -32,6 +34,10 @@ class PtmModule(pl.LightningModule):
         optim: optimiser and LR schedule (``training.optim.OptimConfig``).
         gradient_checkpointing: recompute each transformer block's activations in the backward pass instead of
             keeping them (``enable_activation_checkpointing``).
+
+    Behaviours on the backbone (delta tuning, frozen features, ``init_from``, L2-SP) are policies
+    (``adaptation.policies``) that ``make_policies`` derives from the saved hyper-parameters; they are applied in
+    order after the build, and each saves and restores what it owns.
     """
 
     head: str = "base"
@@ -41,6 +47,7 @@ class PtmModule(pl.LightningModule):
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False):
         super().__init__()
         self.save_hyperparameters()
+        self.policies = self.make_policies()
         self.optim = as_optim_config(optim)
         self.backbone = None
         self.tokenizer = None
@@ -87,17 +94,43 @@ class PtmModule(pl.LightningModule):
                           task_collator=getattr(self, "task_collator", None))
 
     def configure_model(self) -> None:
-        if self.backbone is not None:
-            return
-        facts = self.data_facts
-        if facts is not None and self.tokenizer is None:
-            self.tokenizer = facts.tokenizer()
-        self.backbone = self.build_model()
-        self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
-        if self.hparams.gradient_checkpointing:
-            enable_activation_checkpointing(self.backbone)
-        if facts is not None:
-            self.check_lengths(facts)
+        """Build the backbone once, then run every policy (each call: ``init_from`` waits for the fit's call)."""
+        fresh = self.backbone is None
+        if fresh:
+            facts = self.data_facts
+            if facts is not None and self.tokenizer is None:
+                self.tokenizer = facts.tokenizer()
+            self.backbone = self.build_model()
+            self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
+            if self.hparams.get("gradient_checkpointing"):
+                enable_activation_checkpointing(self.backbone)
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        for policy in self.policies:
+            policy.apply(self, fresh, fitting)
+        if fresh and self.data_facts is not None:
+            self.check_lengths(self.data_facts)
+
+    def make_policies(self) -> list:
+        """This module's backbone policies, from ``self.hparams`` alone (no other state exists yet); none here."""
+        return []
+
+    @property
+    def delta(self):
+        """The delta-tuning spec (``backbones.delta.DeltaSpec``) of a module that takes ``delta``, else None."""
+        return as_delta_spec(self.hparams.get("delta"))
+
+    def policy(self, kind: type):
+        """This module's policy of class ``kind`` (``adaptation.policies``), or None."""
+        return next((p for p in self.policies if isinstance(p, kind)), None)
+
+    def add_penalties(self, loss: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """The training loss plus each policy's penalty term (logged as ``train/<name>``)."""
+        for policy in self.policies:
+            term = policy.penalty(self)
+            if term is not None:
+                self.log(f"train/{term[0]}", term[1], batch_size=max(batch_size, 1))
+                loss = loss + term[1]
+        return loss
 
     def build_model(self):
         """The transformers model for ``head``; override to assemble one differently (e.g. BERT2BERT)."""
@@ -119,15 +152,18 @@ class PtmModule(pl.LightningModule):
                            f"set data.init_args.max_length <= {limit - virtual}")
 
     def virtual_positions(self) -> int:
-        """Positions taken before the input by trainable virtual tokens (soft prompts); none here."""
-        return 0
+        """Positions taken before the input by trainable virtual tokens (a policy's soft prompt)."""
+        return sum(policy.virtual_positions() for policy in self.policies)
 
     # -- optimisation -------------------------------------------------------------------------
     def configure_optimizers(self):
         return build_optimizer(self, self.optim, self.trainer.estimated_stepping_batches)
 
     def style(self) -> str:
-        """What kind of run this is, for results tables (``summary.json``'s ``style``)."""
+        """What kind of run this is, for results tables (``summary.json``'s ``style``): a policy's, or the module's."""
+        return next((s for s in (p.style() for p in self.policies) if s), None) or self.default_style()
+
+    def default_style(self) -> str:
         return type(self).__name__.removesuffix("Module")
 
     def log_train_losses(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], batch_size: int) -> torch.Tensor:
@@ -162,11 +198,15 @@ class PtmModule(pl.LightningModule):
             "backbone_source": self.hparams.backbone,
             "tokenizer": tokenizer_files(self.tokenizer) if self.tokenizer is not None else {},
         }
+        for policy in self.policies:
+            policy.save(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         files = checkpoint.get(CKPT_KEY, {}).get("tokenizer")
         if files and self.tokenizer is None:
             self.tokenizer = tokenizer_from_files(files)
+        for policy in self.policies:
+            policy.load(self, checkpoint)
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -13,6 +13,7 @@ from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.chaining import InitFrom, apply_init_from
 from ptm_app.adaptation.classification import SequenceClassificationModule
 from ptm_app.adaptation.features import FeatureExtractionModule
+from ptm_app.adaptation.policies import L2SP
 from ptm_app.backbones.layers import layer_ids
 from ptm_app.backbones.scalar_mix import ScalarMix
 from ptm_app.data.sources import prepared_dir
@@ -254,7 +255,8 @@ def test_l2_sp_penalty_is_zero_at_start_and_matches_the_formula():
     trainer.state.fn = TrainerFn.FITTING
     module.trainer = trainer
     module.configure_model()  # takes w⁰ when a fit builds the module
-    assert module.l2_sp_penalty().item() == 0.0
+    penalty = module.policy(L2SP).penalty
+    assert penalty(module)[0] == "l2_sp" and penalty(module)[1].item() == 0.0
     assert "classifier.weight" not in module.l2_sp_anchor.names  # the new head is not pulled anywhere
     assert not any(k.startswith("l2_sp") for k in module.state_dict())  # not in checkpoints
     with torch.no_grad():
@@ -262,7 +264,7 @@ def test_l2_sp_penalty_is_zero_at_start_and_matches_the_formula():
         module.backbone.bert.embeddings.word_embeddings.weight[3].sub_(0.2)
         module.backbone.classifier.weight.add_(5.0)
     manual = 0.5 * 0.3 * (0.01 ** 2 * 64 * 32 + 0.2 ** 2 * 32)
-    assert module.l2_sp_penalty().item() == pytest.approx(manual, rel=1e-4)
+    assert penalty(module)[1].item() == pytest.approx(manual, rel=1e-4)
 
 
 def test_l2_sp_is_logged_during_training():

@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader
 from ptm_app.training.trainer import PtmTrainer
 from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.adaptation.qa import QuestionAnsweringModule
+from ptm_app.tasks.spans import span_loss
+from ptm_app.tasks.tagging import tagging_loss
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.training.optim import OptimConfig
 from tests.adaptation.test_features_token_qa import batch, qa_data, tiny_dir, tiny_trainer  # noqa: F401 (fixtures)
@@ -51,7 +53,7 @@ def test_tagger_logits_drop_the_virtual_tokens_and_the_loss_is_the_hand_computed
     def nll(rows: torch.Tensor) -> float:
         return -torch.log_softmax(rows, -1).gather(-1, gold).squeeze(-1)[labelled].mean().item()
 
-    loss = module.loss(logits, b["labels"]).item()
+    loss = tagging_loss(logits, b["labels"]).item()  # the task type's loss the module trains with
     assert loss == pytest.approx(nll(full[:, V:]), rel=1e-5)
     assert loss != pytest.approx(nll(full[:, :9]), rel=1e-3)  # the first L rows (5 virtual tokens) differ
 
@@ -67,7 +69,7 @@ def test_qa_logits_drop_the_virtual_tokens(method):
     assert torch.allclose(end, full.end_logits[:, V:], atol=1e-6)
     ce = torch.nn.functional.cross_entropy
     manual = (ce(full.start_logits[:, V:], b["start_positions"]) + ce(full.end_logits[:, V:], b["end_positions"])) / 2
-    assert module.loss(start, end, b).item() == pytest.approx(manual.item(), rel=1e-5)
+    assert span_loss(start, end, b).item() == pytest.approx(manual.item(), rel=1e-5)
 
 
 def test_prefix_tuning_adds_no_positions():

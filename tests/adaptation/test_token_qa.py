@@ -10,7 +10,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 from ptm_app.training.trainer import PtmTrainer
-from ptm_app.adaptation.qa import BestSpans, best_span
+from ptm_app.tasks.spans import BestSpans, best_span
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.data.sources import prepared_dir
 from ptm_app.data.token_tasks import QADataModule, TokenTaskDataModule

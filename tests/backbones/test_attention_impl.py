@@ -85,14 +85,14 @@ def test_chosen_through_main_and_kept_in_the_checkpoint(tiny_corpus, tmp_path, c
     assert one_error_line(capsys).startswith("error: backbone_config.attn_implementation='sdpa2'")
 
 
-def test_a_number_typed_on_the_command_line_is_one_line(tiny_corpus, tmp_path, capsys):
-    cfg = str(tiny_mlm_config(tiny_corpus, tmp_path, max_steps=1))
-    argv = ["fit", "--config", cfg, "--model.init_args.backbone_config.hidden_dropout_prob", "0.0"]
-    assert run_main(argv, tmp_path / "runs") == 2
-    line = one_error_line(capsys)
-    assert "backbone_config: Field 'hidden_dropout_prob' with value '0.0'" in line
-    assert "set it in a YAML config file" in line
+def test_a_number_typed_on_the_command_line_reaches_the_backbone_as_a_number(tiny_corpus, tmp_path):
+    from ptm_app.objectives import MaskedLMModule
 
+    cfg = str(tiny_mlm_config(tiny_corpus, tmp_path, max_steps=1, limit_val_batches=0))
+    argv = ["fit", "--config", cfg, "--run_name", "typed", "--model.init_args.backbone_config.hidden_dropout_prob", "0.0"]
+    assert run_main(argv, tmp_path / "runs") == 0
+    module = MaskedLMModule.load_from_checkpoint(tmp_path / "runs" / "typed" / "checkpoints" / "last.ckpt")
+    assert module.backbone.config.hidden_dropout_prob == 0.0 and isinstance(module.backbone.config.hidden_dropout_prob, float)
 
 def one_error_line(capsys) -> str:
     """The one ``error:`` line on stderr, which is also the last thing said (as tests/cli/test_bad_input.py)."""

@@ -1,0 +1,68 @@
+"""Fine-tuning for multiple choice (SWAG-style, Devlin et al. 2019 §4.4): each (question, choice) pair is
+encoded as a sentence pair, the [CLS] state of each goes through one new vector (transformers'
+``*ForMultipleChoice``: pooler, dropout, a linear layer to one score), and the scores of a question's choices are
+soft-maxed; the loss is their cross-entropy.  Logs ``val/acc`` (``test/acc``); ``predict`` writes each question's
+chosen index with every choice's probability.  Loss and accuracy are the ``choice`` task type's
+(``tasks.types``), the same as a multitask ``choice`` head's.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ptm_app.adaptation.task_module import TaskModule
+from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.data.choice_data import ChoiceCollator
+from ptm_app.errors import PtmError
+from ptm_app.training.optim import OptimConfig
+
+
+class MultipleChoiceModule(TaskModule):
+    """A ``*ForMultipleChoice`` head on the backbone, every weight trained (or only ``delta``).
+
+    Args:
+        backbone / backbone_config: the encoder (a prepared name such as ``minilm``, an export, or a config).
+        num_choices: choices per question; by default the data module's.
+        optim: optimiser and schedule.
+        delta / delta_only: parameter-efficient tuning (``backbones.delta.DeltaSpec``), as for classification.
+    """
+
+    head = "multiple_choice"
+    monitor = ("val/acc", "max")
+    task_kind = "choice"
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 num_choices: Optional[int] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
+                 gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+
+    def can_build(self) -> bool:
+        return super().can_build() and self.hparams.num_choices is not None
+
+    def configure_model(self) -> None:
+        if self.hparams.num_choices is None:
+            labels = self.data_facts.labels() if self.data_facts is not None else None
+            if not labels:
+                raise PtmError("MultipleChoiceModule needs num_choices: set model.init_args.num_choices or use a "
+                               "MultipleChoiceDataModule")
+            self.hparams.num_choices = len(labels)
+        super().configure_model()
+
+    def task_labels(self) -> list[str]:
+        """The choice positions ``0 .. num_choices-1`` are the labels."""
+        return [str(i) for i in range(self.hparams.num_choices)]
+
+    def make_collator(self, tokenizer, seed: int = 0) -> ChoiceCollator:
+        return ChoiceCollator(pad_token_id=tokenizer.pad_token_id)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """Choice scores [B, num_choices] from the collator's [B·num_choices, L] pairs."""
+        n = self.hparams.num_choices
+        inputs = {k: v.view(-1, n, v.shape[-1]) for k, v in self.model_inputs(batch).items()}
+        return self.backbone(**inputs).logits
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Every choice's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
+        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu(),
+                "labels": self.task_labels()}

@@ -1,0 +1,116 @@
+"""Full fine-tuning for sequence classification, single sentences or pairs
+(BERT: Devlin et al. 2019 §4.1: the final [CLS] state feeds a new output layer), with stage chaining
+(``init_from``) and the L2-SP penalty against catastrophic forgetting (Li et al. 2018)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ptm_app.adaptation.chaining import InitFrom
+from ptm_app.adaptation.task_module import TaskModule
+from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.data.collators import PadCollator
+from ptm_app.errors import PtmError
+from ptm_app.tasks.label_scores import label_metrics, positive_index
+from ptm_app.training.optim import OptimConfig
+
+
+class SequenceClassificationModule(TaskModule):
+    """Fine-tune every weight of the backbone plus a fresh classification head.
+
+    Logs ``val/acc``, ``val/f1_macro``, ``val/mcc`` and for two labels ``val/f1`` (the positive class's F1;
+    GLUE's pair-task metric) and the same under ``test/``; ``predict`` yields labels and probabilities.
+
+    Args:
+        backbone: prepared name / local dir / exported run / hub id of the pretrained encoder.
+        backbone_config: config overrides (e.g. ``classifier_dropout``), or a from-scratch config.
+        labels: the label names in order; by default taken from the data module.
+        positive_label: the positive class of a two-label task, for ``f1`` (default: the second label).
+        optim: optimiser and schedule.
+        l2_sp: α of the L2-SP penalty ``α/2·‖w − w⁰‖²`` (Li et al. 2018) pulling the pre-trained encoder
+            weights (not the new head) towards w⁰, their values when the fit starts (after ``init_from``);
+            logged as ``train/l2_sp`` and added to the loss (``train/loss`` stays the cross-entropy).
+        init_from: start from an earlier stage's weights (see ``adaptation.chaining.InitFrom``).  Applied once,
+            when a fit builds the module (before any restore: sharded strategies see the loaded weights); on
+            ``--ckpt_path`` resume the restored checkpoint then replaces them (the source is still read, so it
+            must exist), and ``load_from_checkpoint`` never applies it.  Its ``freeze`` always applies.
+        delta: parameter-efficient tuning (``backbones.delta.DeltaSpec``): bottleneck adapters (houlsby,
+            pfeiffer, pals), lora, ia3, prefix, prompt, ptuning or bitfit; only the delta (+ head) trains.
+        delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
+    """
+
+    head = "sequence_classification"
+    monitor = ("val/acc", "max")
+    task_kind = "sequence"
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
+                 gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
+                 delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None):
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+
+    def can_build(self) -> bool:
+        return super().can_build() and self.hparams.labels is not None
+
+    def config_updates(self) -> dict:
+        facts = self.data_facts
+        if self.hparams.labels is None and facts is not None:
+            self.hparams.labels = facts.labels()
+        if facts is not None and facts.task == "regression":
+            raise PtmError(f"{type(self).__name__} classifies, and data.task is regression; "
+                           f"use model.class_path: SequenceRegressionModule")
+        labels = list(self.hparams.labels or [])
+        if not labels:
+            raise PtmError("SequenceClassificationModule needs labels: set model.init_args.labels or use a TaskDataModule")
+        return {**super().config_updates(), "num_labels": len(labels),
+                "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+
+    def build_metrics(self):
+        labels = self.task_labels()
+        return label_metrics(len(labels), positive_index(labels, self.hparams.get("positive_label")))
+
+    def make_collator(self, tokenizer, seed: int = 0) -> PadCollator:
+        return PadCollator(pad_token_id=tokenizer.pad_token_id)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.backbone(**self.model_inputs(batch)).logits
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
+        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu()}
+
+
+class SequenceRegressionModule(SequenceClassificationModule):
+    """Fine-tuning for a real-valued target (GLUE's STS-B: Wang et al. 2019 §3; BERT §4.1): one linear output
+    on the [CLS] state, mean-squared error loss; logs ``val/pearson``, ``val/spearman``, ``val/mse`` (and
+    ``test/*``); ``predict`` writes one value per example.  Takes every ``SequenceClassificationModule``
+    option but the label set (delta tuning, ``init_from``, L2-SP).
+    """
+
+    monitor = ("val/pearson", "max")
+    task_kind = "regression"
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 optim: OptimConfig = OptimConfig(lr=3e-5), gradient_checkpointing: bool = False, l2_sp: float = 0.0,
+                 init_from: Optional[InitFrom] = None, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+        super().__init__(backbone, backbone_config, None, optim, gradient_checkpointing, l2_sp, init_from, delta,
+                         delta_only)
+
+    def can_build(self) -> bool:
+        return TaskModule.can_build(self)
+
+    def config_updates(self) -> dict:
+        facts = self.data_facts
+        if facts is not None and (facts.task or "regression") != "regression":
+            raise PtmError("SequenceRegressionModule needs real-valued targets: set data.init_args.task: regression")
+        return {**TaskModule.config_updates(self), "num_labels": 1, "problem_type": "regression"}
+
+    def build_metrics(self):
+        return self.kind.metrics(None)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return super().forward(batch).float().squeeze(-1)
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        return {"keys": batch["keys"], "values": self(batch).cpu()}

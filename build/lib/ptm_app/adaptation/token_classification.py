@@ -1,0 +1,95 @@
+"""Full fine-tuning for token classification (tagging: POS, NER, chunking).
+
+BERT (Devlin et al. 2019 §4.3, NER): each word is represented by the final state of its *first* sub-token,
+fed to a new linear output layer, with no CRF; the other sub-tokens carry no label.  Logs token accuracy
+(``val/acc``) and, for BIO/IOB2 tag sets, exact-match entity-level precision/recall/F1 (``val/entity_f1``;
+seqeval's default mode, see ``tasks.metrics``).  ``predict`` writes one tag per word to
+``<run dir>/predictions.jsonl``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ptm_app.adaptation.task_module import TaskModule
+from ptm_app.backbones.build import HEADS
+from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
+from ptm_app.data.datasets import _index
+from ptm_app.data.token_tasks import TokenLabelCollator
+from ptm_app.errors import PtmError
+from ptm_app.tasks.tagging import word_tags
+from ptm_app.training.callbacks import write_predictions
+from ptm_app.training.optim import OptimConfig
+
+HEADS.setdefault("token_classification", "AutoModelForTokenClassification")
+
+
+class TokenClassificationModule(TaskModule):
+    """Fine-tune every weight of the backbone plus a fresh per-token classification layer.
+
+    Args:
+        backbone: prepared name / local dir / exported run / hub id of the pretrained encoder.
+        backbone_config: config overrides (e.g. ``classifier_dropout``), or a from-scratch config.
+        labels: the tag names in order; by default taken from the data module (``TokenTaskDataModule``).
+        optim: optimiser and schedule.
+        delta: parameter-efficient tuning instead of full fine-tuning (``backbones.delta.DeltaSpec``:
+            adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.  The
+            outputs at prompt / P-tuning's virtual tokens are dropped, so logits line up with the labels.
+        delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
+    """
+
+    head = "token_classification"
+    monitor = ("val/acc", "max")
+    task_kind = "token"
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
+                 gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+        self.predictions: list[dict] = []
+
+    def can_build(self) -> bool:
+        return super().can_build() and self.hparams.labels is not None
+
+    def config_updates(self) -> dict:
+        if self.hparams.labels is None and self.data_facts is not None:
+            self.hparams.labels = self.data_facts.labels()
+        labels = list(self.hparams.labels or [])
+        if not labels:
+            raise PtmError("TokenClassificationModule needs labels: set model.init_args.labels or use a "
+                           "TokenTaskDataModule")
+        return {**super().config_updates(), "num_labels": len(labels),
+                "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+
+    def make_collator(self, tokenizer, seed: int = 0) -> TokenLabelCollator:
+        return TokenLabelCollator(pad_token_id=tokenizer.pad_token_id)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """Tag logits [B, T, labels], one per input token (prompt / P-tuning's virtual tokens dropped)."""
+        return self.backbone(**self.model_inputs(batch)).logits[:, prepended_tokens(self.backbone):]
+
+    def word_tags(self, ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
+        return word_tags(self.hparams.labels, ids, where)
+
+    def on_predict_epoch_start(self) -> None:
+        self.predictions = []
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """One predicted tag per word (from its first sub-token); ``None`` for words cut by ``max_length``."""
+        preds = self(batch).argmax(-1).cpu()
+        records = self.data_facts.records("test")
+        labels = self.hparams.labels
+        rows = []
+        for key, row, words in zip(batch["keys"], preds, batch["word_index"].cpu()):
+            i = _index(key)
+            tags: list[Optional[str]] = [None] * len(records["words"][i])
+            for pos in (words >= 0).nonzero().squeeze(1).tolist():
+                tags[int(words[pos])] = labels[int(row[pos])]
+            rows.append({"id": records["ids"][i], "words": records["words"][i], "tags": tags})
+        self.predictions.extend(rows)
+        return {"keys": batch["keys"], "tags": [r["tags"] for r in rows]}
+
+    def on_predict_epoch_end(self) -> None:
+        write_predictions(self.trainer, self.predictions)

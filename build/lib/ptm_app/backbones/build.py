@@ -1,0 +1,135 @@
+"""Build or load a plain transformers model for a given head (backbones are plain transformers models:
+export is ``save_pretrained``, reuse is ``from_pretrained``).
+
+From scratch: ``backbone_config`` is a transformers config dict with a ``model_type``.
+Pretrained: a prepared name (``minilm``), a local ``save_pretrained`` directory, or a hub id;
+``backbone_config`` then holds overrides (e.g. dropout).
+
+``backbone_config.attn_implementation`` picks the attention kernel in both cases (transformers 5 takes it as a
+config field and a ``from_pretrained`` argument): ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``,
+transformers' default where the model supports it, else ``eager``), ``eager`` (the model's own matmul-softmax-matmul:
+the one that can return attention weights), ``flex_attention`` or ``flash_attention_2/3/4`` (CUDA + the
+flash-attn package) where the model declares them (``attention_choices``).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Optional
+
+import transformers
+from huggingface_hub.errors import StrictDataclassError
+
+from ptm_app.backbones.from_checkpoint import checkpoint_backbone_dir, is_checkpoint
+from ptm_app.backbones.heads import HEADS, auto_class, from_config  # noqa: F401  (the builder's vocabulary)
+from ptm_app.data.sources.references import load_error, resolve_pretrained
+from ptm_app.errors import PtmError
+
+def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict], **updates: Any):
+    """Return a ``PreTrainedModel`` with the head's output layer."""
+    auto = auto_class(head)
+    overrides = {**(config or {}), **updates}
+    attention = overrides.get("attn_implementation")
+    if pretrained:
+        where = model_dir(pretrained)
+        overrides.pop("model_type", None)
+        if attention is not None:
+            check_attention(attention, model_class(auto, lambda: transformers.AutoConfig.from_pretrained(where)))
+        try:
+            model, info = auto.from_pretrained(where, output_loading_info=True, **overrides)
+        except ImportError as exc:  # a declared implementation this machine cannot run (flash-attn)
+            raise attention_error(attention, exc) from None
+        except (OSError, ValueError) as exc:
+            raise load_error(pretrained, exc) from None
+        model.ptm_missing_keys = tuple(info.get("missing_keys", ()))  # weights the files did not have: fresh
+        return model
+    if not config or "model_type" not in config:
+        raise PtmError("model: give 'backbone' (a prepared name or directory) or 'backbone_config' with a 'model_type'")
+    model_type = overrides.pop("model_type")
+    check_model_type(model_type)
+    try:
+        hf_config = transformers.AutoConfig.for_model(model_type, **overrides)
+    except ValueError as exc:
+        raise PtmError(f"backbone_config: {str(exc).splitlines()[0]}") from None
+    except StrictDataclassError as exc:  # a value of the wrong type, e.g. "0.1" typed on the command line
+        cause = str(exc.__cause__ or exc).split(". Errors:")[0]
+        raise PtmError(f"backbone_config: {cause}; give the value its type (e.g. 768, 0.1, true; "
+                       f"a quoted '0.1' in YAML stays a string)") from None
+    if attention is not None:
+        check_attention(attention, model_class(auto, lambda: hf_config))
+        try:
+            return from_config(head, hf_config)
+        except (ImportError, ValueError) as exc:
+            raise attention_error(attention, exc) from None
+    return from_config(head, hf_config)
+
+
+def model_dir(ref: str) -> str:
+    """A local ``from_pretrained`` directory (or hub id) for any model reference: a prepared name, a directory, a
+    hub id, or a ptm_app checkpoint / run directory (stage chaining: its backbone, exported once into the cache)."""
+    where = resolve_pretrained(ref)
+    return str(checkpoint_backbone_dir(where)) if is_checkpoint(where) else where
+
+
+def check_model_type(model_type: str) -> None:
+    """One line for an unknown ``model_type`` (transformers' own message lists all ~800 of them)."""
+    known = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    if model_type in known:
+        return
+    close = difflib.get_close_matches(str(model_type), list(known.keys()), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    raise PtmError(f"backbone_config: unknown model_type {model_type!r}; {hint}"
+                   f"use a transformers model type such as 'bert', 'gpt2', 'bart' or 't5'")
+
+
+def model_class(auto, config_fn) -> type:
+    """The concrete model class an Auto class builds for a config (``config_fn`` is called only for Auto classes)."""
+    mapping = getattr(auto, "_model_mapping", None)
+    if mapping is None:
+        return auto
+    try:
+        return mapping[type(config_fn())]
+    except (KeyError, OSError, ValueError):
+        return auto  # unknown here: transformers' own check runs when the model is built
+
+
+def attention_choices(cls) -> list[str]:
+    """The ``attn_implementation`` values a transformers model class declares (transformers 5 class flags)."""
+    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+
+    names = ["eager"]
+    if getattr(cls, "_supports_sdpa", False):
+        names.append("sdpa")
+    if getattr(cls, "_supports_flex_attn", False):
+        names.append("flex_attention")
+    if getattr(cls, "_supports_flash_attn", False):
+        names += [f"flash_attention_{v}" for v in sorted(FLASH_ATTENTION_COMPATIBILITY_MATRIX)]
+    return names
+
+
+def check_attention(attention: str, cls) -> None:
+    """Refuse, in one line, an ``attn_implementation`` the model class does not declare."""
+    if not hasattr(cls, "_supports_sdpa"):  # an Auto class we could not resolve
+        return
+    choices = attention_choices(cls)
+    if attention not in choices:
+        raise PtmError(f"backbone_config.attn_implementation={attention!r} is not supported by {cls.__name__}; "
+                       f"set it to one of {', '.join(choices)} (or remove it: sdpa where supported, else eager)")
+
+
+def attention_error(attention: Optional[str], exc: BaseException) -> PtmError:
+    """A declared attention implementation that cannot run here, as one line."""
+    reason = " ".join(str(exc).split()).split(". ")[0]
+    return PtmError(f"backbone_config.attn_implementation={attention!r} cannot run here ({reason}); "
+                    f"use sdpa or eager, or remove the setting")
+
+
+def max_positions(model) -> Optional[int]:
+    """The longest input the backbone's position embeddings allow (None if unbounded)."""
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            # RoBERTa-style position ids start after the padding index
+            offset = (cfg.pad_token_id + 1) if getattr(cfg, "model_type", "") in {"roberta", "xlm-roberta", "camembert"} else 0
+            return value - offset
+    return None

@@ -1,0 +1,87 @@
+"""The plain transformers model inside a ptm_app checkpoint: for ``export`` and for stage chaining
+(``backbone: run_dir_or.ckpt``, a later run starting from an earlier one's weights).
+
+A full checkpoint holds the resolved backbone config and every weight, so the model is rebuilt from them alone.
+A delta-tuned or frozen-feature checkpoint holds only what trained (its frozen base is rebuilt from its source):
+the module class named in the checkpoint rebuilds it, and LoRA / IA3 are then merged into plain weights;
+adapters and soft prompts cannot be, and come back as ``(spec, tuned model)`` for ``export`` to save apart.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Optional
+
+from torch import nn
+
+from ptm_app.backbones.heads import from_config
+from ptm_app.checkpoints import CKPT_KEY, as_file, backbone_state, read_checkpoint
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_dir, cache_root
+
+
+def is_checkpoint(where: str | Path) -> bool:
+    """A ptm_app ``.ckpt`` (file or sharded directory) or run directory, not a ``save_pretrained`` directory."""
+    path = Path(where)
+    return str(where).endswith(".ckpt") or ((path / "checkpoints").is_dir() and not (path / "config.json").exists())
+
+
+def rebuild_backbone(ckpt: dict) -> nn.Module:
+    """The transformers model of a full checkpoint, from its resolved config and weights."""
+    import transformers
+
+    config = dict(ckpt["hyper_parameters"]["backbone_config"])
+    hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+    model = from_config(ckpt[CKPT_KEY]["head"], hf_config)
+    missing, unexpected = model.load_state_dict(backbone_state(ckpt), strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    real_missing = [k for k in missing if k not in tied and not any(k.endswith(t) for t in tied)]
+    if real_missing or unexpected:
+        raise PtmError(f"checkpoint does not match its backbone: missing {real_missing[:3]}, unexpected {unexpected[:3]}")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model.eval()
+
+
+def _rebuilt_by_module(ckpt: dict) -> nn.Module:
+    """The module class named in the checkpoint rebuilds its frozen base from the source and loads what trained
+    (the dict was read and checked once: Lightning gets it as an in-memory file, consolidated shards included)."""
+    import importlib
+
+    module_path, _, name = ckpt[CKPT_KEY]["module"].rpartition(".")
+    cls = getattr(importlib.import_module(module_path), name)
+    return cls.load_from_checkpoint(as_file(ckpt), map_location="cpu", weights_only=True)
+
+
+def checkpoint_backbone(ckpt: dict) -> tuple[Optional[nn.Module], Optional[tuple]]:
+    """``(model, None)`` with any delta merged in, or ``(None, (delta spec, tuned model))`` for a delta that
+    cannot be merged (adapters, PALs, prefix / prompt / P-tuning)."""
+    from ptm_app.backbones.delta import as_delta_spec, merge_for_export
+
+    if not (ckpt["hyper_parameters"].get("delta") or ckpt[CKPT_KEY].get("delta_only")):
+        return rebuild_backbone(ckpt), None
+    module = _rebuilt_by_module(ckpt)
+    tuned = module.backbone.eval()
+    merged = merge_for_export(tuned)
+    return (merged, None) if merged is not None else (None, (as_delta_spec(ckpt["hyper_parameters"]["delta"]), tuned))
+
+
+def checkpoint_backbone_dir(ckpt_path: str | Path) -> Path:
+    """The checkpoint's backbone as a ``save_pretrained`` directory (+ its tokenizer), written once into the cache
+    (keyed by path, size and time), for ``from_pretrained``."""
+    path = Path(ckpt_path).resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_root() / "exported" / key
+    if (target / "config.json").exists():
+        return target
+    ckpt = read_checkpoint(path)
+    model, delta = checkpoint_backbone(ckpt)
+    if model is None:
+        raise PtmError(f"{ckpt_path} holds a {delta[0].method} delta, which cannot be merged into the weights; "
+                       f"start from it with init_from (or export it and use backbones.delta.load_delta)")
+    with atomic_dir(target) as tmp:
+        model.save_pretrained(tmp)
+        for name, text in ckpt[CKPT_KEY].get("tokenizer", {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    return target

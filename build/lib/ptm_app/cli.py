@@ -1,0 +1,233 @@
+"""The command line: LightningCLI for fit/validate/test/predict, plus plain subcommands.
+
+Every run writes to ``checkpoints/<run_name>/`` (``$PTM_RUNS_DIR`` moves it): the resolved
+``config.yaml``, ``checkpoints/last.ckpt`` and ``checkpoints/best.ckpt``, CSV and TensorBoard logs.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes by their short names)
+import ptm_app.data.choice_data  # noqa: F401
+import ptm_app.data.datamodules  # noqa: F401
+import ptm_app.data.generation_data  # noqa: F401
+import ptm_app.data.multitask  # noqa: F401
+import ptm_app.data.parallel  # noqa: F401
+import ptm_app.data.prompt_data  # noqa: F401
+import ptm_app.data.token_tasks  # noqa: F401
+import ptm_app.objectives  # noqa: F401
+import ptm_app.training.compile  # noqa: F401
+import ptm_app.training.unfreezing  # noqa: F401
+from lightning.pytorch import LightningDataModule, LightningModule
+from ptm_app.data.loader import DataPositionCallback
+from ptm_app.errors import PtmError
+from ptm_app.checkpoints import checkpoint_path, load_file, resolve_last, verify
+from ptm_app.paths import RunLock, atomic_dir, is_first_process, restore_replaced, runs_root
+from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
+from ptm_app.training.checkpoint_io import AtomicCheckpointIO
+from ptm_app.training.throughput import ThroughputMonitor
+from ptm_app.training.trainer import PtmTrainer
+from ptm_app.training.strategies import is_sharded
+from ptm_app.training.loggers import RunCSVLogger
+
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+
+
+class RunConfigSaver(SaveConfigCallback):
+    """Writes the fully resolved config to ``<run_dir>/config.yaml`` (overwritten on resume)."""
+
+    def __init__(self, *args, run_dir: Path, **kwargs):
+        super().__init__(*args, overwrite=True, **kwargs)
+        self.run_dir = run_dir
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if trainer.is_global_zero:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, self.run_dir / self.config_filename, skip_none=False,
+                             overwrite=True, multifile=False)
+            tokenizer = getattr(trainer.datamodule, "tokenizer", None)
+            if tokenizer is not None:  # the run's tokenizer, next to its config (it is in every .ckpt too)
+                with atomic_dir(self.run_dir / "tokenizer") as tmp:
+                    tokenizer.save_pretrained(tmp)
+
+
+class PtmCLI(LightningCLI):
+    """LightningCLI with a run directory, exact resume and one-line errors."""
+
+    def __init__(self, args=None, run_lock: Optional[RunLock] = None, **kwargs):
+        kwargs.setdefault("model_class", LightningModule)
+        kwargs.setdefault("trainer_class", PtmTrainer)  # adds precision: auto
+        kwargs.setdefault("datamodule_class", LightningDataModule)
+        kwargs.setdefault("trainer_defaults", {"use_distributed_sampler": False, "log_every_n_steps": 10})
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("save_config_callback", None)  # RunConfigSaver is added per run
+        kwargs.setdefault("parser_kwargs", {"exit_on_error": False, "default_env": False})
+        self.run_lock = run_lock or RunLock()
+        super().__init__(args=args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--run_name", type=Optional[str], default=None,
+                            help="Run directory name under checkpoints/ (default: the config file's name).")
+        parser.add_argument("--checkpoint_every", type=int, default=0,
+                            help="Also write last.ckpt every N training steps (it is always written at epoch ends).")
+        parser.add_argument("--stop_at_step", type=int, default=0,
+                            help="Pause after this global step (with last.ckpt), keeping the full run's LR schedule.")
+        parser.add_argument("--trust_checkpoint", type=bool, default=False,
+                            help="Read --ckpt_path even if it holds more than plain data (its unpickling can run "
+                                 "code): only for checkpoints you made yourself.")
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        type_dict_overrides(self.config, list(args) if isinstance(args, (list, tuple)) else sys.argv[1:])
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning's step that reads an explicit ``--ckpt_path`` file's hyper-parameters into the model config,
+        through the checkpoint layer: the file is checked (intact; plain data unless ``--trust_checkpoint``) and
+        only its pickle is read (tensors memory-mapped), so a damaged or crafted file is one line, not a traceback."""
+        subcommand = self.config.get("subcommand")
+        cfg = self.config[subcommand] if subcommand else None
+        if cfg is None or not cfg.get("ckpt_path") or not Path(cfg.ckpt_path).is_file():
+            return
+        trust = bool(cfg.get("trust_checkpoint"))
+        hparams = dict(load_file(verify(cfg.ckpt_path, trust), trust=trust, mmap=True).get("hyper_parameters", {}))
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+
+    # -- run directory ----------------------------------------------------------------------
+    def _sub(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def _run_name(self) -> str:
+        cfg = self._sub()
+        if cfg.get("run_name"):
+            return cfg.run_name
+        configs = cfg.get("config") or []
+        if configs:
+            return Path(str(configs[-1])).stem
+        raise PtmError("no run name: pass --config FILE.yaml or --run_name NAME")
+
+    def before_instantiate_classes(self) -> None:
+        self.run_dir = runs_root() / self._run_name()
+        cfg = self._sub()
+        _check_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
+        if is_first_process():  # one process per run directory (other ranks of this run share it)
+            self.run_lock.acquire(self.run_dir)
+        if cfg.get("ckpt_path"):
+            trust = bool(cfg.get("trust_checkpoint"))
+            cfg.ckpt_path = str(self._checkpoint(cfg.ckpt_path, trust))
+            cfg.weights_only = not trust  # Lightning's own loaders: torch's weights-only unpickler
+
+    def _checkpoint(self, ckpt_path: str, trust: bool) -> Path:
+        """``last`` (falling back to ``last-1`` if the newest is unreadable), ``best`` or a path, checked to be
+        intact and plain data before Lightning reads it."""
+        ckpt_dir = self.run_dir / "checkpoints"
+        if ckpt_path == "last":
+            return resolve_last(ckpt_dir, trust)
+        if ckpt_path == "best":
+            # a directory for sharded strategies; restored if a save crashed while swapping it in
+            path = restore_replaced(ckpt_dir / "best.ckpt")
+            if not path.exists():
+                raise PtmError(f"--ckpt_path best: no checkpoint at {path}; "
+                               f"run 'fit' first (without --ckpt_path) or pass a checkpoint file")
+            return verify(path, trust)
+        if not Path(ckpt_path).exists():
+            raise PtmError(f"--ckpt_path {ckpt_path}: no such checkpoint file; use 'last', 'best' or a .ckpt path")
+        return checkpoint_path(ckpt_path, trust)
+
+    def instantiate_trainer(self, **kwargs):
+        cfg = self._sub()
+        run_dir = self.run_dir
+        ckpt_dir = run_dir / "checkpoints"
+        monitor, mode = getattr(self.model, "monitor", ("val/loss", "min"))
+        callbacks = [
+            DataPositionCallback(),
+            RNGStateCallback(),
+            LastCheckpoint(ckpt_dir / "last.ckpt", cfg.get("checkpoint_every") or 0, cfg.get("stop_at_step") or 0),
+            PredictionWriter(),
+            RunSummary(run_dir, self.subcommand or "fit"),
+            ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1,
+                            enable_version_counter=False),
+        ]
+        if self.subcommand == "fit":
+            callbacks.append(ThroughputMonitor())  # tokens/s, samples/s, padding fraction, MFU, peak memory
+            callbacks.append(RunConfigSaver(self._parser(self.subcommand), self.config.get(self.subcommand),
+                                            run_dir=run_dir))
+        kwargs.setdefault("default_root_dir", str(run_dir))
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        if trainer_cfg.get("logger") in (None, True):
+            kwargs["logger"] = [RunCSVLogger(run_dir, name="logs", version=""),
+                                TensorBoardLogger(run_dir, name="tensorboard", version="")]
+        plugins = trainer_cfg.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        # sharded strategies (FSDP, DeepSpeed) write a directory from every rank, not through CheckpointIO
+        kwargs["plugins"] = plugins if is_sharded(trainer_cfg.get("strategy")) else plugins + [AtomicCheckpointIO()]
+        user_callbacks = trainer_cfg.get("callbacks") or []
+        kwargs["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
+        return super().instantiate_trainer(**kwargs)
+
+
+def type_dict_overrides(config, argv: list[str]) -> None:
+    """Command-line values of keys inside dict-typed settings (``--model.init_args.backbone_config.hidden_size 768``,
+    ``tasks``) are read as YAML scalars (int, float, bool, null, lists), as jsonargparse reads typed keys; jsonargparse
+    itself leaves them strings.  Only values given on the command line change: a YAML file's quoted strings stay."""
+    import yaml
+    from jsonargparse import Namespace
+
+    subcommand = argv[0] if argv and argv[0] in LIGHTNING_COMMANDS else None
+    root = config.get(subcommand) if subcommand else config
+    for i, token in enumerate(argv):
+        if not token.startswith("--") or token == "--":
+            continue
+        key, eq, raw = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                continue
+            raw = argv[i + 1]
+        parent, node = None, root
+        for part in key.split("."):
+            parent = node
+            if isinstance(node, Namespace):
+                node = node.get(part) if part in node else node.get("init_args", Namespace()).get(part)
+            elif isinstance(node, dict):
+                node = node.get(part)
+            else:
+                node = None
+                break
+        last = key.rsplit(".", 1)[-1]
+        if isinstance(parent, dict) and isinstance(node, str) and node == raw:
+            try:
+                parent[last] = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                pass  # not YAML: the string it was
+
+
+def _check_precision(precision, accelerator) -> None:
+    """fp16 has no fast path on CPUs: refuse it instead of running ~1000x slower."""
+    if precision is None or "16" not in str(precision) or "bf16" in str(precision):
+        return
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
+    if on_cpu:
+        raise PtmError(f"precision={precision} (fp16) is not supported on CPU here; "
+                       f"use trainer.precision: bf16-mixed (fast on CPUs with bf16) or 32-true")
+
+
+def run_lightning(argv: list[str]) -> int:
+    lock = RunLock()  # taken on the run directory once the config names it
+    try:
+        PtmCLI(args=None if argv == sys.argv[1:] else argv, run_lock=lock)
+    finally:
+        lock.release()
+    return 0

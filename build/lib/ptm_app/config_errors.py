@@ -1,0 +1,87 @@
+"""Errors as one line: ``guarded`` runs a command and turns what the user caused (our ``PtmError``s, jsonargparse's
+multi-line validation errors, Lightning settings clashes) into one ``error:`` line and an exit status."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Callable
+
+_HELP = "python main.py fit --help lists the keys"
+
+
+def one_line(exc: Exception) -> str:
+    text = str(exc)
+    group = re.search(r'Parser key "([^"]+)"', text)
+    prefix = f"{group.group(1)}." if group else ""
+    if group and "class_path" in text:
+        prefix += "init_args."
+    option = re.search(r"Option '([^']+)' is not accepted", text) or re.search(r"Key '([^']+)' is not expected", text)
+    if option:
+        return f"unknown config key '{prefix}{option.group(1)}'; check its spelling ({_HELP})"
+    unrecognized = re.search(r"[Uu]nrecognized arguments: (.+)", text)
+    if unrecognized:
+        return f"unknown command-line argument {unrecognized.group(1).strip()}; check its spelling ({_HELP})"
+    klass = re.search(r"import path string: ([\w.]+)", text) or re.search(r"[Ii]mport path '([\w.]+)'", text)
+    if klass:
+        where = group.group(1) if group else "config"
+        return f"unknown class '{klass.group(1)}' for '{where}'; use one of ptm_app's modules (README: Config catalogue)"
+    lines = [ln.strip(" -") for ln in text.splitlines() if ln.strip()]
+    detail = [ln for ln in lines if not ln.startswith(("Subtypes", "Given value", "Errors", "Expected a"))]
+    return (prefix.rstrip(".") + ": " if prefix else "") + " ".join(detail[:3])[:400]
+
+
+def guarded(command: Callable[[list[str]], int], argv: list[str]) -> int:
+    """``command(argv)``; bad input is printed as one ``error: ...`` line (exit 2), never a traceback; a SIGTERM
+    stop (``last.ckpt`` written) exits 143.  Anything else is a bug of ours and keeps its traceback."""
+    from ptm_app.errors import PtmError
+
+    try:
+        return command(argv)
+    except _sigterm():  # Lightning stops on SIGTERM after LastCheckpoint wrote last.ckpt
+        print("stopped by SIGTERM; last.ckpt is written, resume with --ckpt_path last", file=sys.stderr)
+        return 143
+    except PtmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:
+        from jsonargparse import ArgumentError
+
+        wrapped = PtmError.last
+        if wrapped is not None and str(wrapped) in str(exc).replace("\n", " "):
+            print(f"error: {wrapped}", file=sys.stderr)  # our error, raised while the config was instantiated
+            return wrapped.exit_code
+        if isinstance(exc, ArgumentError):
+            print(f"error: {one_line(exc)}", file=sys.stderr)
+            return 2
+        if _lightning_config_error(exc):
+            print(f"error: trainer settings: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _lightning_config_error(exc: BaseException) -> bool:
+    """A ValueError / MisconfigurationException raised inside Lightning itself: a settings clash such as
+    ``val_check_interval`` longer than the epoch, not a bug of ours."""
+    if "lightning" not in sys.modules:
+        return False
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if not isinstance(exc, (ValueError, MisconfigurationException)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}lightning{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+def _sigterm() -> type[BaseException]:
+    if "lightning" not in sys.modules:
+        return _Never
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    return SIGTERMException
+
+
+class _Never(BaseException):
+    """Placeholder exception type that is never raised."""

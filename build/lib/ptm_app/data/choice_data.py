@@ -1,0 +1,188 @@
+"""Multiple choice: a question (stem) and N candidate answers, one right (SWAG / RACE style, Devlin et al.
+2019 §4.4).  Each (question, choice) pair is tokenized as a sentence pair; a batch of B questions is
+``input_ids [B·N, L]`` with ``labels [B]`` (the right choice's index), so one score per pair can be soft-maxed
+over the question's choices.
+
+Records (JSONL, CSV, parquet): ``text`` (the question), ``choices`` (a list of N strings; in CSV a JSON list) and
+``label`` (the right choice's 0-based index); the field names are settings.  ``data prepare wordnet_choice``
+makes a WordNet-derived set: a word and four definitions, its own and three of other words.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch.utils.data import Dataset
+
+from ptm_app.data.cache import cached_json
+from ptm_app.data.collators import pad
+from ptm_app.data.datamodules import _Base, holdout_split, seeded_subset
+from ptm_app.data.datasets import _index
+from ptm_app.data.formats import read_records
+from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
+from ptm_app.errors import DataFormatError, PtmError
+from ptm_app.paths import sha256_file
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class ChoiceSplit:
+    input_ids: list  # [question][choice] -> token ids
+    token_type_ids: Optional[list]
+    labels: list[int]
+    ids: list[str]
+    texts: list[str]
+    choices: list[list[str]]
+
+
+def read_choices(path: Path, tokenizer, *, text_field: str, choices_field: str, label_field: str, id_field: str,
+                 num_choices: Optional[int], max_length: int) -> ChoiceSplit:
+    """Tokenize a multiple-choice file once (cached); a malformed record is a ``file:line`` error."""
+    key = [FORMAT_VERSION, sha256_file(path), text_field, choices_field, label_field, id_field, num_choices,
+           max_length, tokenizer_fingerprint(tokenizer)]
+
+    def build() -> dict:
+        texts, choices, labels, ids, lines = [], [], [], [], []
+        width = num_choices
+        for line, record in read_records(path, required=(text_field, choices_field, label_field)):
+            options = record[choices_field]
+            if isinstance(options, str):
+                try:
+                    options = json.loads(options)
+                except json.JSONDecodeError:
+                    options = None
+            if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) for o in options):
+                raise DataFormatError(path, line, f"'{choices_field}' must be a list of at least 2 strings")
+            width = width or len(options)
+            if len(options) != width:
+                raise DataFormatError(path, line, f"{len(options)} choices where the others have {width}",
+                                      "give every question the same number of choices (data.num_choices)")
+            try:
+                label = int(record[label_field])
+            except (TypeError, ValueError):
+                label = -1
+            if not 0 <= label < width:
+                raise DataFormatError(path, line, f"label {record[label_field]!r} is not a choice index 0..{width - 1}")
+            texts.append(str(record[text_field]))
+            choices.append(options)
+            labels.append(label)
+            ids.append(str(record.get(id_field, f"{path.name}:{line}")))
+            lines.append(line)
+        if not texts:
+            raise PtmError(f"{path}: no multiple-choice records; check the file and data.text_field / choices_field")
+        flat = tokenizer([t for t, opts in zip(texts, choices) for _ in opts], [o for opts in choices for o in opts],
+                         truncation="longest_first", max_length=max_length, verbose=False)
+        n = len(choices[0])
+        group = lambda seq: [seq[i:i + n] for i in range(0, len(seq), n)]  # noqa: E731
+        types = flat.get("token_type_ids")
+        return asdict(ChoiceSplit(input_ids=group(flat["input_ids"]), token_type_ids=group(types) if types else None,
+                                  labels=labels, ids=ids, texts=texts, choices=choices))
+
+    return ChoiceSplit(**cached_json(key, build))
+
+
+class ChoiceDataset(Dataset):
+    """One question per item: its choices' token ids and the right choice's index."""
+
+    def __init__(self, split: ChoiceSplit, index: list[int]):
+        self.split, self.index = split, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def lengths(self) -> list[int]:
+        return [max(len(ids) for ids in self.split.input_ids[i]) for i in self.index]
+
+    def __getitem__(self, key) -> dict:
+        i = self.index[_index(key)]
+        item = {"choices": [torch.as_tensor(ids, dtype=torch.long) for ids in self.split.input_ids[i]],
+                "label": self.split.labels[i], "key": key}
+        if self.split.token_type_ids is not None:
+            item["choice_types"] = [torch.as_tensor(t, dtype=torch.long) for t in self.split.token_type_ids[i]]
+        return item
+
+
+class ChoiceCollator:
+    """Questions → ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) ``[B·N, L]`` and ``labels [B]``."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, examples: list[dict]) -> dict:
+        rows = [ids for e in examples for ids in e["choices"]]
+        batch = {"input_ids": pad(rows, self.pad_token_id),
+                 "attention_mask": pad([torch.ones_like(r) for r in rows], 0),
+                 "labels": torch.tensor([e["label"] for e in examples], dtype=torch.long),
+                 "keys": [e["key"] for e in examples]}
+        if "choice_types" in examples[0]:
+            batch["token_type_ids"] = pad([t for e in examples for t in e["choice_types"]], 0)
+        return batch
+
+
+class MultipleChoiceDataModule(_Base):
+    """Multiple-choice questions (see the module docstring).
+
+    Args:
+        source: a prepared set (``wordnet_choice``), a directory with split files, or one file.
+        text_field / choices_field / label_field / id_field: column names.
+        num_choices: the number of choices per question (default: the first record's).
+        max_length: longest (question, choice) pair in tokens; the longer of the two is cut first.
+        limit_train: use only N training questions.
+    """
+
+    def __init__(self, tokenizer: TokenizerSpec, source: str = "wordnet_choice", text_field: str = "text",
+                 choices_field: str = "choices", label_field: str = "label", id_field: str = "id",
+                 num_choices: Optional[int] = None, max_length: int = 96, batch_size: int = 16,
+                 eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234, holdout: float = 0.1,
+                 limit_train: Optional[int] = None, group_by_length: bool = True):
+        super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.text_field, self.choices_field, self.label_field, self.id_field = (text_field, choices_field,
+                                                                                label_field, id_field)
+        self.num_choices, self.max_length, self.limit_train = num_choices, max_length, limit_train
+        self.group_by_length = group_by_length
+        self.kind = "choice"
+        self.splits: dict[str, tuple[ChoiceSplit, list[int]]] = {}
+
+    def _read(self, path: Path) -> ChoiceSplit:
+        return read_choices(path, self.load_tokenizer(), text_field=self.text_field,
+                            choices_field=self.choices_field, label_field=self.label_field, id_field=self.id_field,
+                            num_choices=self.num_choices, max_length=self.max_length)
+
+    def prepare_data(self) -> None:
+        for path in self.files.values():
+            self._read(path)
+
+    def label_set(self) -> list[str]:
+        """The choice positions, as labels ("0" … "N-1"): what a multitask head and its accuracy count."""
+        n = self.num_choices or len(self._read(self.files["train"]).choices[0])
+        return [str(i) for i in range(n)]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        for split, path in self.files.items():
+            enc = self._read(path)
+            index = list(range(len(enc.labels)))
+            if split == "train" and "validation" not in self.files:
+                index, held = holdout_split(len(index), self.holdout, self.seed)
+                self._add("validation", enc, held)
+            if split == "train" and self.limit_train:
+                index = seeded_subset(index, self.limit_train, self.seed)
+            self._add(split, enc, index)
+
+    def _add(self, split: str, enc: ChoiceSplit, index: list[int]) -> None:
+        self.splits[split] = (enc, index)
+        self.datasets[split] = ChoiceDataset(enc, index)
+
+    def records(self, split: str) -> dict:
+        """Ids, questions and choices of a split, aligned with its dataset (for writing predictions)."""
+        enc, index = self.splits[split]
+        return {"ids": [enc.ids[i] for i in index], "texts": [enc.texts[i] for i in index],
+                "choices": [enc.choices[i] for i in index]}
+
+    def default_collator(self) -> ChoiceCollator:
+        return ChoiceCollator(self.tokenizer.pad_token_id)

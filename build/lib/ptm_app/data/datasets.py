@@ -1,0 +1,91 @@
+"""Map-style datasets that accept the sampler's ``(epoch, index)`` keys (or plain indices)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+def _index(key) -> int:
+    return key[1] if isinstance(key, tuple) else int(key)
+
+
+class BlockDataset(Dataset):
+    """Token blocks for pre-training; with ``documents`` (per block, each token's document index) an item
+    also carries ``document_ids``, for document-boundary attention."""
+
+    def __init__(self, blocks: list[np.ndarray], documents: list[np.ndarray] | None = None):
+        self.blocks, self.documents = blocks, documents
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, key) -> dict:
+        i = _index(key)
+        item = {"input_ids": torch.from_numpy(np.asarray(self.blocks[i], dtype=np.int64)), "key": key}
+        if self.documents is not None:
+            item["document_ids"] = torch.from_numpy(np.asarray(self.documents[i], dtype=np.int64))
+        return item
+
+    def lengths(self) -> list[int]:
+        return [len(b) for b in self.blocks]
+
+
+class EncodedDataset(Dataset):
+    """Tokenized labelled examples: ``input_ids`` (+ ``token_type_ids``) and an integer ``label``."""
+
+    def __init__(self, input_ids: list, labels: list[int] | None, token_type_ids: list | None = None):
+        self.input_ids, self.labels, self.token_type_ids = input_ids, labels, token_type_ids
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+    def __getitem__(self, key) -> dict:
+        i = _index(key)
+        item = {"input_ids": torch.as_tensor(self.input_ids[i], dtype=torch.long), "key": key}
+        if self.token_type_ids is not None:
+            item["token_type_ids"] = torch.as_tensor(self.token_type_ids[i], dtype=torch.long)
+        if self.labels is not None:
+            item["label"] = self.labels[i]
+        return item
+
+
+class SentencePairDataset(Dataset):
+    """NSP / SOP examples drawn from document boundaries (BERT §3.1 task 2; ALBERT §4.1).
+
+    One anchor per (document, sentence) that has a following sentence.  The pair for a key
+    ``(epoch, index)`` is drawn from an rng seeded by the key, so pairs change every epoch
+    (like dynamic masking) yet a resumed run sees the same ones.  ``sentence_label``:
+    0 = the real continuation / original order, 1 = a random segment (NSP) / swapped (SOP),
+    the convention of transformers' ``BertForPreTraining`` and ``AlbertForPreTraining``.
+    """
+
+    def __init__(self, documents: list[list[list[int]]], kind: str, max_length: int, seed: int,
+                 cls_id: int, sep_id: int):
+        self.documents, self.kind, self.seed = documents, kind, seed
+        self.max_tokens, self.cls_id, self.sep_id = max_length - 3, cls_id, sep_id
+        self.anchors = [(d, s) for d, doc in enumerate(documents) for s in range(len(doc) - 1)]
+        if not self.anchors:
+            from ptm_app.errors import PtmError
+
+            raise PtmError(f"{kind} needs documents with at least two sentences (lines); none found in the corpus")
+
+    def __len__(self) -> int:
+        return len(self.anchors)
+
+    def __getitem__(self, key) -> dict:
+        from ptm_app.data.corruption import pairs
+        from ptm_app.data.corruption.masking import draw_rng
+
+        doc, sentence = self.anchors[_index(key)]
+        rng = draw_rng(self.seed, [key])
+        make = pairs.nsp_example if self.kind == "nsp" else pairs.sop_example
+        a, b, label = make(self.documents, doc, sentence, rng, max_tokens=self.max_tokens)
+        if self.kind == "nsp":
+            label = 0 if label else 1  # nsp_example returns is_next
+        ids, types = pairs.pair_input(a, b, cls_id=self.cls_id, sep_id=self.sep_id)
+        return {"input_ids": torch.tensor(ids), "token_type_ids": torch.tensor(types), "sentence_label": label,
+                "key": key}

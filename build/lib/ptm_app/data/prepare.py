@@ -1,0 +1,197 @@
+"""``python main.py data prepare|list``: fetch, verify, convert and split the registered sources."""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ptm_app import paths
+from ptm_app.data.sources import MANIFEST, SOURCES, Source
+from ptm_app.data.sources.fetch import fetch
+from ptm_app.errors import PtmError
+
+SEED = 1234
+FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
+SPLIT_METHOD = ("{unit}-level, stratified by {key}: records sorted by id, grouped by {key} (groups in sorted "
+                "order), each group shuffled with one random.Random(seed); per group test = round(n*0.1), "
+                "validation = round(n*0.1) (halves round up), train = the rest")
+
+
+GROUP_SPLIT_METHOD = ("{group}-level, stratified by {key}: records sharing a {group} form one unit (all its "
+                      "records have the same {key}) and stay in one split, in their input order; the units are "
+                      "split like single records: sorted by {group}, grouped by {key} (groups in sorted order), "
+                      "each group shuffled with one random.Random(seed); per group test = round(n*0.1), "
+                      "validation = round(n*0.1) (halves round up), train = the rest, n counting units")
+
+
+def split_records(records: list[dict], key: str, seed: int = SEED,
+                  group_by: str | None = None) -> dict[str, list[dict]]:
+    """Deterministic stratified split; each split is returned sorted by id.
+
+    With ``group_by``, the records sharing that field's value are one unit (e.g. a document's sentences), split
+    as a whole: each split then holds its units sorted by that value, each unit's records in input order.
+    """
+    if group_by is not None:
+        return _split_groups(records, key, seed, group_by)
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for rec in sorted(records, key=lambda r: r["id"]):
+        groups[rec[key]].append(rec)
+    rng = random.Random(seed)
+    out: dict[str, list[dict]] = {name: [] for name in FRACTIONS}
+    for value in sorted(groups):
+        group = groups[value]
+        rng.shuffle(group)
+        n_test = int(len(group) * FRACTIONS["test"] + 0.5)
+        n_val = int(len(group) * FRACTIONS["validation"] + 0.5)
+        out["test"] += group[:n_test]
+        out["validation"] += group[n_test:n_test + n_val]
+        out["train"] += group[n_test + n_val:]
+    return {name: sorted(recs, key=lambda r: r["id"]) for name, recs in out.items()}
+
+
+def _split_groups(records: list[dict], key: str, seed: int, group_by: str) -> dict[str, list[dict]]:
+    members: dict[str, list[dict]] = defaultdict(list)
+    for rec in records:
+        members[rec[group_by]].append(rec)
+    units = []
+    for value, recs in members.items():
+        strata = {r[key] for r in recs}
+        if len(strata) != 1:
+            raise ValueError(f"{group_by} {value!r} spans several {key} values {sorted(strata)}")
+        units.append({"id": value, key: strata.pop()})
+    return {name: [rec for unit in split for rec in members[unit["id"]]]
+            for name, split in split_records(units, key, seed).items()}
+
+
+def write_jsonl(path: Path, records: Iterable[dict]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
+def _plural(key: str) -> str:
+    return key + ("es" if key.endswith("s") else "s")
+
+
+def _counts(recs: list[dict], key: str, measure: Callable[[dict], dict[str, int]] | None,
+            group_by: str | None = None) -> dict:
+    counts: dict = {"records": len(recs), _plural(key): dict(sorted(Counter(r[key] for r in recs).items()))}
+    if group_by is not None:
+        counts[_plural(group_by)] = len({r[group_by] for r in recs})
+    for rec in recs if measure else ():
+        for name, value in measure(rec).items():
+            counts[name] = counts.get(name, 0) + value
+    return counts
+
+
+def _public(recs: list[dict], private: tuple[str, ...]) -> Iterable[dict]:
+    if not private:
+        return recs
+    return ({k: v for k, v in rec.items() if k not in private} for rec in recs)
+
+
+def _write_dataset(src: Source, archive: Path, out: Path) -> dict:
+    records, cleaning = src.read(archive)
+    splits = split_records(records, src.split_by, group_by=src.group_by)
+    for name, recs in splits.items():
+        write_jsonl(out / f"{name}.jsonl", _public(recs, src.private_fields))
+    counts = {name: _counts(recs, src.split_by, src.measure, src.group_by) for name, recs in splits.items()}
+    counts["total"] = _counts(records, src.split_by, src.measure, src.group_by)
+    split = {"seed": SEED, "fractions": FRACTIONS, "by": src.split_by,
+             "method": SPLIT_METHOD.format(unit=src.split_unit, key=src.split_by)}
+    if src.group_by is not None:
+        split.update(group_by=src.group_by, method=GROUP_SPLIT_METHOD.format(key=src.split_by, group=src.group_by))
+    facts = {"split": split, "counts": counts, "cleaning": cleaning, "files": [f"{name}.jsonl" for name in splits]}
+    if src.private_fields:
+        facts["private_fields"] = {"fields": list(src.private_fields),
+                                   "note": "used to split and count (see split, counts), not written to the jsonl"}
+    if src.derived_from is not None:
+        facts["derived_from"] = src.derived_from
+    if src.derivation is not None:
+        facts["derivation"] = src.derivation
+    return facts
+
+
+def _is_current(src: Source, target: Path) -> bool:
+    try:
+        manifest = json.loads((target / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (manifest.get("format_version") == src.format_version
+            and manifest.get("source", {}).get("sha256") == src.artifact.sha256)
+
+
+def _prepare_one(src: Source, force: bool) -> Path:
+    target = paths.data_root() / src.name
+    if not force and _is_current(src, target):
+        print(f"{src.name}: already prepared in {target}")
+        return target
+    archive = fetch(src.artifact)
+    with paths.atomic_dir(target) as tmp:
+        facts = src.install(archive, tmp) if src.kind == "model" else _write_dataset(src, archive, tmp)
+        manifest = {"name": src.name, "kind": src.kind, "format_version": src.format_version,
+                    "source": src.artifact.as_dict(), "licence": src.licence,
+                    "description": src.description, "fields": src.fields, "split": None, **facts}
+        paths.write_json(tmp / MANIFEST, manifest)
+    print(f"{src.name}: prepared {target} ({_summary(manifest)})")
+    return target
+
+
+def prepare(names: list[str] | None = None, force: bool = False) -> list[Path]:
+    """Prepare the named sources (all when ``names`` is empty/None); return their folders."""
+    names = list(names or SOURCES)
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown:
+        raise PtmError(f"unknown source {', '.join(map(repr, unknown))}; known: {', '.join(SOURCES)}")
+    return [_prepare_one(SOURCES[name], force) for name in dict.fromkeys(names)]
+
+
+def _summary(manifest: dict) -> str:
+    counts = manifest.get("counts", {})
+    if manifest.get("kind") == "model":
+        m = manifest.get("model", {})
+        return (f"{counts.get('parameters', 0) / 1e6:.1f}M parameters, hidden {m.get('hidden_size')}, "
+                f"{m.get('num_hidden_layers')} layers, vocab {m.get('vocab_size')}")
+    key = manifest.get("split", {}).get("by", "label")
+    total = counts.get("total", {})
+    sizes = " / ".join(f"{s} {counts.get(s, {}).get('records', 0)}" for s in FRACTIONS)
+    group = manifest.get("split", {}).get("group_by")
+    units = ("sentences", "tokens") if group is None else (_plural(group), "sentences", "tokens")
+    extra = "".join(f", {total[k]:,} {k}" for k in units if isinstance(total.get(k), int))
+    return f"{total.get('records', 0):,} records ({sizes}), {len(total.get(_plural(key), {}))} {_plural(key)}{extra}"
+
+
+def list_sources() -> None:
+    """Print each source: kind, status, folder and counts."""
+    width = max(map(len, SOURCES))
+    for name, src in SOURCES.items():
+        target = paths.data_root() / name
+        try:
+            manifest = json.loads((target / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            print(f"{name:<{width}} {src.kind:<6} not prepared  {target}")
+            continue
+        status = "prepared" if _is_current(src, target) else "outdated (run: data prepare --force)"
+        print(f"{name:<{width}} {src.kind:<6} {status}  {target}  {_summary(manifest)}")
+
+
+def data_command(argv: list[str]) -> int:
+    """Entry point for ``python main.py data ...``."""
+    parser = argparse.ArgumentParser(prog="python main.py data", description="Prepare and list datasets/models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="download, verify and convert sources into the data folder")
+    prep.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(SOURCES)} (default: all)")
+    prep.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+    sub.add_parser("list", help="show each source, whether it is prepared, its folder and counts")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help or a usage error (argparse already printed why)
+        return int(exc.code or 0)
+    if args.command == "prepare":
+        prepare(args.names, force=args.force)
+    else:
+        list_sources()
+    return 0

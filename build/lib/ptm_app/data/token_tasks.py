@@ -1,0 +1,409 @@
+"""Token-level task data: sequence tagging (one label per word) and extractive QA (answer spans).
+
+Tagging follows BERT (Devlin et al. 2019 §4.3, NER): each word's label sits on its *first* sub-token;
+the other sub-tokens, the special tokens and padding get ``-100`` and are ignored by the loss and the
+metrics.  Extractive QA follows BERT §4.2 (SQuAD v1.1): the question is segment A, the passage segment B,
+and the model predicts the answer's start and end tokens; long passages are cut into overlapping windows.
+
+Each split is tokenized once (cached by file content, fields, tokenizer and length settings, as in
+``data.tasks``); a label outside the label set, a words/tags length mismatch or an answer that is not at its
+``answer_start`` is an error naming ``file:line``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch.utils.data import Dataset
+
+from ptm_app.data.collators import PadCollator, pad
+from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data.datamodules import _Base, holdout_split
+from ptm_app.data.datasets import _index
+from ptm_app.data.formats import read_records
+from ptm_app.data.cache import cached_json
+from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
+from ptm_app.errors import DataFormatError, PtmError
+from ptm_app.paths import sha256_file
+
+FORMAT_VERSION = 1
+
+
+def _fingerprint(tokenizer) -> str:
+    if not getattr(tokenizer, "is_fast", False):
+        raise PtmError("token tasks need a fast (Rust) tokenizer for word ids and character offsets; "
+                       "use a tokenizer with a tokenizer.json")
+    return tokenizer_fingerprint(tokenizer)
+
+
+# -- sequence tagging --------------------------------------------------------------------------------
+@dataclass
+class TaggedSplit:
+    """One tokenized tagging file.  ``first_token[i][w]``: the position of word ``w``'s first sub-token in
+    ``input_ids[i]``, or -1 if the word has none (cut off by ``max_length``, or no sub-token at all)."""
+
+    input_ids: list[list[int]]
+    first_token: list[list[int]]
+    words: list[list[str]]
+    tags: list[list[str]]
+    lines: list[int]
+    ids: list[str]
+    path: str
+    truncated_words: int  # words after the last one that fits in max_length
+    empty_words: int  # words the tokenizer turns into nothing (e.g. control characters only)
+
+
+def encode_tagged(path: Path, tokenizer, *, words_field: str, tags_field: str, id_field: str,
+                  max_length: int) -> TaggedSplit:
+    """Tokenize pre-split words once (``is_split_into_words``) and locate each word's first sub-token."""
+    def build() -> dict:
+        rows = list(read_records(path, (words_field, tags_field)))
+        if not rows:
+            raise PtmError(f"data file {path} has no records; check the file")
+        for line, r in rows:
+            words, tags = r[words_field], r[tags_field]
+            if not isinstance(words, list) or not isinstance(tags, list) or len(words) != len(tags):
+                raise DataFormatError(path, line, f"'{words_field}' and '{tags_field}' must be lists of equal length",
+                                      "give one tag per word")
+        words = [[str(w) for w in r[words_field]] for _, r in rows]
+        enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length, verbose=False)
+        first, truncated, empty = [], 0, 0
+        for i, sentence in enumerate(words):
+            positions = [-1] * len(sentence)
+            for pos, w in enumerate(enc.word_ids(i)):
+                if w is not None and positions[w] < 0:
+                    positions[w] = pos
+            cut = len(enc["input_ids"][i]) >= max_length
+            last = max((w for w, p in enumerate(positions) if p >= 0), default=-1) if cut else len(sentence) - 1
+            truncated += len(sentence) - 1 - last
+            empty += sum(p < 0 for p in positions[: last + 1])
+            first.append(positions)
+        return TaggedSplit(
+            input_ids=enc["input_ids"], first_token=first, words=words,
+            tags=[[str(t) for t in r[tags_field]] for _, r in rows], lines=[line for line, _ in rows],
+            ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows], path=str(path),
+            truncated_words=truncated, empty_words=empty).__dict__
+
+    key = [sha256_file(path), "tagged", words_field, tags_field, id_field, max_length, _fingerprint(tokenizer)]
+    return TaggedSplit(**cached_json([FORMAT_VERSION, *key], build))
+
+
+def tag_ids(split: TaggedSplit, label_set: list[str], from_training: bool) -> list[list[int]]:
+    """Map tags to ids; a tag outside the set is an error naming ``file:line``."""
+    index = {name: i for i, name in enumerate(label_set)}
+    out = []
+    for tags, line in zip(split.tags, split.lines):
+        unknown = [t for t in tags if t not in index]
+        if unknown:
+            origin = "the tags seen in training" if from_training else "data.labels"
+            raise DataFormatError(split.path, line,
+                                  f"tag '{unknown[0]}' is not in the label set {label_set} ({origin})",
+                                  "fix the tag or add it to data.labels")
+        out.append([index[t] for t in tags])
+    return out
+
+
+class TaggedDataset(Dataset):
+    """Items: ``input_ids``, ``word_index`` (word number on first sub-tokens, else -1) and ``labels``
+    (tag id on first sub-tokens, else -100)."""
+
+    def __init__(self, input_ids: list[list[int]], first_token: list[list[int]], tags: list[list[int]]):
+        self.input_ids, self.first_token, self.tags = input_ids, first_token, tags
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+    def __getitem__(self, key) -> dict:
+        i = _index(key)
+        n = len(self.input_ids[i])
+        word_index = torch.full((n,), -1, dtype=torch.long)
+        labels = torch.full((n,), IGNORE_INDEX, dtype=torch.long)
+        for w, (pos, tag) in enumerate(zip(self.first_token[i], self.tags[i])):
+            if pos >= 0:
+                word_index[pos], labels[pos] = w, tag
+        return {"input_ids": torch.as_tensor(self.input_ids[i], dtype=torch.long), "word_index": word_index,
+                "labels": labels, "key": key}
+
+
+@dataclass
+class TokenLabelCollator(PadCollator):
+    """Pads ``labels`` with -100 and ``word_index`` with -1 besides the inputs."""
+
+    def __call__(self, examples: list[dict]) -> dict:
+        batch = self.pad_batch(examples)
+        batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)
+        batch["word_index"] = pad([e["word_index"] for e in examples], -1)
+        return batch
+
+
+class TokenTaskDataModule(_Base):
+    """Sequence tagging (POS, NER, chunking): records with a list of words and one tag per word.
+
+    Args:
+        source: prepared dataset name (``brown_pos``), a directory with split files, or one file.
+        words_field / tags_field / id_field: column names (``words`` and ``tags`` are lists).
+        labels: the tag set, in order; by default the sorted tags of the training split.
+        max_length: longest input in sub-tokens; words beyond it are not labelled (their count is printed).
+        holdout: fraction of training sentences held out when the source has no validation split.
+        limit_train: use only N training sentences.
+        group_by_length: batch sentences of similar length together (see ``TaskDataModule``).
+    """
+
+    kind = "token"
+
+    def __init__(self, tokenizer: TokenizerSpec, source: str = "brown_pos", words_field: str = "words",
+                 tags_field: str = "tags", id_field: str = "id", labels: Optional[list[str]] = None,
+                 max_length: int = 128, batch_size: int = 32, eval_batch_size: Optional[int] = None,
+                 num_workers: int = 0, seed: int = 1234, holdout: float = 0.1, limit_train: Optional[int] = None,
+                 group_by_length: bool = True):
+        super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.group_by_length = group_by_length
+        self.words_field, self.tags_field, self.id_field = words_field, tags_field, id_field
+        self.labels, self.max_length, self.limit_train = labels, max_length, limit_train
+        self.splits: dict = {}
+        self.encoded: dict[Path, TaggedSplit] = {}  # this run's splits, read once
+
+    def _tokenizer_corpus(self):
+        train = self.files["train"]
+        texts = lambda: [" ".join(map(str, r[self.words_field]))  # noqa: E731
+                         for _, r in read_records(train, (self.words_field,))]
+        return texts, f"{train}:{self.words_field}"
+
+    def _encode(self, path: Path) -> TaggedSplit:
+        if path not in self.encoded:
+            self.encoded[path] = encode_tagged(path, self.load_tokenizer(), words_field=self.words_field,
+                                               tags_field=self.tags_field, id_field=self.id_field,
+                                               max_length=self.max_length)
+        return self.encoded[path]
+
+    def prepare_data(self) -> None:
+        for path in self.files.values():
+            enc = self._encode(path)
+            if enc.truncated_words or enc.empty_words:
+                print(f"{path}: {enc.truncated_words} words beyond max_length={self.max_length} and "
+                      f"{enc.empty_words} words without sub-tokens are not labelled (nor scored)")
+
+    def label_set(self) -> list[str]:
+        if self.labels is None:
+            self.labels = sorted({t for tags in self._encode(self.files["train"]).tags for t in tags})
+        return list(self.labels)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_set())
+
+    def setup(self, stage: str | None = None) -> None:
+        self.setup_labelled(tag_ids)
+
+    def _add(self, split: str, enc: TaggedSplit, ids: list[list[int]], index: list[int]) -> None:
+        pick = lambda seq: [seq[i] for i in index]  # noqa: E731
+        self.splits[split] = {"ids": pick(enc.ids), "words": pick(enc.words), "path": enc.path}
+        self.datasets[split] = TaggedDataset(pick(enc.input_ids), pick(enc.first_token), pick(ids))
+
+    def records(self, split: str) -> dict:
+        """Ids and words of a split, aligned with its dataset (for writing predictions)."""
+        return self.splits[split]
+
+
+# -- extractive QA -----------------------------------------------------------------------------------
+@dataclass
+class QAFeatures:
+    """One tokenized SQuAD-format file: examples, and the windows ("features") cut from them.
+
+    Per feature: ``example`` (index into the examples), ``offsets`` (``[start, end)`` character offsets of
+    each token in the context, ``[-1, -1]`` for question, special and padding tokens) and the answer's
+    ``start``/``end`` token (both 0, the [CLS] token, when the answer is not inside the window).
+    """
+
+    input_ids: list[list[int]]
+    token_type_ids: Optional[list[list[int]]]
+    example: list[int]
+    offsets: list[list[list[int]]]
+    start: list[int]
+    end: list[int]
+    ids: list[str]
+    questions: list[str]
+    contexts: list[str]
+    answers: list[list[str]]
+    lines: list[int]
+    path: str
+    truncated_questions: int
+
+
+def _answers(path: Path, line: int, record: dict, field: str, context: str) -> tuple[list[str], int]:
+    """Gold answer texts and the first answer's start; the text must sit at its ``answer_start``."""
+    answers = record[field]
+    texts, starts = (answers.get("text"), answers.get("answer_start")) if isinstance(answers, dict) else (None, None)
+    if not isinstance(texts, list) or not isinstance(starts, list) or not texts or len(texts) != len(starts):
+        raise DataFormatError(path, line, f"'{field}' must be {{'text': [...], 'answer_start': [...]}} (SQuAD format) "
+                                          "with at least one answer", "fix the record")
+    for text, start in zip(texts, starts):
+        if not isinstance(start, int) or context[start:start + len(str(text))] != str(text):
+            raise DataFormatError(path, line, f"answer {text!r} is not at character {start} of the context",
+                                  "fix answer_start (a 0-based character offset into the context)")
+    return [str(t) for t in texts], starts[0]
+
+
+def _cut_question(tokenizer, question: str, limit: int) -> str:
+    """The question cut after its ``limit``-th token (at a token boundary)."""
+    offsets = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return question if len(offsets) <= limit else question[: offsets[limit - 1][1]]
+
+
+def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str, answers_field: str, id_field: str,
+              max_length: int, doc_stride: int, max_question_length: int) -> QAFeatures:
+    """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``."""
+    def build() -> dict:
+        rows = list(read_records(path, (question_field, context_field, answers_field)))
+        if not rows:
+            raise PtmError(f"data file {path} has no records; check the file")
+        contexts = [str(r[context_field]) for _, r in rows]
+        golds = [_answers(path, line, r, answers_field, c) for (line, r), c in zip(rows, contexts)]
+        questions = [str(r[question_field]) for _, r in rows]
+        cut = [_cut_question(tokenizer, q, max_question_length) for q in questions]
+        enc = tokenizer(cut, contexts, truncation="only_second", max_length=max_length, stride=doc_stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True, verbose=False)
+        offsets, starts, ends = [], [], []
+        for i, example in enumerate(enc["overflow_to_sample_mapping"]):
+            in_context = [s == 1 for s in enc.sequence_ids(i)]
+            window = [list(o) if c else [-1, -1] for o, c in zip(enc["offset_mapping"][i], in_context)]
+            offsets.append(window)
+            start_char = golds[example][1]
+            end_char = start_char + len(golds[example][0][0])
+            start = end = 0
+            tokens = [t for t, c in enumerate(in_context) if c]
+            if tokens and window[tokens[0]][0] <= start_char and window[tokens[-1]][1] >= end_char:
+                start = max(t for t in tokens if window[t][0] <= start_char)
+                end = min(t for t in tokens if window[t][1] >= end_char)
+            starts.append(start)
+            ends.append(end)
+        return QAFeatures(
+            input_ids=enc["input_ids"], token_type_ids=enc.get("token_type_ids"),
+            example=list(enc["overflow_to_sample_mapping"]), offsets=offsets, start=starts, end=ends,
+            ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows], questions=questions,
+            contexts=contexts, answers=[g[0] for g in golds], lines=[line for line, _ in rows], path=str(path),
+            truncated_questions=sum(c != q for c, q in zip(cut, questions))).__dict__
+
+    key = [sha256_file(path), "qa", question_field, context_field, answers_field, id_field, max_length, doc_stride,
+           max_question_length, _fingerprint(tokenizer)]
+    return QAFeatures(**cached_json([FORMAT_VERSION, *key], build))
+
+
+class QADataset(Dataset):
+    """Windows of one split: inputs, answer start/end tokens, context offsets and the example index."""
+
+    def __init__(self, features: QAFeatures, index: list[int]):
+        self.features, self.index = features, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def lengths(self) -> list[int]:
+        return [len(self.features.input_ids[i]) for i in self.index]
+
+    def __getitem__(self, key) -> dict:
+        f, i = self.features, self.index[_index(key)]
+        item = {"input_ids": torch.as_tensor(f.input_ids[i], dtype=torch.long), "key": key,
+                "start_position": f.start[i], "end_position": f.end[i], "example": f.example[i],
+                "offsets": torch.as_tensor(f.offsets[i], dtype=torch.long)}
+        if f.token_type_ids is not None:
+            item["token_type_ids"] = torch.as_tensor(f.token_type_ids[i], dtype=torch.long)
+        return item
+
+
+@dataclass
+class QACollator(PadCollator):
+    """Pads the windows; ``offsets`` are padded with -1 (outside the context)."""
+
+    def __call__(self, examples: list[dict]) -> dict:
+        batch = self.pad_batch(examples)
+        for name in ("start_position", "end_position", "example"):
+            batch[f"{name}s"] = torch.tensor([e[name] for e in examples], dtype=torch.long)
+        batch["offsets"] = pad([e["offsets"] for e in examples], -1)
+        return batch
+
+
+class QADataModule(_Base):
+    """Extractive QA in SQuAD format: ``question``, ``context``, ``answers: {text: [..], answer_start: [..]}``.
+
+    Args:
+        source: prepared dataset name (``wordnet_qa``), a directory with split files, or one file.
+        question_field / context_field / answers_field / id_field: column names.
+        max_length: window length in tokens (question + context + 3 specials).
+        doc_stride: tokens shared by consecutive windows of a long context (transformers' ``stride``, as in
+            its ``run_qa.py``; BERT's ``run_squad.py`` named the step between window starts so);
+            default ``max_length // 4``.  Must be smaller than the room left for the context.
+        max_question_length: longer questions are cut to this many tokens; default ``max_length // 2``.
+        holdout: fraction of training examples held out when the source has no validation split.
+        limit_train: use only the windows of the first N training examples.
+        group_by_length: batch windows of similar length together (see ``TaskDataModule``).
+    """
+
+    kind = "qa"
+
+    def __init__(self, tokenizer: TokenizerSpec, source: str = "wordnet_qa", question_field: str = "question",
+                 context_field: str = "context", answers_field: str = "answers", id_field: str = "id",
+                 max_length: int = 384, doc_stride: Optional[int] = None, max_question_length: Optional[int] = None,
+                 batch_size: int = 32, eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
+                 holdout: float = 0.1, limit_train: Optional[int] = None, group_by_length: bool = True):
+        super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.group_by_length = group_by_length
+        self.question_field, self.context_field = question_field, context_field
+        self.answers_field, self.id_field, self.max_length = answers_field, id_field, max_length
+        self.doc_stride = max_length // 4 if doc_stride is None else doc_stride
+        self.max_question_length = max_length // 2 if max_question_length is None else max_question_length
+        self.limit_train = limit_train
+        self.splits: dict = {}
+        self.encoded: dict[Path, QAFeatures] = {}  # this run's splits, read once
+        room = max_length - self.max_question_length - 3  # [CLS] question [SEP] context [SEP]
+        if self.max_question_length < 1 or room < 1 or not 0 <= self.doc_stride < room:
+            raise PtmError(f"QADataModule: max_length={max_length} leaves {room} context tokens after a "
+                           f"{self.max_question_length}-token question; doc_stride={self.doc_stride} must be smaller; "
+                           "lower data.doc_stride / data.max_question_length or raise data.max_length")
+
+    def _tokenizer_corpus(self):
+        train = self.files["train"]
+        fields = (self.question_field, self.context_field)
+        texts = lambda: [str(r[f]) for _, r in read_records(train, fields) for f in fields]  # noqa: E731
+        return texts, f"{train}:{self.question_field}+{self.context_field}"
+
+    def _encode(self, path: Path) -> QAFeatures:
+        if path not in self.encoded:
+            self.encoded[path] = encode_qa(path, self.load_tokenizer(), question_field=self.question_field,
+                                           context_field=self.context_field, answers_field=self.answers_field,
+                                           id_field=self.id_field, max_length=self.max_length,
+                                           doc_stride=self.doc_stride, max_question_length=self.max_question_length)
+        return self.encoded[path]
+
+    def prepare_data(self) -> None:
+        for path in self.files.values():
+            enc = self._encode(path)
+            if enc.truncated_questions:
+                print(f"{path}: {enc.truncated_questions} questions cut to max_question_length="
+                      f"{self.max_question_length} tokens")
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        for split, path in self.files.items():
+            enc = self._encode(path)
+            examples = list(range(len(enc.ids)))
+            if split == "train" and "validation" not in self.files:
+                examples, held = holdout_split(len(enc.ids), self.holdout, self.seed)
+                self._add("validation", enc, set(held))
+            if split == "train" and self.limit_train:
+                examples = examples[: self.limit_train]
+            self._add(split, enc, set(examples))
+
+    def _add(self, split: str, enc: QAFeatures, examples: set[int]) -> None:
+        self.splits[split] = enc
+        self.datasets[split] = QADataset(enc, [i for i, e in enumerate(enc.example) if e in examples])
+
+    def records(self, split: str) -> QAFeatures:
+        """The split's examples (ids, questions, contexts, gold answers) that features' ``example`` index."""
+        return self.splits[split]

@@ -1,0 +1,120 @@
+"""Export a ptm_app checkpoint as a transformers ``save_pretrained`` directory (+ tokenizer).
+
+``AutoModelFor<head>.from_pretrained(output_dir)`` then gives the same outputs as the module's
+``.backbone``.  No LightningModule is instantiated: the checkpoint is self-contained.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ptm_app.backbones.from_checkpoint import checkpoint_backbone
+from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_dir
+
+def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool = False) -> Path:
+    """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance.
+
+    Delta-tuned runs: LoRA/IA3 are merged into plain weights; adapters and prompt methods cannot be
+    merged, so the directory holds the unchanged base model plus ``delta.safetensors`` and
+    ``delta_config.json`` (load with ``backbones.delta.load_delta``).
+    Weights the module keeps outside the transformers model (a soft prompt, a scalar mix and feature head,
+    multitask heads) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
+    rebuilds the whole module from the directory."""
+    ckpt = read_checkpoint(ckpt_path, trust)
+    model, delta = checkpoint_backbone(ckpt)
+    output_dir = Path(output_dir)
+    with atomic_dir(output_dir) as tmp:
+        if delta is not None:
+            from ptm_app.backbones.delta import save_delta, save_base
+
+            spec, tuned = delta
+            save_delta(tuned, spec, tmp)
+            save_base(tuned, tmp)
+        else:
+            model.save_pretrained(tmp)
+        for name, text in ckpt[CKPT_KEY].get("tokenizer", {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        save_module_weights(ckpt, tmp)
+        provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt[CKPT_KEY]["head"],
+                      "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
+                      "epoch": ckpt.get("epoch")}
+        (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
+    return output_dir
+
+
+MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.json"
+
+
+def save_module_weights(ckpt: dict, directory: Path) -> bool:
+    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
+    extra, aliases, seen = {}, {}, {}
+    for key, value in ckpt["state_dict"].items():
+        if key.startswith(BACKBONE_PREFIX):
+            continue
+        storage = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if storage in seen:  # a tied tensor (ELECTRA's generator head = its word table): stored once
+            aliases[key] = seen[storage]
+        else:
+            seen[storage], extra[key] = key, value.contiguous()
+    if not extra:
+        return False
+    from safetensors.torch import save_file
+
+    hparams = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in ("backbone", "backbone_config",
+                                                                              "init_from", "_instantiator")}
+    save_file(extra, str(directory / MODULE_WEIGHTS))
+    (directory / MODULE_CONFIG).write_text(json.dumps({"module": ckpt[CKPT_KEY]["module"], "hparams": hparams,
+                                                       "aliases": aliases}, indent=2, default=str))
+    return True
+
+
+def load_exported_module(directory: str | Path):
+    """The LightningModule of an exported run, rebuilt from the directory alone: its backbone from the saved
+    transformers model, its own weights (soft prompt, heads ...) from ``module_weights.safetensors``."""
+    import importlib
+    import inspect
+
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    if not (directory / MODULE_CONFIG).is_file():
+        raise PtmError(f"{directory} has no {MODULE_CONFIG}: this export is a plain transformers model; "
+                       f"load it with AutoModel*.from_pretrained")
+    spec = json.loads((directory / MODULE_CONFIG).read_text())
+    module_path, _, name = spec["module"].rpartition(".")
+    cls = getattr(importlib.import_module(module_path), name)
+    accepted = set(inspect.signature(cls).parameters)  # drops CLI bookkeeping such as _class_path
+    hparams = {k: v for k, v in spec["hparams"].items() if k in accepted}
+    from ptm_app.backbones.delta import CONFIG_FILE, DELTA_FILE, load_delta_state_dict
+
+    unmerged = (directory / CONFIG_FILE).is_file()  # adapters / prompts: base + delta.safetensors
+    if not unmerged:
+        hparams.pop("delta", None)  # LoRA / IA3 / BitFit are already in the saved weights
+    module = cls(backbone=str(directory), **hparams)
+    module.tokenizer = AutoTokenizer.from_pretrained(directory)
+    module.configure_model()
+    if unmerged and getattr(module, "delta", None) is not None:  # the module re-applied the same spec
+        load_delta_state_dict(module.backbone, load_file(str(directory / DELTA_FILE)))
+    weights = load_file(str(directory / MODULE_WEIGHTS))
+    weights.update({alias: weights[key] for alias, key in spec.get("aliases", {}).items()})
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    own = [k for k in missing if not k.startswith(BACKBONE_PREFIX)]
+    if own or unexpected:
+        raise PtmError(f"{directory}: module weights do not fit {name} (missing {own[:3]}, unexpected {unexpected[:3]})")
+    return module.eval()
+
+
+def export_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="main.py export", description=__doc__.splitlines()[0])
+    parser.add_argument("--ckpt_path", required=True, help="a .ckpt file or a run directory (uses its last.ckpt)")
+    parser.add_argument("--output_dir", required=True, help="where to write the save_pretrained directory")
+    parser.add_argument("--trust_checkpoint", action="store_true",
+                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
+    args = parser.parse_args(argv)
+    out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint)
+    print(f"exported {args.ckpt_path} -> {out}")
+    return 0

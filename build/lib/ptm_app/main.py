@@ -1,0 +1,50 @@
+"""Dispatch: data/export subcommands are plain functions; fit/validate/test/predict go to LightningCLI."""
+from __future__ import annotations
+
+
+USAGE = """usage: python main.py COMMAND [options]
+
+commands:
+  fit | validate | test | predict   LightningCLI runs: --config FILE.yaml [--key value ...] [--ckpt_path last|best|FILE]
+  data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
+  export --ckpt_path RUN_OR_CKPT --output_dir DIR
+                                     write a transformers save_pretrained directory with the tokenizer
+  report RUN_DIR_OR_GLOB ... [--output results]
+                                     results table (.md + .csv) from the runs' summary.json files
+  sweep PLAN.yaml [--only GLOB ...] [--list]
+                                     run a grid of configs (fit + test), then its results table
+
+'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
+
+
+def main(argv: list[str]) -> int:
+    from ptm_app.config_errors import guarded
+
+    command = argv[0] if argv else "--help"
+    if command in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    return guarded(_dispatch, argv)
+
+
+def _dispatch(argv: list[str]) -> int:
+    command = argv[0]
+    if command == "data":
+        from ptm_app.data.prepare import data_command
+
+        return data_command(argv[1:])
+    if command == "export":
+        from ptm_app.export import export_command
+
+        return export_command(argv[1:])
+    if command == "report":
+        from ptm_app.report import report_command
+
+        return report_command(argv[1:])
+    if command == "sweep":
+        from ptm_app.sweep import sweep_command
+
+        return sweep_command(argv[1:])
+    from ptm_app.cli import run_lightning
+
+    return run_lightning(argv)

@@ -1,0 +1,105 @@
+"""Small target heads that sit on a backbone's hidden states (UER-style targets, docs/design.md principle 2).
+
+Each head returns logits; the objective module owns the loss and its weight.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from ptm_app.constants import IGNORE_INDEX
+from torch import nn
+
+
+class SentenceRelationHead(nn.Module):
+    """NSP (BERT, Devlin et al. 2019 §3.1 task 2) / SOP (ALBERT, Lan et al. 2020 §4.1):
+    a tanh pooler on the [CLS] state, then a 2-way classifier."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.pooler = nn.Linear(hidden_size, hidden_size)
+        self.classifier = nn.Linear(hidden_size, 2)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.tanh(self.pooler(hidden[:, 0])))
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT's span boundary objective (Joshi et al. 2020 §3.2):
+    ``y_i = f(x_{s-1}, x_{e+1}, p_{i-s+1})``, a 2-layer GeLU + LayerNorm FFN; the output
+    projection is the (tied) MLM decoder matrix passed in at call time."""
+
+    def __init__(self, hidden_size: int, max_span_length: int = 10):
+        super().__init__()
+        self.positions = nn.Embedding(max_span_length, hidden_size)
+        self.ffn = nn.Sequential(
+            nn.Linear(3 * hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size),
+            nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size),
+        )
+
+    def forward(self, hidden: torch.Tensor, rows: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
+                offset: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+        pos = self.positions(offset.clamp(max=self.positions.num_embeddings - 1))
+        h = self.ffn(torch.cat([hidden[rows, left], hidden[rows, right], pos], dim=-1))
+        return h @ decoder.t()
+
+
+class MaskedLMOutput(NamedTuple):
+    """``loss``: mean cross-entropy over the selected positions; ``logits``: ``[N, V]`` at those positions
+    (``labels != IGNORE_INDEX``, row-major order); ``hidden``: the last hidden state ``[B, L, H]`` (when asked for)."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    hidden: Optional[torch.Tensor]
+
+
+def _xlm_head(model) -> Optional[Callable]:
+    return None if model.pred_layer.asm else model.pred_layer.proj  # adaptive softmax: dense path only
+
+
+# The output layer of each transformers v5 masked-LM class, as a function of hidden states (read from
+# ``models/*/modeling_*.py``: what ``forward`` applies to ``outputs[0]`` before its loss).
+PREDICTION_HEADS: dict[str, Callable] = {
+    "BertForMaskedLM": lambda m: m.cls,
+    "RobertaForMaskedLM": lambda m: m.lm_head,
+    "XLMRobertaForMaskedLM": lambda m: m.lm_head,
+    "CamembertForMaskedLM": lambda m: m.lm_head,
+    "AlbertForMaskedLM": lambda m: m.predictions,
+    "ElectraForMaskedLM": lambda m: lambda h: m.generator_lm_head(m.generator_predictions(h)),
+    "DistilBertForMaskedLM": lambda m: lambda h: m.vocab_projector(
+        m.vocab_layer_norm(m.activation(m.vocab_transform(h)))),
+    "XLMWithLMHeadModel": _xlm_head,
+}
+
+
+def prediction_head(model) -> Optional[Callable]:
+    """``model``'s vocabulary prediction head as a function ``[N, H] -> [N, V]``, or None if unknown."""
+    make = PREDICTION_HEADS.get(type(model).__name__)
+    return make(model) if make is not None else None
+
+
+def masked_lm_forward(model, inputs: dict, labels: torch.Tensor, *, sparse: bool = True,
+                      hidden: bool = False) -> MaskedLMOutput:
+    """Masked-LM loss of a transformers ``*ForMaskedLM`` model, with vocabulary logits only where predicted.
+
+    transformers' ``*ForMaskedLM.forward`` projects every position onto the vocabulary, though only the
+    ~15 % selected ones (``labels != IGNORE_INDEX``) enter the loss; for a small model with a 16–30k vocabulary
+    that projection dominates the cost.  The sparse path calls the base model (``model.base_model``),
+    gathers the hidden states at the selected positions and applies the model's own prediction head
+    (``cls``, ``lm_head``, ``predictions``, ``generator_lm_head`` ...) to those rows only, then the same mean
+    cross-entropy: the loss equals the dense one (tests/objectives/test_sparse_heads.py) and the weights and
+    their names are untouched, so checkpoints and exports do not change.  Google's original BERT does the
+    same (``run_pretraining.py``: ``get_masked_lm_output`` gathers ``masked_lm_positions`` before the output
+    layer).  Models without a
+    known head (see ``PREDICTION_HEADS``), or ``sparse=False``, take the dense path.
+    """
+    selected = labels != IGNORE_INDEX
+    head = prediction_head(model) if sparse else None
+    if head is None:
+        out = model(**inputs, labels=labels, **({"output_hidden_states": True} if hidden else {}))
+        return MaskedLMOutput(out.loss, out.logits[selected], out.hidden_states[-1] if hidden else None)
+    sequence = model.base_model(**inputs)[0]
+    logits = head(sequence[selected])
+    loss = nn.functional.cross_entropy(logits.float(), labels[selected])
+    return MaskedLMOutput(loss, logits, sequence)

@@ -1,0 +1,159 @@
+"""Sequence-to-sequence denoising pre-training on an encoder–decoder (``AutoModelForSeq2SeqLM``).
+
+``noise`` picks the corruption:
+- ``t5_span``: T5 span corruption (Raffel et al. 2020 §3.1.4): each span → one sentinel; the target
+  lists the sentinels and their spans.
+- ``mass``: MASS (Song et al. 2019 §2.2): one contiguous fragment masked with one [MASK] per token;
+  the decoder generates exactly the fragment.
+- ``bart``: BART (Lewis et al. 2020 §2.2): any composition of token masking, token deletion, text
+  infilling (Poisson λ=3 spans, one mask each), sentence permutation and document rotation; the
+  decoder reconstructs the clean text (teacher forcing).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import torch
+
+from ptm_app.data.collators import pad
+from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data.corruption import draw_rng
+from ptm_app.errors import PtmError
+from ptm_app.objectives.lm_base import LanguageModelModule
+from ptm_app.training.optim import OptimConfig
+
+BART_DEFAULT = [{"name": "sentence_permutation"}, {"name": "text_infilling", "rate": 0.3}]  # BART's best pair
+
+
+@dataclass
+class Seq2SeqCollator:
+    """Strip special tokens, corrupt the content, build encoder inputs and decoder targets (+ EOS)."""
+
+    pad_token_id: int
+    eos_token_id: int
+    mask_token_id: Optional[int]
+    special_ids: tuple[int, ...]
+    noise: str
+    seed: int = 0
+    noise_density: float = 0.15
+    mean_span_length: float = 3.0
+    mass_fraction: float = 0.5
+    bart_noises: list[dict] = field(default_factory=lambda: list(BART_DEFAULT))
+    sentinel_ids: tuple[int, ...] = ()
+    full_stop_ids: tuple[int, ...] = ()
+
+    def _corrupt(self, ids: list[int], rng) -> tuple[list[int], list[int], Optional[list[int]]]:
+        from ptm_app.data.corruption import denoising, seq2seq
+
+        if self.noise == "t5_span":
+            inputs, targets = seq2seq.t5_span_corruption(ids, rng, noise_density=self.noise_density,
+                                                         mean_span_length=self.mean_span_length,
+                                                         sentinel_ids=list(self.sentinel_ids))
+            return inputs, targets, None
+        if self.noise == "mass":
+            encoder, decoder_in, target, _ = seq2seq.mass_fragment(ids, rng, fraction=self.mass_fraction,
+                                                                   mask_token_id=self.mask_token_id)
+            return encoder, target, decoder_in
+        steps = [(n["name"], {k: v for k, v in n.items() if k != "name"}) for n in self.bart_noises]
+        steps = [(name, {**kw, **self._step_ids(name)}) for name, kw in steps]
+        return denoising.compose(ids, rng, steps), list(ids), None
+
+    def _step_ids(self, name: str) -> dict:
+        if name in ("token_masking", "text_infilling"):
+            return {"mask_token_id": self.mask_token_id}
+        if name == "sentence_permutation":
+            return {"full_stop_ids": set(self.full_stop_ids)}
+        return {}
+
+    def __call__(self, examples: list[dict]) -> dict:
+        keys = [e["key"] for e in examples]
+        rng = draw_rng(self.seed, keys)
+        special = set(self.special_ids)
+        enc, tgt, dec = [], [], []
+        for e in examples:
+            content = [t for t in e["input_ids"].tolist() if t not in special]
+            inputs, targets, decoder_in = self._corrupt(content, rng)
+            enc.append(torch.tensor(inputs + [self.eos_token_id]))
+            tgt.append(torch.tensor(targets + [self.eos_token_id]))
+            if decoder_in is not None:  # MASS: teacher forcing over the fragment, then EOS
+                dec.append(torch.tensor(decoder_in + targets[-1:]))
+        batch = {
+            "input_ids": pad(enc, self.pad_token_id),
+            "attention_mask": pad([torch.ones_like(t) for t in enc], 0),
+            "labels": pad(tgt, IGNORE_INDEX),
+            "keys": keys,
+        }
+        if dec:
+            batch["decoder_input_ids"] = pad(dec, self.pad_token_id)
+        return batch
+
+
+class Seq2SeqDenoisingModule(LanguageModelModule):
+    """T5 / MASS / BART pre-training (one module, the corruption is a setting).
+
+    Args:
+        backbone / backbone_config: an encoder–decoder (``model_type: t5 | bart | ...``).
+        noise: ``t5_span`` | ``mass`` | ``bart``.
+        noise_density / mean_span_length: T5 span corruption (0.15, 3).
+        mass_fraction: length of the MASS fragment as a fraction of the sequence (0.5).
+        bart_noises: ordered list of ``{name: ..., <params>}`` among token_masking, token_deletion,
+            text_infilling, sentence_permutation, document_rotation, word_shuffle.
+    """
+
+    head = "seq2seq_lm"
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 optim: OptimConfig = OptimConfig(lr=5e-4), gradient_checkpointing: bool = False,
+                 noise: Literal["t5_span", "mass", "bart"] = "bart", noise_density: float = 0.15,
+                 mean_span_length: float = 3.0, mass_fraction: float = 0.5, bart_noises: Optional[list[dict]] = None):
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+
+    def config_updates(self) -> dict:
+        updates = super().config_updates()
+        if self.tokenizer is not None and not self.hparams.backbone:
+            updates.update(seq2seq_token_ids(self.tokenizer, self.hparams.backbone_config.get("model_type")))
+        return updates
+
+    def model_inputs(self, batch: dict) -> dict:
+        inputs = super().model_inputs(batch)
+        if "decoder_input_ids" in batch:
+            inputs["decoder_input_ids"] = batch["decoder_input_ids"]
+        return inputs
+
+    def make_collator(self, tokenizer, seed: int = 0) -> Seq2SeqCollator:
+        hp = self.hparams
+        eos = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+        sentinels = sentinel_ids(tokenizer) if hp.noise == "t5_span" else ()
+        if hp.noise == "t5_span" and not sentinels:
+            raise PtmError("t5_span needs sentinel tokens: train the tokenizer with sentinels: 100 "
+                           "(or use one with <extra_id_N> / [unusedN] tokens)")
+        if hp.noise != "t5_span" and tokenizer.mask_token_id is None:
+            raise PtmError(f"noise={hp.noise} needs a tokenizer with a mask token; use train: wordpiece")
+        full_stops = tuple(i for i in (tokenizer.convert_tokens_to_ids(t) for t in (".", "Ġ.")) if i is not None
+                           and i != tokenizer.unk_token_id)
+        return Seq2SeqCollator(
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, mask_token_id=tokenizer.mask_token_id,
+            special_ids=tuple(tokenizer.all_special_ids), noise=hp.noise, seed=seed, noise_density=hp.noise_density,
+            mean_span_length=hp.mean_span_length, mass_fraction=hp.mass_fraction,
+            bart_noises=hp.bart_noises or list(BART_DEFAULT), sentinel_ids=tuple(sentinels), full_stop_ids=full_stops,
+        )
+
+
+def seq2seq_token_ids(tokenizer, model_type: Optional[str]) -> dict[str, Optional[int]]:
+    """The special ids of an encoder–decoder built on ``tokenizer``: EOS is [SEP] (else EOS), the decoder starts
+    from the pad token for T5 (Raffel et al. 2020) and from [CLS] (else BOS) otherwise."""
+    eos = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    bos = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    return {"eos_token_id": eos, "bos_token_id": bos,
+            "decoder_start_token_id": tokenizer.pad_token_id if model_type == "t5" else bos}
+
+
+def sentinel_ids(tokenizer, limit: int = 100) -> list[int]:
+    """T5-style sentinels: ``<extra_id_N>``, ``[XN]`` (ptm_app-trained) or BERT's ``[unusedN]`` tokens."""
+    vocab = tokenizer.get_vocab()
+    for pattern in ("<extra_id_{}>", "[X{}]", "[unused{}]"):
+        ids = [vocab[pattern.format(i)] for i in range(limit) if pattern.format(i) in vocab]
+        if len(ids) >= 10:
+            return ids
+    return []

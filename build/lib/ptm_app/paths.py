@@ -1,0 +1,183 @@
+"""Where things live: the prepared-data root, run directories, atomic writes."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_root() -> Path:
+    """Root of prepared data: ``$PTM_DATA_DIR`` or ``<project>/data`` (independent of the cwd)."""
+    return Path(os.environ.get("PTM_DATA_DIR") or PROJECT_ROOT / "data").expanduser().resolve()
+
+
+def cache_root() -> Path:
+    """Caches (downloads, tokenized corpora, trained tokenizers): ``$PTM_CACHE_DIR`` or ``<data_root>/.cache``."""
+    return Path(os.environ.get("PTM_CACHE_DIR") or data_root() / ".cache").expanduser().resolve()
+
+
+def runs_root() -> Path:
+    """Run directories: ``$PTM_RUNS_DIR`` or ``./checkpoints`` relative to the working directory."""
+    return Path(os.environ.get("PTM_RUNS_DIR") or "checkpoints").expanduser().resolve()
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Build a directory in a sibling temp dir and move it into place only on success.
+
+    Readers never see a half-written directory; a failure leaves the old one (if any) intact.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp creates 0700
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike, keep: str | os.PathLike | None = None) -> None:
+    """Move the complete directory ``new`` to ``target``, replacing the file or directory there.
+
+    Two renames: ``target`` to ``.<name>.old-<pid>``, then ``new`` to ``target``; the old one is deleted last, or
+    becomes ``keep`` (the previous checkpoint).  A crash between the renames leaves no ``target`` but the old one
+    complete: ``restore_replaced`` puts it back.
+    """
+    new, target = Path(new), Path(target)
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None and keep is not None:
+        replace_dir(old, keep)
+    elif old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+
+
+def keep_copy(target: str | os.PathLike, keep: str | os.PathLike) -> None:
+    """Make ``keep`` a copy of the file ``target`` (a hard link, renamed into place: atomic, no data copied)."""
+    target, keep = Path(target), Path(keep)
+    if not target.is_file():
+        return
+    tmp = keep.with_name(f".{keep.name}.tmp-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(target, tmp)
+    except OSError:  # a file system without hard links
+        shutil.copy2(target, tmp)
+    os.replace(tmp, keep)
+
+
+def restore_replaced(target: str | os.PathLike) -> Path:
+    """``target``; if a ``replace_dir`` was interrupted between its renames, the previous one moved back first."""
+    target = Path(target)
+    if not target.exists():
+        olds = sorted(target.parent.glob(f".{target.name}.old-*"), key=lambda p: p.stat().st_mtime)
+        if olds:
+            with contextlib.suppress(FileNotFoundError):  # another rank restored it first
+                os.replace(olds[-1], target)
+    return target
+
+
+def fsync_tree(root: str | os.PathLike) -> None:
+    """Flush every file below ``root``, and the directories, to disk (before a rename makes them visible)."""
+    for folder, _, files in os.walk(root):
+        for name in [*files, "."]:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[Any]:
+    """Open a temp file next to ``target``; rename it over ``target`` when the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_file(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, ensure_ascii=False)
+        fh.write("\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's content, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_first_process() -> bool:
+    """True in the process that owns a run directory: rank 0 of node 0 (or a plain single-process run)."""
+    ranks = (os.environ.get(name, "0") for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"))
+    return all(r in ("", "0") for r in ranks)
+
+
+class RunLock:
+    """An exclusive lock on a run directory (``<run>/.lock``, with the owner's PID, host and command), so two
+    processes never write one run.  The kernel drops an ``flock`` when its process dies, so a lock left by a
+    killed run is stale and simply taken over; the file's PID only names the owner in the message."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._fh = None
+
+    def acquire(self, run_dir: str | os.PathLike) -> "RunLock":
+        import fcntl
+        import socket
+        import sys
+
+        self.release()
+        self.path = Path(run_dir) / ".lock"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            owner = fh.read().strip() or "another process"
+            fh.close()
+            from ptm_app.errors import PtmError
+
+            raise PtmError(f"run directory {self.path.parent} is in use by {owner}; wait for it to finish, "
+                           f"or give this run another --run_name") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"PID {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv[:3])})\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing drops the flock; the file stays (its content is only informative)
+            self._fh = None

@@ -1,0 +1,93 @@
+"""``python main.py report RUN_DIR_OR_GLOB ... [--output results]``: a results table (Markdown + CSV)
+built from the runs' ``summary.json`` files (written by ``RunSummary``), never typed by hand."""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+from pathlib import Path
+from typing import Optional
+
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_file, runs_root
+
+COLUMNS = ["run", "style", "module", "backbone", "data", "trainable_params", "trainable_percent", "last_ckpt_mb",
+           "fit_seconds"]
+METRIC_PREFIXES = ("test/", "val/")
+FORMATS = {"trainable_percent": "{:.3g}", "last_ckpt_mb": "{:.1f}", "fit_seconds": "{:.0f}"}  # metrics: 4 decimals
+
+
+def collect(patterns: list[str]) -> list[dict]:
+    """Summaries of every run directory matched by ``patterns`` (names under checkpoints/ or paths/globs)."""
+    rows = []
+    for pattern in patterns:
+        matches = glob.glob(pattern) or glob.glob(str(runs_root() / pattern))
+        for run in sorted(Path(m) for m in matches):
+            summary = run / "summary.json"
+            if summary.is_file():
+                rows.append({"run": run.name, **json.loads(summary.read_text())})
+    if not rows:
+        raise PtmError(f"no run directories with a summary.json match {' '.join(patterns)}; "
+                       f"run 'fit' (and 'test') first, or check the path")
+    return rows
+
+
+def table(rows: list[dict], stages: tuple[str, ...] = METRIC_PREFIXES,
+          drop: tuple[str, ...] = ()) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted cells: the fixed columns but ``drop``, then every metric of ``stages`` the rows have."""
+    metric_names = sorted({k for r in rows for k in r.get("metrics", {}) if k.startswith(stages)
+                           and not k.endswith("_step")}, key=lambda k: (not k.startswith("test/"), k))
+    columns = [c for c in COLUMNS if c not in drop]
+    header = columns + metric_names
+    body = []
+    for r in rows:
+        cells = [(c, r.get(c, "")) for c in columns] + [(m, r.get("metrics", {}).get(m, "")) for m in metric_names]
+        body.append([FORMATS.get(name, "{:.4f}").format(c) if isinstance(c, float) else
+                     f"{c:,}" if isinstance(c, int) else str(c) for name, c in cells])
+    return header, body
+
+
+def markdown(rows: list[dict], by: Optional[str] = None, stages: tuple[str, ...] = METRIC_PREFIXES) -> str:
+    """One table, or with ``by`` (e.g. ``data``) one table per value, each with only its rows' metric columns."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get(by, "")) if by else "", []).append(r)
+    parts = []
+    for name, group in groups.items():
+        header, body = table(group, stages, drop=(by,) if by else ())
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        parts.append((f"### {by}: {name}\n\n" if by else "") + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def write_report(patterns: list[str], output: str | Path, by: Optional[str] = None,
+                 stages: tuple[str, ...] = METRIC_PREFIXES) -> tuple[Path, Path]:
+    """``output``.md (``markdown``) and ``output``.csv (every run and metric in one flat table)."""
+    rows = collect(patterns)
+    output = Path(output)
+    md, csv_path = output.with_suffix(".md"), output.with_suffix(".csv")
+    with atomic_file(md, "w", encoding="utf-8") as fh:
+        fh.write(markdown(rows, by, stages))
+    header, body = table(rows)
+    with atomic_file(csv_path, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(body)
+    return md, csv_path
+
+
+def report_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="main.py report", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run directories, run names under checkpoints/, or globs")
+    parser.add_argument("--output", default="results", help="output path without suffix (writes .md and .csv)")
+    parser.add_argument("--by", choices=("data", "style", "module", "backbone"),
+                        help="one Markdown table per value of this column (the CSV stays one table)")
+    parser.add_argument("--stages", nargs="+", choices=("test", "val"), default=["test", "val"],
+                        help="whose metrics the Markdown shows (the CSV has all)")
+    args = parser.parse_args(argv)
+    md, csv_path = write_report(args.runs, args.output, args.by, tuple(f"{s}/" for s in args.stages))
+    print(md.read_text(), end="")
+    print(f"wrote {md} and {csv_path}")
+    return 0

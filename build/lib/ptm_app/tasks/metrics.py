@@ -1,0 +1,188 @@
+"""Task metrics: entity-level F1 for BIO tagging and SQuAD exact match / F1.
+
+Entity F1 follows CoNLL-2000's ``conlleval`` as reimplemented by seqeval (its default, non-strict mode):
+an entity is a maximal chunk of one type, a prediction counts only if its span *and* type match a gold
+entity exactly, and precision/recall/F1 are micro-averaged over all entities.
+SQuAD EM/F1 follow the official v1.1 evaluation script (Rajpurkar et al. 2016 §5): answers are
+normalised (lowercase, no punctuation, no articles a/an/the, single spaces), then EM = equal strings and
+F1 = token-overlap F1, each the maximum over the gold answers.  Scores are fractions in [0, 1] (the
+official script reports ×100).
+"""
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import Sequence
+
+import torch
+from torch import nn
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassAccuracy
+
+from ptm_app.constants import IGNORE_INDEX
+
+Span = tuple[str, int, int]  # (type, first word, last word), inclusive
+
+
+# -- token classification ----------------------------------------------------------------------------
+def token_accuracy(num_labels: int) -> MulticlassAccuracy:
+    """Accuracy over labelled positions only (``-100``: special tokens, padding, non-first sub-tokens)."""
+    return MulticlassAccuracy(num_labels, average="micro", ignore_index=IGNORE_INDEX)
+
+
+def is_bio(labels: Sequence[str]) -> bool:
+    """True for a BIO / IOB2 tag set: every tag is ``O``, ``B-TYPE`` or ``I-TYPE``, and some are not ``O``."""
+    return any(t != "O" for t in labels) and all(t == "O" or t[:2] in ("B-", "I-") for t in labels)
+
+
+def _split(tag: str) -> tuple[str, str]:
+    return ("O", "") if tag == "O" else (tag[0], tag[2:])
+
+
+def entity_spans(tags: Sequence[str]) -> set[Span]:
+    """The entities of one BIO-tagged sequence as ``(type, start, end)`` word spans (end inclusive).
+
+    seqeval's default (conlleval) rules: ``B-X`` always starts an entity; ``I-X`` continues the entity
+    before it only if that one has type X, otherwise (after ``O``, or after another type) ``I-X`` starts a
+    new entity, so IOB1 input and ill-formed IOB2 are both read the forgiving way.
+    """
+    spans: set[Span] = set()
+    start, kind = -1, ""
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, typ = _split(tag)
+        continues = prefix == "I" and start >= 0 and typ == kind
+        if start >= 0 and not continues:
+            spans.add((kind, start, i - 1))
+            start, kind = -1, ""
+        if prefix in ("B", "I") and not continues:
+            start, kind = i, typ
+    return spans
+
+
+def entity_counts(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[str]]) -> tuple[int, int, int]:
+    """``(true positives, predicted entities, gold entities)`` over aligned sequences."""
+    tp = n_pred = n_gold = 0
+    for pred, gold in zip(pred_tags, gold_tags, strict=True):
+        p, g = entity_spans(pred), entity_spans(gold)
+        tp, n_pred, n_gold = tp + len(p & g), n_pred + len(p), n_gold + len(g)
+    return tp, n_pred, n_gold
+
+
+def prf(tp: float, n_pred: float, n_gold: float) -> tuple[float, float, float]:
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
+
+
+def entity_f1(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Exact-match entity-level micro precision / recall / F1 (seqeval default mode)."""
+    precision, recall, f1 = prf(*entity_counts(pred_tags, gold_tags))
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+class EntityF1(Metric):
+    """:func:`entity_f1` accumulated over batches (and summed across processes)."""
+
+    full_state_update = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name in ("tp", "n_pred", "n_gold"):
+            self.add_state(name, default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[str]]) -> None:
+        tp, n_pred, n_gold = entity_counts(pred_tags, gold_tags)
+        self.tp += tp
+        self.n_pred += n_pred
+        self.n_gold += n_gold
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        p, r, f = prf(int(self.tp), int(self.n_pred), int(self.n_gold))
+        return {"entity_precision": torch.tensor(p), "entity_recall": torch.tensor(r), "entity_f1": torch.tensor(f)}
+
+
+# -- extractive QA -----------------------------------------------------------------------------------
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def squad_normalize(text: str) -> str:
+    """SQuAD v1.1 ``normalize_answer``: lowercase, drop punctuation, drop a/an/the, collapse whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def squad_em(pred: str, golds: Sequence[str]) -> float:
+    """1.0 if the normalised prediction equals any normalised gold answer."""
+    return float(any(squad_normalize(pred) == squad_normalize(g) for g in golds))
+
+
+def _f1(pred: str, gold: str) -> float:
+    p, g = squad_normalize(pred).split(), squad_normalize(gold).split()
+    if not p or not g:  # SQuAD v2.0 script: empty vs empty is a match, empty vs text is 0
+        return float(p == g)
+    same = sum((Counter(p) & Counter(g)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_f1(pred: str, golds: Sequence[str]) -> float:
+    """Bag-of-tokens F1 between the normalised prediction and the best-matching gold answer."""
+    return max((_f1(pred, g) for g in golds), default=0.0)
+
+
+class SquadMetric(Metric):
+    """Mean SQuAD EM and F1 over the examples seen (summed across processes)."""
+
+    full_state_update = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name in ("em", "f1", "n"):
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, preds: Sequence[str], golds: Sequence[Sequence[str]]) -> None:
+        for pred, answers in zip(preds, golds, strict=True):
+            self.em += squad_em(pred, answers)
+            self.f1 += squad_f1(pred, answers)
+            self.n += 1
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        n = max(float(self.n), 1.0)
+        return {"em": (self.em / n).float(), "f1": (self.f1 / n).float()}
+
+
+# -- generation --------------------------------------------------------------------------------------
+class GenerationScores(nn.Module):
+    """ROUGE-L and corpus BLEU of generated texts against one reference each, via torchmetrics.
+
+    ``rougeL``: the LCS F-measure of Lin 2004 §3 (ROUGE-L), per pair and averaged, on lowercased alphanumeric
+    tokens as Google's ``rouge_score`` tokenizes them (no stemming: no nltk needed).  ``bleu``: corpus BLEU-4
+    (Papineni et al. 2002 §2, brevity penalty over the corpus) with sacreBLEU's ``13a`` tokenization and no
+    smoothing (Post 2018); lowercased unless ``bleu_lowercase`` is false.  Both are fractions in [0, 1].
+    """
+
+    def __init__(self, bleu_lowercase: bool = True):
+        super().__init__()
+        from torchmetrics.text import ROUGEScore, SacreBLEUScore
+
+        self.rouge = ROUGEScore(rouge_keys="rougeL")
+        self.bleu = SacreBLEUScore(tokenize="13a", lowercase=bleu_lowercase)
+
+    def update(self, preds: Sequence[str], references: Sequence[str]) -> None:
+        preds, references = list(preds), list(references)
+        if len(preds) != len(references):
+            raise ValueError(f"{len(preds)} generations for {len(references)} references")
+        self.rouge.update(preds, references)
+        self.bleu.update(preds, [[r] for r in references])
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"rougeL": self.rouge.compute()["rougeL_fmeasure"].float(), "bleu": self.bleu.compute().float()}
+
+    def reset(self) -> None:
+        self.rouge.reset()
+        self.bleu.reset()

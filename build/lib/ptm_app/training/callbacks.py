@@ -1,0 +1,223 @@
+"""Callbacks that make runs exact and safe: RNG state in checkpoints, a last checkpoint on
+Ctrl-C / SIGTERM, and prediction files."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from ptm_app.paths import atomic_file
+
+
+class RNGStateCallback(Callback):
+    """Saves the Python/NumPy/torch RNG states and restores them when training resumes, so
+    dropout draws after a resume are the ones an uninterrupted run would have made."""
+
+    def __init__(self) -> None:
+        self._pending: dict | None = None
+
+    def state_dict(self) -> dict:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        numpy_state = [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)]  # loadable with weights_only
+        return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._pending = state
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self._pending is not None:
+            random.setstate(self._pending["python"])
+            kind, keys, pos, has_gauss, gauss = self._pending["numpy"]
+            np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+            torch.set_rng_state(self._pending["torch"])
+            self._pending = None
+
+
+class LastCheckpoint(Callback):
+    """Writes ``last.ckpt`` at the end of a training step, where Lightning's restart logic is exact.
+
+    It saves every ``every_n_steps`` steps, at the last step of every epoch, and before stopping:
+    on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
+    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.  With gradient accumulation it saves and stops only
+    after an optimizer step: a checkpoint taken between micro-batches would drop the gradients accumulated so far,
+    so a Ctrl-C or SIGTERM there waits for the step (at most ``accumulate_grad_batches - 1`` more micro-batches);
+    ``every_n_steps`` and ``stop_at_step`` count optimizer steps.  Every rank calls ``save_checkpoint`` (the
+    strategy decides who writes: rank 0 for DDP, every rank its shard for FSDP and DeepSpeed, into a
+    ``last.ckpt/`` directory swapped in whole: ``strategies.AtomicShardedSave``), and a stop seen by one rank
+    stops them all.
+    """
+
+    def __init__(self, path: str | Path, every_n_steps: int = 0, stop_at_step: int = 0):
+        self.path = Path(path)
+        self.every_n_steps, self.stop_at_step = every_n_steps, stop_at_step
+        self.requested = False
+        self.sigterm = False  # a SIGTERM held back until the accumulation's optimizer step
+        self._previous = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step and writing the last checkpoint (Ctrl-C again to abort)", flush=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if getattr(trainer, "received_sigterm", False):
+            self.sigterm = True
+        if not optimizer_stepped(trainer):
+            if self.sigterm:  # Lightning would stop after this micro-batch: hold the SIGTERM until the step
+                trainer._signal_connector.received_sigterm = False
+            return
+        if self.sigterm:
+            trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch (exit 143)
+        step = trainer.global_step
+        stop = (self.requested or self.sigterm
+                or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step)
+        if trainer.world_size > 1:  # every rank must save (sharded checkpoints) and stop together
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        epoch_end = batch_idx + 1 >= trainer.num_training_batches
+        if stop or periodic or epoch_end:
+            trainer.save_checkpoint(self.path, weights_only=False)  # the full state: optimizer, loops, callbacks
+        if stop:
+            trainer.should_stop = True
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+def optimizer_stepped(trainer) -> bool:
+    """Did this training batch end with an optimizer step (not part-way through gradient accumulation)?
+
+    Lightning steps every ``accumulate_grad_batches`` micro-batches and on the last batch of an epoch."""
+    return not trainer.fit_loop._should_accumulate()
+
+
+def write_predictions(trainer, rows: list[dict]) -> None:
+    """Write ``rows`` to ``<trainer.default_root_dir>/predictions.jsonl`` (the run directory under main.py): the one
+    predictions writer of every module and of ``PredictionWriter``."""
+    if not rows or not trainer.is_global_zero:
+        return
+    path = Path(trainer.default_root_dir) / "predictions.jsonl"
+    with atomic_file(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} predictions to {path}")
+
+
+class PredictionWriter(Callback):
+    """Writes ``predictions.jsonl`` in the run directory: id, text, predicted label and every label's probability
+    (or the predicted value, for regression), for modules whose ``predict_step`` returns scores."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def on_predict_epoch_start(self, trainer, pl_module) -> None:
+        self.rows = []
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if not isinstance(outputs, dict) or not ({"probs", "values"} & set(outputs)):
+            return
+        facts = getattr(pl_module, "data_facts", None)
+        try:
+            records = facts.records("test") if facts is not None else None
+        except KeyError:  # a data module that keeps no example records
+            records = None
+        if "values" in outputs:  # regression: one real value per example
+            rows = [{"value": round(v, 6)} for v in outputs["values"].tolist()]
+        else:
+            labels = outputs.get("labels") or list(pl_module.hparams.labels)
+            rows = [{"label": labels[int(np.argmax(probs))],
+                     "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
+                    for probs in outputs["probs"].tolist()]
+        for key, row in zip(outputs["keys"], rows):
+            index = key[1] if isinstance(key, (tuple, list)) else int(key)
+            if records is not None:
+                row = {"id": records["ids"][index], "text": records["texts"][index], **row}
+            self.rows.append(row)
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        write_predictions(trainer, self.rows)
+
+
+class RunSummary(Callback):
+    """Keeps ``<run_dir>/summary.json`` current: what ran, its size, its time and its latest metrics.
+
+    ``python main.py report`` builds results tables from these files, never from typed numbers.
+    """
+
+    def __init__(self, run_dir: str | Path, stage: str):
+        self.path = Path(run_dir) / "summary.json"
+        self.stage = stage
+        self._start = 0.0  # time.monotonic() at this session's fit start (0: not fitting)
+        self._before = 0.0  # fit seconds of the sessions before a resume
+
+    def _load(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def _write(self, trainer, pl_module, **updates) -> None:
+        from ptm_app.training.module import own_class
+
+        if not trainer.is_global_zero:
+            return
+        summary = self._load()
+        params = list(pl_module.parameters())
+        numel = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731  (ZeRO-3 leaves empty local tensors)
+        trainable = sum(numel(p) for p in params if p.requires_grad)
+        total = sum(numel(p) for p in params)
+        datamodule = trainer.datamodule
+        summary.update({
+            "module": own_class(pl_module).__name__,
+            "style": pl_module.style() if hasattr(pl_module, "style") else type(pl_module).__name__,
+            "backbone": pl_module.hparams.get("backbone") or (pl_module.hparams.get("backbone_config") or {}).get("model_type"),
+            "data": getattr(datamodule, "source", None) or "+".join(getattr(datamodule, "tasks", None) or []) or None,
+            "trainable_params": trainable, "total_params": total,
+            "trainable_percent": round(100.0 * trainable / max(total, 1), 4),
+        })
+        for name in ("last", "best"):
+            ckpt = self.path.parent / "checkpoints" / f"{name}.ckpt"
+            files = [ckpt] if ckpt.is_file() else [f for f in ckpt.rglob("*") if f.is_file()]  # sharded: a dir
+            if files:
+                summary[f"{name}_ckpt_mb"] = round(sum(f.stat().st_size for f in files) / 2**20, 2)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+        summary.setdefault("metrics", {}).update(metrics)
+        summary.update(updates)
+        with atomic_file(self.path, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2, sort_keys=True)
+
+    def fit_seconds(self) -> float:
+        """Training time up to now, over every resumed session (restored from the checkpoint, so a
+        session killed after its last checkpoint counts up to that checkpoint and no further)."""
+        return self._before + (time.monotonic() - self._start if self._start else 0.0)
+
+    def state_dict(self) -> dict:
+        return {"fit_seconds": self.fit_seconds()}
+
+    def load_state_dict(self, state_dict: dict) -> None:  # Lightning calls it before on_fit_start
+        self._before = float(state_dict.get("fit_seconds", 0.0))
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._start = time.monotonic()
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._write(trainer, pl_module, fit_seconds=round(self.fit_seconds(), 1), global_step=trainer.global_step)
+        self._start, self._before = 0.0, 0.0
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._write(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.stage == "validate":
+            self._write(trainer, pl_module)

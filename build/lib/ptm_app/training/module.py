@@ -1,0 +1,247 @@
+"""The base LightningModule: a plain transformers model at ``.backbone``, AdamW + warm-up, and
+self-contained checkpoints (resolved backbone config + tokenizer files inside the ``.ckpt``)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+
+from ptm_app.backbones.build import build_backbone, max_positions
+from ptm_app.backbones.delta import as_delta_spec
+from ptm_app.checkpoints import CKPT_KEY, checkpoint_path as checkpoint_file
+from ptm_app.data.contract import DataFacts, ModelHooks
+from ptm_app.errors import PtmError
+from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
+
+
+class PtmModule(pl.LightningModule):
+    """Shared by every objective and adaptation style.
+
+    Subclasses set ``head`` (see ``backbones.build.HEADS``), ``monitor`` (metric, mode) for the
+    best checkpoint, implement ``make_collator`` and the steps, and may extend ``config_updates``.
+
+    Args:
+        backbone: a prepared name, a ``save_pretrained`` directory, a run's ``.ckpt`` or a hub id.
+        backbone_config: a transformers config dict with ``model_type`` (from scratch), or overrides of the
+            pretrained one; ``attn_implementation: sdpa | eager | ...`` picks the attention kernel
+            (``backbones.build``).
+        optim: optimiser and LR schedule (``training.optim.OptimConfig``).
+        gradient_checkpointing: recompute each transformer block's activations in the backward pass instead of
+            keeping them (``enable_activation_checkpointing``).
+
+    Behaviours on the backbone (delta tuning, frozen features, ``init_from``, L2-SP) are policies
+    (``adaptation.policies``) that ``make_policies`` derives from the saved hyper-parameters; they are applied in
+    order after the build, and each saves and restores what it owns.
+    """
+
+    head: str = "base"
+    monitor: tuple[str, str] = ("val/loss", "min")
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False):
+        super().__init__()
+        self.save_hyperparameters()
+        self.policies = self.make_policies()
+        self.optim = as_optim_config(optim)
+        self.backbone = None
+        self.tokenizer = None
+        self.data_facts: Optional[DataFacts] = None  # from data.contract.connect
+        if self.can_build():
+            self.configure_model()
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
+                             weights_only: bool = True, **kwargs):
+        """Lightning's loader, made safe: a checkpoint file is checked first (intact; plain data unless
+        ``weights_only=False``, for files you made yourself) and unpickled weights-only."""
+        if isinstance(checkpoint_path, (str, os.PathLike)):
+            checkpoint_path = checkpoint_file(checkpoint_path, trust=not weights_only)
+        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
+                                            weights_only=weights_only, **kwargs)
+
+    # -- building -----------------------------------------------------------------------------
+    def can_build(self) -> bool:
+        """True when the backbone can be built without the data module (pretrained, or a full config)."""
+        cfg = self.hparams.backbone_config or {}
+        return bool(self.hparams.backbone) or "vocab_size" in cfg
+
+    def config_updates(self) -> dict[str, Any]:
+        """Config values taken from the data (vocabulary size, special ids ...) for a from-scratch build."""
+        tok = self.tokenizer
+        if tok is None or self.hparams.backbone:
+            return {}
+        updates = {"vocab_size": len(tok), "pad_token_id": tok.pad_token_id}
+        for name in ("bos_token_id", "eos_token_id"):
+            if getattr(tok, name, None) is not None:
+                updates[name] = getattr(tok, name)
+        return {k: v for k, v in updates.items() if k not in (self.hparams.backbone_config or {})}
+
+    # -- the data contract (data.contract.connect) ---------------------------------------------------
+    def connect_data(self, facts: DataFacts) -> None:
+        """Take the data's facts: tokenizer, labels, lengths ... (asked for when the model is built)."""
+        self.data_facts = facts
+
+    def hooks(self) -> ModelHooks:
+        """What the DataModule takes from this module: its collator factory and example format."""
+        return ModelHooks(collator=getattr(self, "make_collator", None),
+                          example_format=getattr(self, "example_format", None),
+                          task_collator=getattr(self, "task_collator", None))
+
+    def configure_model(self) -> None:
+        """Build the backbone once, then run every policy (each call: ``init_from`` waits for the fit's call)."""
+        fresh = self.backbone is None
+        if fresh:
+            facts = self.data_facts
+            if facts is not None and self.tokenizer is None:
+                self.tokenizer = facts.tokenizer()
+            self.backbone = self.build_model()
+            self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
+            if self.hparams.get("gradient_checkpointing"):
+                enable_activation_checkpointing(self.backbone)
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        for policy in self.policies:
+            policy.apply(self, fresh, fitting)
+        if fresh and self.data_facts is not None:
+            self.check_lengths(self.data_facts)
+
+    def make_policies(self) -> list:
+        """This module's backbone policies, from ``self.hparams`` alone (no other state exists yet); none here."""
+        return []
+
+    @property
+    def delta(self):
+        """The delta-tuning spec (``backbones.delta.DeltaSpec``) of a module that takes ``delta``, else None."""
+        return as_delta_spec(self.hparams.get("delta"))
+
+    def policy(self, kind: type):
+        """This module's policy of class ``kind`` (``adaptation.policies``), or None."""
+        return next((p for p in self.policies if isinstance(p, kind)), None)
+
+    def add_penalties(self, loss: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """The training loss plus each policy's penalty term (logged as ``train/<name>``)."""
+        for policy in self.policies:
+            term = policy.penalty(self)
+            if term is not None:
+                self.log(f"train/{term[0]}", term[1], batch_size=max(batch_size, 1))
+                loss = loss + term[1]
+        return loss
+
+    def build_model(self):
+        """The transformers model for ``head``; override to assemble one differently (e.g. BERT2BERT)."""
+        return build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config, **self.config_updates())
+
+    def setup(self, stage: str) -> None:
+        if self.data_facts is not None:
+            self.tokenizer = self.data_facts.tokenizer()
+            if self.backbone is not None:
+                self.check_lengths(self.data_facts)
+
+    def check_lengths(self, facts: DataFacts) -> None:
+        """Refuse a data max_length the backbone's position embeddings cannot hold."""
+        limit, wanted = max_positions(self.backbone), facts.max_length
+        virtual = self.virtual_positions()
+        if limit is not None and wanted is not None and wanted + virtual > limit:
+            what = f"data.max_length={wanted}" + (f" + {virtual} virtual tokens" if virtual else "")
+            raise PtmError(f"{what} is longer than the backbone allows ({limit} positions); "
+                           f"set data.init_args.max_length <= {limit - virtual}")
+
+    def virtual_positions(self) -> int:
+        """Positions taken before the input by trainable virtual tokens (a policy's soft prompt)."""
+        return sum(policy.virtual_positions() for policy in self.policies)
+
+    # -- optimisation -------------------------------------------------------------------------
+    def configure_optimizers(self):
+        return build_optimizer(self, self.optim, self.trainer.estimated_stepping_batches)
+
+    def style(self) -> str:
+        """What kind of run this is, for results tables (``summary.json``'s ``style``): a policy's, or the module's."""
+        return next((s for s in (p.style() for p in self.policies) if s), None) or self.default_style()
+
+    def default_style(self) -> str:
+        return type(self).__name__.removesuffix("Module")
+
+    def log_train_losses(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], batch_size: int) -> torch.Tensor:
+        """Log the total training loss (on the progress bar) and each of ``parts`` as ``train/<name>``."""
+        self.log("train/loss", loss, prog_bar=True, batch_size=max(batch_size, 1))
+        for name, value in parts.items():
+            self.log(f"train/{name}", value, batch_size=max(batch_size, 1))
+        return loss
+
+    def model_inputs(self, batch: dict) -> dict:
+        keep = ("input_ids", "attention_mask", "token_type_ids")
+        inputs = {k: batch[k] for k in keep if k in batch}
+        if "document_ids" in batch:  # packed documents: block-diagonal attention, position ids per document
+            from ptm_app.backbones.attention import packed_document_inputs
+
+            inputs.update(packed_document_inputs(self.backbone, batch["attention_mask"], batch["document_ids"]))
+        return inputs
+
+    # -- self-contained checkpoints -------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        hparams = dict(checkpoint.get("hyper_parameters", {}))
+        hparams["optim"] = asdict(self.optim)
+        hparams["backbone"] = None  # rebuild from the resolved config: no files needed at load time
+        hparams["backbone_config"] = self.backbone.config.to_dict()
+        attention = (self.hparams.backbone_config or {}).get("attn_implementation")
+        if attention:  # transformers leaves it out of to_dict(); a reload must build the same kernel
+            hparams["backbone_config"]["attn_implementation"] = attention
+        checkpoint["hyper_parameters"] = hparams
+        checkpoint[CKPT_KEY] = {
+            "head": self.head,
+            "module": f"{own_class(self).__module__}.{own_class(self).__qualname__}",
+            "backbone_source": self.hparams.backbone,
+            "tokenizer": tokenizer_files(self.tokenizer) if self.tokenizer is not None else {},
+        }
+        for policy in self.policies:
+            policy.save(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        files = checkpoint.get(CKPT_KEY, {}).get("tokenizer")
+        if files and self.tokenizer is None:
+            self.tokenizer = tokenizer_from_files(files)
+        for policy in self.policies:
+            policy.load(self, checkpoint)
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Gradient (activation) checkpointing (Chen et al. 2016, "Training deep nets with sublinear memory cost"):
+    each transformer block keeps only its inputs and recomputes its activations in the backward pass, so
+    activation memory grows with the number of blocks, not with their internals, for about one more forward pass.
+    transformers runs ``torch.utils.checkpoint`` non-reentrant, which needs no input that requires grad: frozen
+    embeddings (LoRA, adapters, ``init_from.freeze``) work as they are."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise PtmError(f"gradient_checkpointing: {type(model).__name__} does not support it; "
+                       f"set model.init_args.gradient_checkpointing: false")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # 5.23 deprecates gradient_checkpointing_enable
+    (enable or model.gradient_checkpointing_enable)()
+
+
+def own_class(module: torch.nn.Module) -> type:
+    """The module's own class: FSDP2's ``fully_shard`` swaps in a generated ``FSDP<Name>`` subclass."""
+    return next(cls for cls in type(module).__mro__ if not cls.__module__.startswith("torch."))
+
+
+def tokenizer_files(tokenizer) -> dict[str, str]:
+    """The tokenizer's ``save_pretrained`` files as text (kept inside checkpoints)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_text(encoding="utf-8") for p in Path(tmp).iterdir() if p.is_file()}
+
+
+def tokenizer_from_files(files: dict[str, str]):
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in files.items():
+            (Path(tmp) / name).write_text(text, encoding="utf-8")
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def weighted_mean_update(metric, value: torch.Tensor, weight: int | torch.Tensor) -> None:
+    metric.update(value.detach().float(), weight=torch.as_tensor(weight, dtype=torch.float32))

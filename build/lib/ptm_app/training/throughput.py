@@ -1,0 +1,261 @@
+"""Throughput monitor: tokens/s, samples/s, padding fraction, model FLOPs utilisation and peak memory.
+
+FLOPs per trained token follow Kaplan et al. 2020 ("Scaling laws for neural language models") §2.1,
+Table 1, as written out in PaLM (Chowdhery et al. 2022) appendix B:
+
+    6·N + 12·L·d·T
+
+``N`` is the number of non-embedding parameters (each one costs a multiply-add forward, 2 FLOPs, and twice
+that backward: 6N), ``L`` the layers, ``d`` the attention width and ``T`` the sequence length (the
+``Q·Kᵀ`` and ``A·V`` products: 2 matmuls × 2 FLOPs × 3 for forward + backward = 12·L·d·T).  Embedding
+look-ups and the vocabulary projection are left out, as Kaplan does, so the MFU is a conservative figure;
+frozen weights are counted as trained.  MFU = achieved model FLOPs per second ÷ the device's peak, which
+is *measured* once per device, dtype and thread count (the best of a few square matmuls, ``peak_flops``)
+and cached under the PTM cache directory: vendor peaks do not exist for most CPUs.
+
+Lightning's own ``ThroughputMonitor`` needs a FLOPs-per-batch figure and knows peaks for GPUs only; this
+one counts non-padding tokens from ``attention_mask`` and needs nothing from the module.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import time
+from typing import Optional
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from ptm_app.paths import atomic_file, cache_root
+
+PROBE_SIZE = 2048
+PROBE_REPEATS = 5
+
+
+def precision_dtype(precision) -> torch.dtype:
+    """The matmul dtype a Lightning ``precision`` setting runs at (``bf16-mixed`` → bfloat16 ...)."""
+    text = str(precision or "32")
+    if "bf16" in text:
+        return torch.bfloat16
+    if "16" in text:
+        return torch.float16
+    if "64" in text:
+        return torch.float64
+    return torch.float32
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) -> float:
+    """Measured peak FLOP/s of ``size``×``size`` matmuls on ``device`` in ``dtype`` (best of ``repeats``).
+
+    Cached in ``<cache>/flops_peak.json`` by device name, dtype and torch thread count, so a run pays the
+    probe (about a second on a CPU) once.  docs/design.md "Platform notes" §9 has the figures for the reference machine.
+    """
+    threads = torch.get_num_threads() if device.type == "cpu" else 0
+    key = f"{device.type}|{_device_name(device)}|{dtype}|threads={threads}|{size}"
+    path = cache_root() / "flops_peak.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache:
+        return float(cache[key])
+    gen = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run must draw what it would have
+    a, b = (torch.randn(size, size, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    best = float("inf")
+    for i in range(repeats + 1):  # the first one warms up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            best = min(best, time.perf_counter() - start)
+    value = 2 * size ** 3 / best
+    cache[key] = value
+    try:
+        with atomic_file(path, "w") as fh:
+            json.dump(cache, fh, indent=1, sort_keys=True)
+    except OSError:
+        pass  # a read-only cache only costs the probe next time
+    return value
+
+
+def _transformer_shapes(module: nn.Module) -> list[tuple[int, int]]:
+    """(layers, attention width) of every transformers model inside ``module`` (ELECTRA has two)."""
+    from transformers import PreTrainedModel
+
+    shapes = []
+    for sub in module.modules():
+        if not isinstance(sub, PreTrainedModel) or sub.base_model is not sub:
+            continue  # count each model once: at its base model, not again at its head wrapper
+        cfg = sub.config
+        layers = next((getattr(cfg, n) for n in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+                       if isinstance(getattr(cfg, n, None), int)), None)
+        width = next((getattr(cfg, n) for n in ("hidden_size", "n_embd", "d_model", "dim", "emb_dim")
+                      if isinstance(getattr(cfg, n, None), int)), None)
+        if layers and width:
+            shapes.append((layers, width))
+    return shapes
+
+
+def non_embedding_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    """Parameters outside ``nn.Embedding`` tables (Kaplan et al.'s N); shared tensors counted once."""
+    embedding = {id(p) for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    seen, total = set(), 0
+    for p in module.parameters():
+        if trainable_only and not p.requires_grad:
+            continue
+        if id(p) not in seen and id(p) not in embedding:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def training_flops_per_token(module: nn.Module, seq_len: int) -> float:
+    """Model FLOPs of one training token: ``6·N + 12·L·d·T`` when every weight trains (Kaplan et al. 2020 §2.1;
+    PaLM appendix B), summed over the module's models.  Split as the forward pass ``2·N + 4·L·d·T``, the
+    backward pass's input gradients ``2·N + 8·L·d·T`` (only if gradients flow through the network: not for
+    a backbone run without gradients, ``backbone_runs_without_grad``, as in feature extraction) and its
+    weight gradients ``2·N_trainable`` (frozen weights need none: LoRA costs about ``4·N``)."""
+    attention = sum(layers * width * seq_len for layers, width in _transformer_shapes(module))
+    n = non_embedding_parameters(module)
+    trainable = non_embedding_parameters(module, trainable_only=True)
+    flows = not getattr(module, "backbone_runs_without_grad", False) and any(p.requires_grad for p in module.parameters())
+    return (2 * n + 4 * attention) + ((2 * n + 8 * attention) if flows else 0) + 2 * trainable
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: the most memory torch has allocated; CPU: the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2 ** 20 if platform.system() == "Darwin" else rss / 2 ** 10  # bytes on macOS, KiB on Linux
+
+
+class ThroughputMonitor(Callback):
+    """Logs, every ``trainer.log_every_n_steps`` training batches, for the whole job (every rank):
+
+    ``throughput/tokens_per_s`` (non-padding tokens, from ``attention_mask``), ``throughput/padded_tokens_per_s``
+    (every position of ``input_ids``), ``throughput/samples_per_s``, ``train/padding_fraction`` (of that
+    window), ``throughput/mfu`` (model FLOPs utilisation, see the module docstring) and
+    ``throughput/peak_memory_mb`` (this process's).  Times are wall clock between batch ends, so data loading
+    counts.  Under DDP, FSDP or DeepSpeed the counts (samples, tokens, model FLOPs) and the window's seconds are
+    summed over the ranks with one ``all_reduce`` of a 5-number tensor at logging steps only: the rates are the
+    global counts over the ranks' mean window time (so about world size × one rank's), and the MFU is per
+    device, the global FLOP/s over world size × the device peak.  ``last_window`` keeps this process's own
+    window (``samples``, ``tokens``, ``padded_tokens``, ``flops``, ``seconds``), and the running totals
+    (``samples``, ``tokens``, ``padded_tokens``, ``seconds``) are this process's too.
+    Cheap: two tensor sums per batch, one host sync per logging step, one cached matmul probe per run.
+
+    Args:
+        measure_peak: measure the device peak for MFU (otherwise MFU is not logged).
+    """
+
+    def __init__(self, measure_peak: bool = True):
+        self.measure_peak = measure_peak
+        self.peak: Optional[float] = None
+        self.flops_per_token: dict[int, float] = {}
+        self.samples = self.tokens = self.padded_tokens = 0
+        self.seconds = 0.0
+        self._window: list = []
+        self._last: Optional[float] = None
+        self.last_metrics: dict[str, float] = {}
+        self.last_window: dict[str, float] = {}
+        self._validation_start = 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.measure_peak and trainer.is_global_zero:
+            self.peak = peak_flops(pl_module.device, precision_dtype(trainer.precision))
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        self._window, self._last = [], None
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._last is not None and trainer.training:  # validation inside the epoch: not training time
+            self._last += time.perf_counter() - self._validation_start
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._last is None:  # the first batch: its data loading happened before this, unmeasured
+            self._last = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not isinstance(batch, dict) or "input_ids" not in batch:
+            return
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        real = mask.sum() if mask is not None and mask.dim() == 2 else torch.tensor(ids.numel())
+        self._window.append((ids.shape[0], ids.numel(), ids.shape[1], real))
+        if _writes_logs_now(trainer):
+            self._flush(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._window:  # batches since the last logging step: into the totals, not logged
+            self._flush(trainer, pl_module, log=False)
+
+    def _flush(self, trainer, pl_module, log: bool = True) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        now = time.perf_counter()
+        elapsed, self._last = max(now - self._last, 1e-9), now
+        samples = sum(w[0] for w in self._window)
+        padded = sum(w[1] for w in self._window)
+        real_per_batch = [int(w[3]) for w in self._window]  # the one host sync of the window
+        real = sum(real_per_batch)
+        flops = sum(r * self._flops_per_token(pl_module, w[2]) for r, w in zip(real_per_batch, self._window))
+        self._window = []
+        self.samples, self.tokens = self.samples + samples, self.tokens + real
+        self.padded_tokens += padded
+        self.seconds += elapsed
+        if not log:  # the tail after the last logging step: totals only, and no collective
+            return
+        self.last_window = {"samples": samples, "tokens": real, "padded_tokens": padded, "flops": flops,
+                            "seconds": elapsed}
+        world = trainer.world_size
+        if world > 1:  # every rank logs at the same steps: one small all_reduce
+            local = torch.tensor([samples, real, padded, flops, elapsed], dtype=torch.float64, device=pl_module.device)
+            samples, real, padded, flops, elapsed = trainer.strategy.reduce(local, reduce_op="sum").tolist()
+            elapsed /= world  # the ranks' mean window
+        metrics = {
+            "throughput/tokens_per_s": real / elapsed,
+            "throughput/padded_tokens_per_s": padded / elapsed,
+            "throughput/samples_per_s": samples / elapsed,
+            "train/padding_fraction": 1.0 - real / max(padded, 1),
+            "throughput/peak_memory_mb": peak_memory_mb(pl_module.device),
+        }
+        if self.peak:
+            metrics["throughput/mfu"] = flops / elapsed / world / self.peak
+        self.last_metrics = metrics
+        for name, value in metrics.items():
+            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=int(samples))
+
+    def _flops_per_token(self, pl_module, seq_len: int) -> float:
+        if seq_len not in self.flops_per_token:
+            self.flops_per_token[seq_len] = training_flops_per_token(pl_module, seq_len)
+        return self.flops_per_token[seq_len]
+
+
+def _writes_logs_now(trainer) -> bool:
+    """Will Lightning write this training step's logged metrics (``log_every_n_steps``, not accumulating)?"""
+    try:
+        return trainer._logger_connector.should_update_logs and not trainer.fit_loop._should_accumulate()
+    except AttributeError:  # another Lightning layout: every ``log_every_n_steps`` optimizer steps
+        return trainer.log_every_n_steps > 0 and (trainer.global_step + 1) % trainer.log_every_n_steps == 0

@@ -1,0 +1,212 @@
+"""Backbone policies: behaviours composed onto a module's freshly built backbone instead of stacked as mixins
+(docs/design.md principle 10).
+
+A module lists its policies (``PtmModule.__init__(..., policies=[...])``); ``PtmModule.configure_model`` builds the
+backbone, then runs each policy's ``apply`` in order, and every checkpoint save / load runs each policy's ``save`` /
+``load``, so each policy saves and restores what it owns.  The policies:
+
+* ``Delta``: parameter-efficient tuning (Ding et al. 2023 §3; ``backbones.delta``), with delta-only checkpoints
+  (the frozen base is rebuilt from its source on load).
+* ``FrozenFeatures``: a frozen backbone used as a feature extractor, its embedding layer, top layer or ELMo's
+  scalar mix of all layers (Peters et al. 2018 §3.2–3.3; Qiu et al. 2020 §5.2.2); checkpoints without the backbone.
+* ``InitFrom``: stage chaining, weights (some sub-modules, optionally frozen) from an earlier stage, applied once
+  when a fit builds the module (Howard & Ruder 2018 §3; ``adaptation.chaining``).
+* ``L2SP``: the L2-SP penalty ``α/2·‖w − w⁰‖²`` pulling the pre-trained encoder towards its starting point
+  against catastrophic forgetting (Li et al. 2018).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Iterator, Optional
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from ptm_app.adaptation.chaining import InitFrom as InitFromSpec, apply_init_from, as_init_from, freeze_prefixes
+from ptm_app.backbones.delta import PROMPT_METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, trainable_report
+from ptm_app.backbones.scalar_mix import ScalarMix
+from ptm_app.checkpoints import restore_frozen_base, strip_frozen_base
+from ptm_app.errors import PtmError
+
+
+class BackbonePolicy:
+    """One behaviour on the backbone; every hook is a no-op unless the policy needs it."""
+
+    def apply(self, module, fresh: bool, fitting: bool) -> None:
+        """Run on each ``configure_model`` call (``fresh``: the backbone was just built; ``fitting``: by a fit);
+        a policy may replace ``module.backbone``."""
+
+    def virtual_positions(self) -> int:
+        """Positions the policy puts before the input (soft prompts)."""
+        return 0
+
+    def style(self) -> Optional[str]:
+        """What the run is, for results tables; None leaves it to the module or another policy."""
+        return None
+
+    def penalty(self, module) -> Optional[tuple[str, torch.Tensor]]:
+        """A ``(name, value)`` term added to the training loss, or None."""
+        return None
+
+    def save(self, module, checkpoint: dict) -> None:
+        """Write what the policy owns into ``checkpoint`` (plain data only: weights-only loading)."""
+
+    def load(self, module, checkpoint: dict) -> None:
+        """Read it back, before Lightning loads ``checkpoint['state_dict']``."""
+
+
+class Delta(BackbonePolicy):
+    """Delta tuning: only the delta (+ head) trains.  ``delta_only`` checkpoints hold just those weights; a backbone
+    built from a config alone (random weights) has no source to rebuild it from, so it keeps every weight."""
+
+    def __init__(self, spec: DeltaSpec | dict, delta_only: bool = True):
+        self.spec, self.delta_only = as_delta_spec(spec), delta_only
+
+    def apply(self, module, fresh: bool, fitting: bool) -> None:
+        if not fresh:
+            return
+        self.delta_only = self.delta_only and bool(module.hparams.backbone)
+        module.backbone = apply_delta(module.backbone, self.spec, module.head)
+        report = trainable_report(module.backbone)
+        rank_zero_info(f"delta {self.spec.method}: {report['trainable']:,} of {report['total']:,} parameters "
+                       f"trainable ({report['percent']:.3f} %)")
+
+    def virtual_positions(self) -> int:
+        """Prefix, prompt and P-tuning put ``num_virtual_tokens`` before the input (Li & Liang 2021 §4.2; Lester et
+        al. 2021 §2): they take position ids too, so they count against the backbone's limit."""
+        return self.spec.num_virtual_tokens if self.spec.method in PROMPT_METHODS else 0
+
+    def style(self) -> str:
+        return self.spec.method
+
+    def save(self, module, checkpoint: dict) -> None:
+        checkpoint["hyper_parameters"]["delta"] = asdict(self.spec)
+        if self.delta_only:  # the base is rebuilt from its source: keep only the delta (+ head) weights
+            strip_frozen_base(checkpoint, delta_state_dict(module.backbone), module.hparams.backbone,
+                              module.hparams.backbone_config)
+
+    def load(self, module, checkpoint: dict) -> None:
+        restore_frozen_base(checkpoint, module.backbone)  # frozen base + saved delta
+
+
+REPRESENTATIONS = ("embedding", "top", "scalar_mix")
+
+
+class FrozenFeatures(BackbonePolicy):
+    """A frozen backbone (``requires_grad=False``, always in eval mode, run without gradients) giving the embedding
+    layer, the top layer or ELMo's scalar mix ``γ Σ s_j h_j`` (``module.mix``, the only part that learns besides the
+    task head).  A backbone loaded from a source is not stored in checkpoints but rebuilt from it on load; one built
+    from ``backbone_config`` alone (random weights) is kept."""
+
+    def __init__(self, representation: str = "scalar_mix", include_layer0: bool = True, do_layer_norm: bool = False):
+        if representation not in REPRESENTATIONS:
+            raise PtmError(f"representation '{representation}' is unknown; use one of {', '.join(REPRESENTATIONS)}")
+        self.representation, self.include_layer0, self.do_layer_norm = representation, include_layer0, do_layer_norm
+
+    def apply(self, module, fresh: bool, fitting: bool) -> None:
+        module.backbone.requires_grad_(False)
+        module.backbone.eval()
+        if getattr(module, "mix", None) is None:
+            layers = module.backbone.config.num_hidden_layers + 1
+            module.mix = (ScalarMix(layers, self.include_layer0, self.do_layer_norm)
+                          if self.representation == "scalar_mix" else None)
+
+    @staticmethod
+    def width(backbone) -> int:
+        """The feature width (the BiLSTM's ``[h→; h←]`` is ``output_dim``)."""
+        return getattr(backbone.config, "output_dim", None) or backbone.config.hidden_size
+
+    def token_features(self, module, batch: dict) -> torch.Tensor:
+        """Per-token features [B, T, D] of the chosen representation (gradients reach only the mix)."""
+        with torch.no_grad():
+            out = module.backbone(**module.model_inputs(batch), output_hidden_states=self.representation != "top")
+        if self.representation == "embedding":
+            return out.hidden_states[0]
+        if self.representation == "top":
+            return out.last_hidden_state
+        return module.mix(out.hidden_states, batch["attention_mask"])
+
+    def style(self) -> str:
+        layer0 = "" if self.representation != "scalar_mix" else (" incl. layer 0" if self.include_layer0 else " excl. layer 0")
+        return f"frozen features: {self.representation.replace('_', ' ')}{layer0}"
+
+    def save(self, module, checkpoint: dict) -> None:
+        if module.hparams.backbone:  # random weights from a config have nothing to be rebuilt from
+            strip_frozen_base(checkpoint, {}, module.hparams.backbone, module.hparams.backbone_config)
+
+    def load(self, module, checkpoint: dict) -> None:
+        restore_frozen_base(checkpoint, module.backbone)  # rebuilt frozen base + saved head
+
+
+class InitFrom(BackbonePolicy):
+    """Start from an earlier stage's weights (``adaptation.chaining.InitFrom``).  Applied once, when a fit builds the
+    module (before any restore: sharded strategies see the loaded weights); on ``--ckpt_path`` resume the restored
+    checkpoint then replaces them, and ``load_from_checkpoint`` never applies it.  Its ``freeze`` always applies."""
+
+    def __init__(self, spec: InitFromSpec | dict):
+        self.spec = as_init_from(spec)
+        self.pending = True
+
+    def apply(self, module, fresh: bool, fitting: bool) -> None:
+        if self.pending and fitting:
+            apply_init_from(module, self.spec)
+            self.pending = False
+        else:
+            freeze_prefixes(module.backbone, self.spec.freeze)
+
+    def save(self, module, checkpoint: dict) -> None:
+        checkpoint["hyper_parameters"]["init_from"] = asdict(self.spec)
+
+    def load(self, module, checkpoint: dict) -> None:
+        self.pending = False  # the weights come from the checkpoint
+
+
+class L2SP(BackbonePolicy):
+    """``α/2 · Σ ‖w − w⁰‖²`` over the trainable pre-trained encoder weights (not the new head), w⁰ their values when
+    the fit starts (after ``InitFrom``, so list it after that policy); logged as ``train/l2_sp``."""
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+
+    def apply(self, module, fresh: bool, fitting: bool) -> None:
+        if fitting and getattr(module, "l2_sp_anchor", None) is None:
+            encoder = {id(p) for p in module.backbone.base_model.parameters()}
+            module.l2_sp_anchor = WeightAnchor({n: p for n, p in module.backbone.named_parameters()
+                                                if id(p) in encoder and p.requires_grad})
+
+    def penalty(self, module) -> Optional[tuple[str, torch.Tensor]]:
+        anchor = getattr(module, "l2_sp_anchor", None)
+        if anchor is None:
+            return None
+        params = dict(module.backbone.named_parameters())
+        return "l2_sp", 0.5 * self.alpha * sum(((params[n] - w0) ** 2).sum() for n, w0 in anchor.items())
+
+
+class WeightAnchor(nn.Module):
+    """Copies of weights as non-persistent buffers: they follow the module across devices, stay out of
+    checkpoints and of the optimiser."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.names = list(weights)
+        for i, w in enumerate(weights.values()):
+            self.register_buffer(f"w{i}", w.detach().clone(), persistent=False)
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return zip(self.names, self.buffers())
+
+
+def fine_tuning_policies(delta: Optional[DeltaSpec | dict] = None, delta_only: bool = True,
+                         init_from: Optional[InitFromSpec | dict] = None, l2_sp: float = 0.0) -> list[BackbonePolicy]:
+    """The policies a fine-tuning module's ``delta`` / ``delta_only`` / ``init_from`` / ``l2_sp`` settings ask for,
+    in the order they apply: the delta on the fresh backbone, the earlier stage's weights, then the anchor of what
+    trains."""
+    policies: list[BackbonePolicy] = []
+    if delta is not None:
+        policies.append(Delta(delta, delta_only))
+    if init_from is not None:
+        policies.append(InitFrom(init_from))
+    if l2_sp:
+        policies.append(L2SP(l2_sp))
+    return policies

@@ -1,0 +1,87 @@
+"""The base of every single-task adaptation module: the task's loss, metrics and evaluation come from its task type
+(``tasks.types``: the same entries ``MultitaskModule`` uses), and the backbone's behaviours (delta tuning,
+``init_from``, L2-SP, frozen features) from policies (``adaptation.policies``), not from mixins."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ptm_app.adaptation.policies import BackbonePolicy, fine_tuning_policies
+from ptm_app.tasks.spans import SPLITS
+from ptm_app.tasks.types import TaskType, task_type
+from ptm_app.training.module import PtmModule
+
+
+class TaskModule(PtmModule):
+    """A ``PtmModule`` for one labelled task of kind ``task_kind``.
+
+    ``forward(batch)`` returns the kind's outputs (label scores, values, tag scores, span logits or choice scores);
+    training, ``val/*`` and ``test/*`` logging follow from the task type.  The fine-tuning settings ``delta``,
+    ``delta_only``, ``init_from`` and ``l2_sp``, where a subclass takes them, become policies.
+    """
+
+    task_kind: str = "sequence"
+    metric_stages: tuple[str, ...] = ("val", "test")
+
+    def make_policies(self) -> list[BackbonePolicy]:
+        hp = self.hparams
+        return fine_tuning_policies(hp.get("delta"), hp.get("delta_only", True), hp.get("init_from"), hp.get("l2_sp", 0.0))
+
+    def default_style(self) -> str:
+        return "full fine-tuning"
+
+    @property
+    def kind(self) -> TaskType:
+        return task_type(self.task_kind)
+
+    def task_labels(self) -> Optional[list[str]]:
+        """The label names the metrics need (None for regression and QA)."""
+        labels = self.hparams.get("labels")
+        return list(labels) if labels is not None else None
+
+    def eval_settings(self) -> dict[str, Any]:
+        """What the task type's metric update needs besides outputs and batch."""
+        return {"labels": self.task_labels(), "n_best": self.hparams.get("n_best", 20),
+                "max_answer_length": self.hparams.get("max_answer_length", 30)}
+
+    def build_metrics(self) -> nn.Module:
+        return self.kind.metrics(self.task_labels())
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if getattr(self, "stage_metrics", None) is None:
+            self.stage_metrics = nn.ModuleDict({stage: self.build_metrics() for stage in self.metric_stages})
+
+    @staticmethod
+    def batch_size(batch: dict) -> int:
+        return len(batch["labels"] if "labels" in batch else batch["input_ids"])
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        n = self.batch_size(batch)
+        loss = self.kind.loss(self(batch), batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        return self.add_penalties(loss, n)
+
+    def _eval_step(self, stage: str, batch: dict) -> Any:
+        out = self(batch)
+        self.log(f"{stage}/loss", self.kind.loss(out, batch), batch_size=self.batch_size(batch))
+        self.kind.update(self.stage_metrics[stage], out, batch, self.eval_settings())
+        return out
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def _log_metrics(self, stage: str) -> None:
+        values = self.kind.compute(self.stage_metrics[stage], lambda: self.data_facts.records(SPLITS[stage]))
+        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=(stage == "val"))
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
