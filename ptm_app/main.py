@@ -13,8 +13,13 @@ commands:
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
                                      run a grid of configs (fit + test), then its results table
+  plot RUN_DIR ... [--metrics train/loss val/acc ...] [--output FILE.png]
+                                     the runs' logged curves (loss, validation metrics, throughput) in one PNG
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
+
+
+ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command")}
 
 
 def main(argv: list[str]) -> int:
@@ -45,6 +50,11 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.sweep import sweep_command
 
         return sweep_command(argv[1:])
+    if command in ANALYSIS:
+        import importlib
+
+        module, function = ANALYSIS[command]
+        return getattr(importlib.import_module(module), function)(argv[1:])
     from ptm_app.cli import run_lightning
 
     return run_lightning(argv)
