@@ -15,11 +15,14 @@ commands:
                                      run a grid of configs (fit + test), then its results table
   plot RUN_DIR ... [--metrics train/loss val/acc ...] [--output FILE.png]
                                      the runs' logged curves (loss, validation metrics, throughput) in one PNG
+  probe --config configs/analysis/probe_minilm.yaml [--key value ...]
+                                     layer-wise probes, control tasks, scalar mix and center of gravity
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
 
 
-ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command")}
+ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command"),
+            "probe": ("ptm_app.analysis.probing", "probe_command")}
 
 
 def main(argv: list[str]) -> int:
