@@ -17,12 +17,15 @@ commands:
                                      the runs' logged curves (loss, validation metrics, throughput) in one PNG
   probe --config configs/analysis/probe_minilm.yaml [--key value ...]
                                      layer-wise probes, control tasks, scalar mix and center of gravity
+  contextuality --config configs/analysis/contextuality_minilm.yaml [--key value ...]
+                                     self-similarity, intra-sentence similarity, explainable variance per layer
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
 
 
 ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command"),
-            "probe": ("ptm_app.analysis.probing", "probe_command")}
+            "probe": ("ptm_app.analysis.probing", "probe_command"),
+            "contextuality": ("ptm_app.analysis.contextuality", "contextuality_command")}
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5
 
 
 def test_catalogue_has_the_analysis_recipes():
-    assert {p.stem.split("_")[0] for p in CONFIGS} >= {"probe"}
+    assert {p.stem.split("_")[0] for p in CONFIGS} >= {"probe", "contextuality"}
 
 
 @pytest.mark.parametrize("config", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p
