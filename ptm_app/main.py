@@ -19,13 +19,16 @@ commands:
                                      layer-wise probes, control tasks, scalar mix and center of gravity
   contextuality --config configs/analysis/contextuality_minilm.yaml [--key value ...]
                                      self-similarity, intra-sentence similarity, explainable variance per layer
+  attention --config configs/analysis/attention_minilm.yaml [--key value ...]
+                                     per-head entropy, attention to [CLS]/[SEP]/punctuation, distance; heat maps
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
 
 
 ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command"),
             "probe": ("ptm_app.analysis.probing", "probe_command"),
-            "contextuality": ("ptm_app.analysis.contextuality", "contextuality_command")}
+            "contextuality": ("ptm_app.analysis.contextuality", "contextuality_command"),
+            "attention": ("ptm_app.analysis.attention", "attention_command")}
 
 
 def main(argv: list[str]) -> int:

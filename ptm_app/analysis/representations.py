@@ -90,9 +90,10 @@ class Encoder:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def load_encoder(ref: str) -> Encoder:
+def load_encoder(ref: str, attention: bool = False) -> Encoder:
     """The backbone (``AutoModel``, no head) and tokenizer of ``ref``: a prepared name (``minilm``), a
-    ``save_pretrained`` directory, or a ptm_app run directory / ``.ckpt`` (its backbone exported once)."""
+    ``save_pretrained`` directory, or a ptm_app run directory / ``.ckpt`` (its backbone exported once).
+    ``attention``: the model's own attention kernel (``eager``), the one that returns attention weights."""
     import ptm_app.backbones.bilstm  # noqa: F401  (registers the ELMo BiLSTM with AutoModel)
     from transformers import AutoTokenizer
 
@@ -111,7 +112,7 @@ def load_encoder(ref: str) -> Encoder:
     if tokenizer.pad_token_id is None:  # GPT-style: pad with EOS (masked out anyway)
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     with quiet_transformers():
-        model = build_backbone("base", where, None).eval()
+        model = build_backbone("base", where, {"attn_implementation": "eager"} if attention else None).eval()
     model.requires_grad_(False)
     return Encoder(name=Path(ref).name if Path(ref).exists() else ref, model=model, tokenizer=tokenizer, where=where)
 

@@ -11,11 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs" / "analysis").glob("*.yaml"))
 SLOW = {"probe_mlp_minilm_smollm2"}  # loads the 135M-parameter SmolLM2: about 30 s
 TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5"],
-        "contextuality": ["--sentences", "30", "--baseline_pairs", "200"]}
+        "contextuality": ["--sentences", "30", "--baseline_pairs", "200"],
+        "attention": ["--sentences", "4"]}
 
 
 def test_catalogue_has_the_analysis_recipes():
-    assert {p.stem.split("_")[0] for p in CONFIGS} >= {"probe", "contextuality"}
+    assert {p.stem.split("_")[0] for p in CONFIGS} >= {"probe", "contextuality", "attention"}
 
 
 @pytest.mark.parametrize("config", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p
