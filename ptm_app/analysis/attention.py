@@ -50,6 +50,7 @@ def head_means(encoder: Encoder, sentences: list[list[str]], max_length: int) ->
     """Token-weighted mean of every measure per layer (a list) and head ([H] tensors)."""
     layers = attention_layers(encoder)
     totals: list[Optional[dict]] = [None] * layers
+    max_length = encoder.fit_length(max_length)
     for words in sentences:
         ids = encoder.tokenizer(word_spans(words)[0], truncation=True, max_length=max_length)["input_ids"]
         output = encoder.model(torch.tensor([ids]), output_attentions=True)

@@ -180,7 +180,8 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
             and steps as the probes) and report their center of gravity.
         train_examples: records sampled from the training split (sentences, articles or pairs); null = all.
         test_examples: records sampled from the test split; null = all.
-        max_length: longest input in tokens (longer texts are cut; cut-off words are not probed).
+        max_length: longest input in tokens, at most the backbone's position limit (longer texts are cut;
+            cut-off words are not probed).
         encode_batch_size: texts per backbone pass.
         cache_dtype: how the cached representations are stored.
         seed: sampling, probe initialisation, minibatch order and control labels.

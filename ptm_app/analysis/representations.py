@@ -79,6 +79,13 @@ class Encoder:
                                f"(0 = the embeddings); fix 'layers' or leave it out for all")
         return sorted(set(layers))
 
+    def fit_length(self, max_length: int) -> int:
+        """``max_length``, shortened to the longest input the backbone's position embeddings allow."""
+        from ptm_app.backbones.build import max_positions
+
+        limit = max_positions(self.model)
+        return min(max_length, limit) if limit else max_length
+
     def fingerprint(self) -> str:
         """The model files (config, and every weight file's name, size and time) as a cache key."""
         root = Path(self.where)
@@ -161,6 +168,7 @@ def _batches(order: list[int], size: int):
 def encode_layers(encoder: Encoder, examples: Examples, max_length: int = 128, batch_size: int = 32) -> Features:
     """All layers' representations of ``examples`` in one pass per batch (batches sorted by length)."""
     tok = encoder.tokenizer
+    max_length = encoder.fit_length(max_length)
     token_level = examples.level == "token"
     texts = [word_spans(ws)[0] for ws in examples.texts] if token_level else list(examples.texts)
     enc = tok(texts, examples.pairs, truncation=True, max_length=max_length, return_offsets_mapping=token_level,
@@ -226,6 +234,7 @@ def cached_layers(encoder: Encoder, examples: Examples, max_length: int = 128, b
     """``encode_layers``, read from the cache when this model, data file, sample and settings were seen."""
     from safetensors.torch import load_file
 
+    max_length = encoder.fit_length(max_length)
     key = json.dumps([FORMAT_VERSION, encoder.fingerprint(), sha256_file(examples.source) if examples.source else
                       hashlib.sha256(json.dumps([examples.texts, examples.pairs]).encode()).hexdigest(),
                       examples.level, examples.sample, max_length, dtype])

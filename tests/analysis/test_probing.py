@@ -153,3 +153,18 @@ def test_an_unknown_task_or_setting_is_one_line(tmp_path, capsys):
     first, second = capsys.readouterr().err.splitlines()
     assert first.startswith("error: tasks:") and "ner" in first and "brown_pos" in first
     assert "unknown command-line argument --probes" in second
+
+
+def test_a_run_directory_is_a_backbone(tiny_corpus, tmp_path, capsys):
+    """A ptm_app run (here a tiny MLM) is probed through its checkpoint's backbone and saved tokenizer."""
+    from tests.conftest import tiny_mlm_config
+
+    runs = tmp_path / "runs"
+    config = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=2, val_check_interval=2)
+    assert run_main(["fit", "--config", str(config), "--run_name", "mlm"], runs) == 0
+    out = tmp_path / "out"
+    assert run_main(["probe", "--models", str(runs / "mlm"), "--tasks", "brown_pos", "--train_examples", "10",
+                     "--test_examples", "5", "--steps", "5", "--output_dir", str(out)], runs) == 0
+    rows = json.loads((out / "probe.json").read_text())
+    assert [r["layer"] for r in rows] == [0, 1, 2] and all(r["model"] == "mlm" for r in rows)
+    capsys.readouterr()
