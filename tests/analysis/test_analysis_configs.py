@@ -29,3 +29,14 @@ def test_recipe_runs_at_tiny_size(config, tmp_path, capsys):
     rows = json.loads((out / f"{command}.json").read_text())
     assert rows and all(0.0 <= r["layer"] for r in rows)
     assert capsys.readouterr().out.strip().endswith(f"wrote {out}")
+
+
+@pytest.mark.parametrize("command", ["probe", "contextuality", "attention", "plot"])
+def test_an_unknown_key_in_a_config_file_is_one_line(command, tmp_path, capsys):
+    config = tmp_path / "typo.yaml"
+    config.write_text("modles: [minilm]\n")
+    argv = [command, "anyrun", "--config", str(config)] if command == "plot" else [command, "--config", str(config)]
+    assert run_main(argv, tmp_path) == 2
+    err = capsys.readouterr().err
+    assert f"unknown config key 'modles'; check its spelling (python main.py {command} --help" in err
+    assert err.count("\n") == 1

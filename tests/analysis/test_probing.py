@@ -168,3 +168,14 @@ def test_a_run_directory_is_a_backbone(tiny_corpus, tmp_path, capsys):
     rows = json.loads((out / "probe.json").read_text())
     assert [r["layer"] for r in rows] == [0, 1, 2] and all(r["model"] == "mlm" for r in rows)
     capsys.readouterr()
+
+
+def test_a_float16_cache_gives_the_same_numbers_on_a_miss_and_a_hit(tiny_bert_dir):
+    encoder = load_encoder(str(tiny_bert_dir))
+    examples = load_examples(PROBE_TASKS["bbc"], "test", 3, seed=1)
+    first = cached_layers(encoder, examples, max_length=32, dtype="float16")
+    second = cached_layers(encoder, examples, max_length=32, dtype="float16")
+    exact = encode_layers(encoder, examples, max_length=32)
+    for a, b, c in zip(first.layers, second.layers, exact.layers):
+        assert torch.equal(a, b) and a.dtype == torch.float32
+        assert torch.allclose(a, c, rtol=1e-2, atol=1e-3) and not torch.equal(a, c)
