@@ -51,7 +51,9 @@ def head_means(encoder: Encoder, sentences: list[list[str]], max_length: int) ->
     layers = attention_layers(encoder)
     totals: list[Optional[dict]] = [None] * layers
     max_length = encoder.fit_length(max_length)
-    for words in sentences:
+    from ptm_app.data.sources.fetch import progress
+
+    for words in progress(sentences, f"{encoder.name}: attention maps"):
         ids = encoder.tokenizer(word_spans(words)[0], truncation=True, max_length=max_length)["input_ids"]
         output = encoder.model(torch.tensor([ids]), output_attentions=True)
         attentions = getattr(output, "attentions", None)

@@ -76,8 +76,10 @@ def _fit_layers(model_name: str, task: ProbeTask, layers: list[int], settings: P
     """One probe per layer (and one per layer on the control labels), then the scalar mix."""
     controlled = control_ids is not None
     c_train, c_test = control_ids if controlled else (None, None)
+    from ptm_app.data.sources.fetch import progress
+
     rows = []
-    for layer in layers:
+    for layer in progress(layers, f"{model_name}: {task.name} probes per layer"):
         x_train, x_test = train_f.layers[layer], test_f.layers[layer]
         acc = probe_accuracy(x_train, y_train, x_test, y_test, classes, settings)
         ctrl = probe_accuracy(x_train, c_train, x_test, c_test, classes, settings) if controlled else None

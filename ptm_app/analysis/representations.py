@@ -179,7 +179,10 @@ def encode_layers(encoder: Encoder, examples: Examples, max_length: int = 128, b
     chunks: list[list[torch.Tensor]] = []
     sentence_ids, word_ids = [], []
     pad = tok.pad_token_id
-    for batch in _batches(order, batch_size):
+    from ptm_app.data.sources.fetch import progress
+
+    batches = list(_batches(order, batch_size))
+    for batch in progress(batches, f"{encoder.name}: all layers of {examples.level}s ({examples.sample})"):
         width = max(len(enc["input_ids"][i]) for i in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
