@@ -151,9 +151,13 @@ def word_type(word: str) -> str:
 
 # -- scalar mix and center of gravity -------------------------------------------------------------------------
 def train_scalar_mix(train_layers: Sequence[torch.Tensor], y: torch.Tensor, classes: int,
-                     settings: ProbeSettings) -> tuple[torch.Tensor, nn.Module]:
+                     settings: ProbeSettings, mix_l2: float = 0.0) -> tuple[torch.Tensor, nn.Module]:
     """ELMo's scalar mix over standardised layers, trained jointly with a linear probe by the probes' optimizer
-    and steps; returns the softmax weights s_l and the trained (mix, probe)."""
+    and steps; returns the softmax weights s_l and the trained (mix, probe).
+
+    ``mix_l2`` adds lambda * ||w||^2 on the mix's pre-softmax weights, ELMo's regulariser that keeps the mix near
+    the average of all layers (Peters et al. 2018 §3.2): without it, a probe that separates its training set from
+    several layers lets the mix drift to any one of them."""
     from ptm_app.backbones.scalar_mix import ScalarMix
 
     generator = torch.Generator().manual_seed(settings.seed)
@@ -165,8 +169,8 @@ def train_scalar_mix(train_layers: Sequence[torch.Tensor], y: torch.Tensor, clas
     model = _MixProbe(mix, linear)
     with torch.enable_grad():
         _fit(list(model.parameters()), lambda i: F.cross_entropy(model(stacked if i is None else stacked[:, i]),
-                                                                 y if i is None else y[i]),
-             len(y), settings, generator)
+                                                                 y if i is None else y[i])
+             + mix_l2 * (mix.weights ** 2).sum(), len(y), settings, generator)
     return mix.layer_weights().detach(), model.eval()
 
 

@@ -48,7 +48,7 @@ def label_ids(labels: list[str], label_set: list[str]) -> torch.Tensor:
 
 def probe_model_task(encoder: Encoder, task: ProbeTask, layers: list[int], settings: ProbeSettings, *,
                      train_examples: Optional[int], test_examples: Optional[int], control: bool, scalar_mix: bool,
-                     max_length: int, encode_batch_size: int, cache_dtype: str,
+                     mix_l2: float, max_length: int, encode_batch_size: int, cache_dtype: str,
                      seed: int) -> tuple[list[dict], dict]:
     """Per-layer rows and the center-of-gravity row of one model on one task."""
     splits = {}
@@ -67,12 +67,13 @@ def probe_model_task(encoder: Encoder, task: ProbeTask, layers: list[int], setti
                             for ex, f in ((train_ex, train_f), (test_ex, test_f)))
     with one_thread():
         return _fit_layers(encoder.name, task, layers, settings, train_f, test_f, y_train, y_test, len(label_set),
-                           control_ids, scalar_mix)
+                           control_ids, scalar_mix, mix_l2)
 
 
 def _fit_layers(model_name: str, task: ProbeTask, layers: list[int], settings: ProbeSettings, train_f: Features,
                 test_f: Features, y_train: torch.Tensor, y_test: torch.Tensor, classes: int,
-                control_ids: Optional[tuple[torch.Tensor, torch.Tensor]], scalar_mix: bool) -> tuple[list[dict], dict]:
+                control_ids: Optional[tuple[torch.Tensor, torch.Tensor]], scalar_mix: bool,
+                mix_l2: float = 0.0) -> tuple[list[dict], dict]:
     """One probe per layer (and one per layer on the control labels), then the scalar mix."""
     controlled = control_ids is not None
     c_train, c_test = control_ids if controlled else (None, None)
@@ -86,14 +87,16 @@ def _fit_layers(model_name: str, task: ProbeTask, layers: list[int], settings: P
         rows.append({"model": model_name, "task": task.name, "layer": layer, "accuracy": acc, "control": ctrl,
                      "selectivity": acc - ctrl if controlled else None, "mix_weight": None})
     best = max(rows, key=lambda r: r["accuracy"])
-    gravity = {"model": model_name, "task": task.name, "layers": f"{layers[0]}..{layers[-1]}",
+    contiguous = layers == list(range(layers[0], layers[-1] + 1))
+    gravity = {"model": model_name, "task": task.name,
+               "layers": f"{layers[0]}..{layers[-1]}" if contiguous else ",".join(map(str, layers)),
                "best_layer": best["layer"], "best_accuracy": best["accuracy"],
                "center_of_gravity": None, "mix_accuracy": None,
                "train_rows": len(y_train), "test_rows": len(y_test)}
     if scalar_mix:
         scales = [Standardizer(train_f.layers[l]) for l in layers]
         weights, model = train_scalar_mix([s(train_f.layers[l]) for s, l in zip(scales, layers)], y_train,
-                                          classes, settings)
+                                          classes, settings, mix_l2)
         test_stack = torch.stack([s(test_f.layers[l]) for s, l in zip(scales, layers)])
         gravity.update(center_of_gravity=center_of_gravity(weights.tolist(), layers),
                        mix_accuracy=accuracy(model, test_stack, y_test))
@@ -157,7 +160,7 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
           layers: Optional[list[int]] = None, probe: Literal["linear", "mlp"] = "linear", hidden_size: int = 256,
           optimizer: Literal["lbfgs", "adam"] = "lbfgs", steps: int = 100, lr: Optional[float] = None,
           weight_decay: float = 1e-4, batch_size: int = 512, control: bool = True, scalar_mix: bool = True,
-          train_examples: Optional[int] = 500, test_examples: Optional[int] = 200,
+          mix_l2: float = 0.0, train_examples: Optional[int] = 500, test_examples: Optional[int] = 200,
           max_length: int = 128, encode_batch_size: int = 32,
           cache_dtype: Literal["float32", "float16"] = "float32", seed: int = 0, run_name: str = "probe",
           output_dir: Optional[str] = None) -> Path:
@@ -180,6 +183,8 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
             the task's label distribution) and report selectivity.
         scalar_mix: learn ELMo scalar-mix weights over the layers jointly with one linear probe (same optimizer
             and steps as the probes) and report their center of gravity.
+        mix_l2: ELMo's L2 penalty on the mix's pre-softmax weights (Peters et al. 2018 §3.2), which keeps the mix
+            near the layer average unless the task pulls it away; 0 (default) = none, as Tenney et al. 2019a.
         train_examples: records sampled from the training split (sentences, articles or pairs); null = all.
         test_examples: records sampled from the test split; null = all.
         max_length: longest input in tokens, at most the backbone's position limit (longer texts are cut;
@@ -207,7 +212,7 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
         for task in chosen:
             task_rows, task_gravity = probe_model_task(
                 encoder, task, layer_ids, settings, train_examples=train_examples, test_examples=test_examples,
-                control=control, scalar_mix=scalar_mix, max_length=max_length,
+                control=control, scalar_mix=scalar_mix, mix_l2=mix_l2, max_length=max_length,
                 encode_batch_size=encode_batch_size, cache_dtype=cache_dtype, seed=seed)
             rows += task_rows
             gravity.append(task_gravity)

@@ -38,6 +38,9 @@ def test_the_layer_that_holds_the_label_is_found(settings):
     weights, _ = train_scalar_mix([noise_tr, signal_tr], y_tr, 4, ProbeSettings())
     assert weights.sum().item() == pytest.approx(1.0) and weights[1] > 0.7
     assert center_of_gravity(weights.tolist(), [0, 1]) == pytest.approx(weights[1].item())
+    # ELMo's L2 on the mix weights holds them near the average (Peters et al. 2018 §3.2)
+    held, _ = train_scalar_mix([noise_tr, signal_tr], y_tr, 4, ProbeSettings(), mix_l2=1.0)
+    assert held[1].item() == pytest.approx(0.5, abs=0.05) and held[1] < weights[1] - 0.1
 
 
 def test_probes_are_seeded():
@@ -90,7 +93,7 @@ def test_probing_leaves_the_backbone_bit_identical(tiny_bert_dir):
     digest = sha256_file(tiny_bert_dir / "model.safetensors")
     rows, gravity = probe_model_task(
         encoder, PROBE_TASKS["brown_pos"], [0, 1, 2], ProbeSettings(steps=20), train_examples=20, test_examples=8,
-        control=True, scalar_mix=True, max_length=64, encode_batch_size=8, cache_dtype="float32",
+        control=True, scalar_mix=True, mix_l2=0.001, max_length=64, encode_batch_size=8, cache_dtype="float32",
         seed=0)
     after = encoder.model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
@@ -131,6 +134,16 @@ def test_probe_figure_has_one_curve_per_model_and_task():
     assert [line.get_label() for line in pos.get_lines() if not line.get_label().endswith("gravity")] == \
         ["a", "a control", "b", "b control"]
     assert [line.get_label() for line in bbc.get_lines() if not line.get_label().endswith("gravity")] == ["a", "b"]
+
+
+def test_chosen_layers_only(tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert run_main(["probe", "--models", str(tiny_bert_dir), "--tasks", "bbc", "--layers", "2", "0",
+                     "--train_examples", "6", "--test_examples", "3", "--steps", "3", "--output_dir", str(out)],
+                    tmp_path) == 0
+    assert [r["layer"] for r in json.loads((out / "probe.json").read_text())] == [0, 2]
+    assert json.loads((out / "center_of_gravity.json").read_text())[0]["layers"] == "0,2"
+    capsys.readouterr()
 
 
 def test_a_layer_the_backbone_lacks_is_one_line(tiny_bert_dir, tmp_path, capsys):
