@@ -164,65 +164,74 @@ def _batches(order: list[int], size: int):
         yield order[start:start + size]
 
 
+def first_sub_tokens(offsets: list[tuple[int, int]], special: list[int], owner: list[int]) -> dict[int, int]:
+    """``{word: position of its first sub-token}`` from a text's token character offsets (special tokens and
+    empty pieces skipped; ``owner`` from ``word_spans``); a word cut off by truncation has no entry."""
+    first: dict[int, int] = {}
+    for pos, (start, end) in enumerate(offsets):
+        if special[pos] or end <= start:
+            continue
+        word = next((owner[c] for c in range(start, min(end, len(owner))) if owner[c] >= 0), -1)
+        if word >= 0 and word not in first:
+            first[word] = pos
+    return first
+
+
+def _padded(enc, batch: list[int], pad: int, tokenizer) -> tuple[dict, torch.Tensor]:
+    """The batch's model inputs, right-padded (the BiLSTM needs right padding), and its attention mask."""
+    width = max(len(enc["input_ids"][i]) for i in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    types = torch.zeros_like(ids)
+    for row, i in enumerate(batch):
+        seq = enc["input_ids"][i]
+        ids[row, :len(seq)] = torch.tensor(seq)
+        mask[row, :len(seq)] = 1
+        if "token_type_ids" in enc:
+            types[row, :len(seq)] = torch.tensor(enc["token_type_ids"][i])
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in enc and "token_type_ids" in getattr(tokenizer, "model_input_names", ()):
+        inputs["token_type_ids"] = types
+    return inputs, mask
+
+
 @torch.no_grad()
 def encode_layers(encoder: Encoder, examples: Examples, max_length: int = 128, batch_size: int = 32) -> Features:
     """All layers' representations of ``examples`` in one pass per batch (batches sorted by length)."""
+    from ptm_app.data.sources.fetch import progress
+
     tok = encoder.tokenizer
-    max_length = encoder.fit_length(max_length)
     token_level = examples.level == "token"
     texts = [word_spans(ws)[0] for ws in examples.texts] if token_level else list(examples.texts)
-    enc = tok(texts, examples.pairs, truncation=True, max_length=max_length, return_offsets_mapping=token_level,
-              return_special_tokens_mask=True, verbose=False) if examples.pairs else \
-        tok(texts, truncation=True, max_length=max_length, return_offsets_mapping=token_level,
-            return_special_tokens_mask=True, verbose=False)
+    options = dict(truncation=True, max_length=encoder.fit_length(max_length), return_offsets_mapping=token_level,
+                   return_special_tokens_mask=True, verbose=False)
+    enc = tok(texts, examples.pairs, **options) if examples.pairs else tok(texts, **options)
     order = sorted(range(len(texts)), key=lambda i: len(enc["input_ids"][i]))
     chunks: list[list[torch.Tensor]] = []
     sentence_ids, word_ids = [], []
-    pad = tok.pad_token_id
-    from ptm_app.data.sources.fetch import progress
-
     batches = list(_batches(order, batch_size))
     for batch in progress(batches, f"{encoder.name}: all layers of {examples.level}s ({examples.sample})"):
-        width = max(len(enc["input_ids"][i]) for i in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, i in enumerate(batch):
-            seq = enc["input_ids"][i]
-            ids[row, :len(seq)] = torch.tensor(seq)
-            mask[row, :len(seq)] = 1
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in enc and "token_type_ids" in getattr(tok, "model_input_names", ()):
-            types = torch.zeros_like(ids)
-            for row, i in enumerate(batch):
-                types[row, :len(enc["token_type_ids"][i])] = torch.tensor(enc["token_type_ids"][i])
-            inputs["token_type_ids"] = types
+        inputs, mask = _padded(enc, batch, tok.pad_token_id, tok)
         hidden = encoder.model(**inputs, output_hidden_states=True).hidden_states
         if token_level:
-            picks = []
+            rows, positions = [], []
             for row, i in enumerate(batch):
-                owner = word_spans(examples.texts[i])[1]
-                first: dict[int, int] = {}
-                for pos, (start, end) in enumerate(enc["offset_mapping"][i]):
-                    if enc["special_tokens_mask"][i][pos] or end <= start:
-                        continue
-                    word = next((owner[c] for c in range(start, min(end, len(owner))) if owner[c] >= 0), -1)
-                    if word >= 0 and word not in first:
-                        first[word] = pos
+                first = first_sub_tokens(enc["offset_mapping"][i], enc["special_tokens_mask"][i],
+                                         word_spans(examples.texts[i])[1])
                 for word in sorted(first):
-                    picks.append((row, first[word]))
+                    rows.append(row)
+                    positions.append(first[word])
                     sentence_ids.append(i)
                     word_ids.append(word)
-            r = torch.tensor([p[0] for p in picks], dtype=torch.long)
-            c = torch.tensor([p[1] for p in picks], dtype=torch.long)
+            r, c = torch.tensor(rows, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
             chunks.append([h[r, c].float() for h in hidden])
-        else:
+        else:  # the mean over real, non-special tokens
             keep = mask.clone()
             for row, i in enumerate(batch):
                 special = torch.tensor(enc["special_tokens_mask"][i], dtype=torch.long)
                 keep[row, :len(special)] *= 1 - special
             keep = keep.unsqueeze(-1).float()
-            counts = keep.sum(1).clamp(min=1)
-            chunks.append([(h.float() * keep).sum(1) / counts for h in hidden])
+            chunks.append([(h.float() * keep).sum(1) / keep.sum(1).clamp(min=1) for h in hidden])
             sentence_ids += batch
             word_ids += [-1] * len(batch)
     layers = [torch.cat([chunk[l] for chunk in chunks]) for l in range(len(chunks[0]))]
