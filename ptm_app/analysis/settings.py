@@ -71,16 +71,20 @@ def _group_lists(argv: list[str], list_keys: set[str], positional: str | None) -
 
 def _one_line(exc: Exception, prog: str) -> str:
     """jsonargparse's message as one line: the key, what was expected and what was given."""
-    from ptm_app.config_errors import one_line
-
     text = str(exc)
     hint = f"python main.py {prog} --help lists the settings"
-    key = re.search(r'Parser key "([^"]+)"', text)
-    if key and not re.search(r"not accepted|not expected|[Uu]nrecognized", text):
-        lines = [ln.strip(" -") for ln in text.splitlines()[1:] if ln.strip()]
-        detail = " ".join(lines).replace("typing.", "").replace("<class '", "").replace("'>", "")
-        return f"{key.group(1)}: {detail[:300]}; {hint}"
+    unknown = re.search(r"Key '([^']+)' is not expected", text) or re.search(r"Option '([^']+)' is not accepted", text)
+    if unknown:
+        return f"unknown config key '{unknown.group(1)}'; check its spelling ({hint})"
+    unrecognized = re.search(r"[Uu]nrecognized arguments: (.+)", text)
+    if unrecognized:
+        return f"unknown command-line argument {unrecognized.group(1).strip()}; check its spelling ({hint})"
     missing = re.search(r'[Kk]ey "([^"]+)" is required', text)
     if missing:
         return f"{missing.group(1)} is required; {hint}"
-    return one_line(exc).replace("python main.py fit --help lists the keys", hint)
+    key = re.search(r'Parser key "([^"]+)"', text)
+    lines = [ln.strip(" -") for ln in text.splitlines() if ln.strip()]
+    if key:
+        lines = lines[1:]
+    detail = " ".join(lines).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    return f"{key.group(1) + ': ' if key else ''}{detail[:300]}; {hint}"

@@ -192,3 +192,25 @@ def test_a_float16_cache_gives_the_same_numbers_on_a_miss_and_a_hit(tiny_bert_di
     for a, b, c in zip(first.layers, second.layers, exact.layers):
         assert torch.equal(a, b) and a.dtype == torch.float32
         assert torch.allclose(a, c, rtol=1e-2, atol=1e-3) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("model", ["minilm", "smollm2"])
+def test_first_sub_tokens_of_word_piece_and_byte_level_tokenizers(model):
+    """Each word maps to the first token that starts inside it, for BERT's WordPiece and for SmolLM2's byte-level
+    BPE (whose tokens carry the leading space)."""
+    from transformers import AutoTokenizer
+
+    from ptm_app.analysis.representations import first_sub_tokens, word_spans
+    from ptm_app.data.sources import prepared_dir
+
+    tok = AutoTokenizer.from_pretrained(prepared_dir(model))
+    words = ["The", "jury's", "unbelievably", "long", "report", "--", "``", "ok", "''", "."]
+    text, owner = word_spans(words)
+    enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+    first = first_sub_tokens(enc["offset_mapping"], enc["special_tokens_mask"], owner)
+    assert sorted(first) == list(range(len(words)))
+    positions = [first[w] for w in range(len(words))]
+    assert positions == sorted(positions) and len(set(positions)) == len(words)
+    for w, pos in first.items():
+        piece = tok.decode([enc["input_ids"][pos]]).strip().lower().replace("##", "")
+        assert piece and words[w].lower().startswith(piece), (words[w], piece)
