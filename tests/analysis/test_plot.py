@@ -80,3 +80,19 @@ def test_bad_input_is_one_line(two_runs, capsys, argv, message):
     assert run_main(argv, two_runs) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow  # two tiny fits: about 15-30 s on the shared 2 cores
+def test_a_real_paused_and_resumed_run_is_one_curve(tiny_corpus, tmp_path):
+    """A tiny MLM run stopped at step 4 and resumed: its logs/metrics.csv draws one curve over every step."""
+    from tests.conftest import tiny_mlm_config
+
+    runs = tmp_path / "runs"
+    config = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=8, val_check_interval=4)
+    assert run_main(["fit", "--config", str(config), "--run_name", "r", "--stop_at_step", "4"], runs) == 0
+    assert run_main(["fit", "--config", str(config), "--run_name", "r", "--ckpt_path", "last"], runs) == 0
+    curves = read_curves(runs / "r")
+    assert curves["train/loss"][0] == list(range(8))
+    assert curves["val/loss"][0] == sorted(set(curves["val/loss"][0])) and len(curves["val/loss"][0]) >= 2
+    out = tmp_path / "r.png"
+    assert run_main(["plot", str(runs / "r"), "--output", str(out)], runs) == 0 and out.stat().st_size > 1000
