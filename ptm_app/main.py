@@ -13,8 +13,22 @@ commands:
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
                                      run a grid of configs (fit + test), then its results table
+  plot RUN_DIR ... [--metrics train/loss val/acc ...] [--output FILE.png]
+                                     the runs' logged curves (loss, validation metrics, throughput) in one PNG
+  probe --config configs/analysis/probe_minilm.yaml [--key value ...]
+                                     layer-wise probes, control tasks, scalar mix and center of gravity
+  contextuality --config configs/analysis/contextuality_minilm.yaml [--key value ...]
+                                     self-similarity, intra-sentence similarity, explainable variance per layer
+  attention --config configs/analysis/attention_minilm.yaml [--key value ...]
+                                     per-head entropy, attention to [CLS]/[SEP]/punctuation, distance; heat maps
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
+
+
+ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command"),
+            "probe": ("ptm_app.analysis.probing", "probe_command"),
+            "contextuality": ("ptm_app.analysis.contextuality", "contextuality_command"),
+            "attention": ("ptm_app.analysis.attention", "attention_command")}
 
 
 def main(argv: list[str]) -> int:
@@ -45,6 +59,11 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.sweep import sweep_command
 
         return sweep_command(argv[1:])
+    if command in ANALYSIS:
+        import importlib
+
+        module, function = ANALYSIS[command]
+        return getattr(importlib.import_module(module), function)(argv[1:])
     from ptm_app.cli import run_lightning
 
     return run_lightning(argv)

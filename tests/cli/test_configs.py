@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--trainer.max_steps", "3", "--trainer.max_epochs", "1", "--trainer.val_check_interval", "3",
          "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar",
          "false", "--trainer.log_every_n_steps", "1"]
-ALL = sorted(p for p in (ROOT / "configs").glob("*/*.yaml") if p.parent.name != "sweeps")  # sweeps: plans
+ALL = sorted(p for p in (ROOT / "configs").glob("*/*.yaml")
+             if p.parent.name not in ("sweeps", "analysis"))  # sweeps: plans; analysis: tests/analysis/test_configs.py
 STANDALONE = sorted(p for p in ALL if p.parent.name == "finetune")
 
 

@@ -1,0 +1,12 @@
+"""Understanding what a pre-trained model learned (issue 15).
+
+- ``plot``: training curves of run directories (``logs/metrics.csv``) in one PNG.
+- ``representations``: every layer's hidden states of a frozen backbone, computed once and cached (safetensors).
+- ``probing``: layer-wise probes, control tasks, scalar mix and center of gravity (Tenney et al. 2019;
+  Hewitt & Liang 2019).
+- ``contextuality``: self-similarity, intra-sentence similarity, maximum explainable variance and anisotropy
+  per layer (Ethayarajh 2019).
+
+Every command is a plain typed function parsed by ``settings.run_command`` (a YAML ``--config`` or flags);
+results are tables (Markdown + CSV + JSON, ``tables``) and PNGs (``figures``) in one output directory.
+"""
