@@ -6,8 +6,9 @@ to 0.  Here the layout is BERT-style, ``[CLS] a [SEP] b [SEP]``: ``[CLS] a [SEP]
 sentence's language id and positions ``0..len``; ``b [SEP]`` the second's, with positions from 0.
 
 Pairs come from two aligned files (one sentence per line), from one TSV/CSV/JSONL/Parquet file
-with a source and a target column, or from a prepared set / folder of such files per split (``bible_en_es``).  Each side is tokenized once into a cache keyed by the files'
-contents, the fields and the tokenizer; truncation and the side order are decided per example.
+with a source and a target column, or from a prepared set / folder of such files per split (``bible_en_es``).
+Each side is tokenized once into a cache keyed by the files' contents, the fields and the tokenizer;
+truncation and the side order are decided per example.
 """
 from __future__ import annotations
 
