@@ -261,9 +261,10 @@ def test_xlm_recipe_resumes_exactly(parallel, tmp_path):
 
     args = ["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--model.init_args.backbone_config",
             json.dumps(TINY_XLM), "--data.init_args.source_file", str(parallel["tsv"]), *EN_FR,
-            "--data.init_args.batch_size", "8", "--data.init_args.max_length", "32", "--trainer.precision", "32-true", "--trainer.max_steps", "8",
-            "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps",
-            "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+            "--data.init_args.batch_size", "8", "--data.init_args.max_length", "32", "--trainer.precision", "32-true",
+            "--trainer.max_steps", "8", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
+            "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false"]
     assert run_main([*args, "--run_name", "full"], tmp_path) == 0
     assert run_main([*args, "--run_name", "part", "--stop_at_step", "3"], tmp_path) == 0
     assert run_main([*args, "--run_name", "part", "--ckpt_path", "last"], tmp_path) == 0
