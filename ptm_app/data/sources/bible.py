@@ -65,7 +65,8 @@ DERIVATION = {
               "and speaker labels with their content; canonical psalm titles keep their text (the Reina-Valera "
               "has them in verse 1 too); word-level tags (w, transChange, name, seg, hi, foreign, divineName, "
               "reference) leave their text; every other tag (paragraphs, lines, quotes, lists) becomes a space; "
-              "a removed note between two letters or digits becomes a space; whitespace collapsed, no space "
+              "a removed note (or the edge of an added word next to a tagged word) becomes a space when "
+              "text is on both sides and a letter or digit follows; whitespace collapsed, no space "
               "before , . ; : ! ? ) ] and closing quotes",
     "skipped": "a verse empty (after markup removal) in the WEB (verses the critical text omits, e.g. Acts.8.37); "
                "where the Reina-Valera leaves a KJV verse empty it divides the chapter differently (Hebrew "
@@ -81,7 +82,7 @@ _WHOLE = re.compile(r"<(note|speaker)\b[^>]*?(?<!/)>.*?</\1\s*>", re.S)  # remov
 _TITLE = re.compile(r"<title\b([^>]*?)(?<!/)>(.*?)</title\s*>", re.S)
 _INLINE = re.compile(r"</?(?:w|transChange|name|seg|hi|foreign|divineName|reference)\b[^>]*>")
 _TAG = re.compile(r"<[^>]*>")
-_GAP = "\x00"  # where removed markup separated two words only if it sat between letters
+_GAP = "\x00"  # where removed markup separated two words only if text follows it at once
 _UNSPACED_ADDITION = re.compile(r"</w>(?=<transChange\b)|</transChange>(?=<w\b)")
 _SPACE_BEFORE_CLOSE = re.compile(r"\s+([,.;:!?)\]’”»])")
 
@@ -97,7 +98,7 @@ def verse_text(raw: str) -> str:
     text = _WHOLE.sub(lambda m: _GAP if m.group(1) == "note" else " ", text)
     text = _TITLE.sub(lambda m: f" {m.group(2)} " if 'canonical="true"' in m.group(1) else " ", text)
     text = _TAG.sub(" ", _INLINE.sub("", text))
-    text = re.sub(rf"(?<=\w){_GAP}(?=\w)", " ", text).replace(_GAP, "")
+    text = re.sub(rf"(?<=\S){_GAP}+(?=\w)", " ", text).replace(_GAP, "")
     text = " ".join(text.split())
     return _SPACE_BEFORE_CLOSE.sub(r"\1", text)
 
