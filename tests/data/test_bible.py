@@ -183,3 +183,12 @@ def test_xlm_recipe_runs_as_shipped(bible_root, tmp_path, monkeypatch):
                     tmp_path) == 0
     ckpt = torch.load(tmp_path / "xlm" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2
+
+
+def test_xlm_recipe_without_the_prepared_set_says_how_to_prepare_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PTM_DATA_DIR", str(tmp_path / "empty"))
+    code = run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--trainer.max_steps", "2"], tmp_path)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and errors == [f"error: dataset or model 'bible_en_es' is not prepared (looked in "
+                                    f"{tmp_path / 'empty' / 'bible_en_es'}); run: python main.py data prepare "
+                                    f"bible_en_es"]
