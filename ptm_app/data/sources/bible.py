@@ -125,12 +125,13 @@ def _open(library: Path, module: str, deb: Path):
     return bible
 
 
-def _verses(bible, book: str, chapter: int, verse: int) -> str:
+def _raw_verse(bible, book: str, chapter: int, verse: int) -> str:
+    """One verse's OSIS text as stored in the module (pysword's cleaning off)."""
     return bible.get(books=[book], chapters=[chapter], verses=[verse], clean=False)
 
 
 def read(web_deb: Path, rv_deb: Path) -> tuple[list[dict], dict]:
-    """One record per verse reference present and non-empty in both translations, in canon order, and stats."""
+    """The verse pairs of the two .debs (filtered by ``pair_verses``), in canon order, and the cleaning stats."""
     with tempfile.TemporaryDirectory(prefix="ptm-sword-") as tmp:
         library = Path(tmp)
         for deb, module in ((web_deb, MODULES["en"]), (rv_deb, MODULES["es"])):
@@ -147,12 +148,12 @@ def read(web_deb: Path, rv_deb: Path) -> tuple[list[dict], dict]:
                 raise PtmError(f"{web_deb}: the WEB module has no book {book.osis_name}; delete the file and "
                                f"re-run `python main.py data prepare bible_en_es`")
             verses += [(testament, book.osis_name, chapter, verse,
-                        verse_text(_verses(en, book.osis_name, chapter, verse)),
-                        verse_text(_verses(es, book.osis_name, chapter, verse)))
+                        verse_text(_raw_verse(en, book.osis_name, chapter, verse)),
+                        verse_text(_raw_verse(es, book.osis_name, chapter, verse)))
                        for chapter, n_verses in enumerate(book.chapter_lengths, 1)
                        for verse in range(1, n_verses + 1)]
         kjv_lengths = {book.osis_name: book.chapter_lengths for _, book in kjv}
-        only_nrsva = {f"{b}.{c}.{v}": verse_text(_verses(en, b, c, v)) for b in kjv_lengths
+        only_nrsva = {f"{b}.{c}.{v}": verse_text(_raw_verse(en, b, c, v)) for b in kjv_lengths
                       for c, n in enumerate(nrsva[b], 1) for v in range(1, n + 1)
                       if c > len(kjv_lengths[b]) or v > kjv_lengths[b][c - 1]}
         del en, es  # pysword keeps the module files open until its objects go
