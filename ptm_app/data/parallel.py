@@ -5,9 +5,10 @@ concatenated, with a language embedding per token and the positions of the targe
 to 0.  Here the layout is BERT-style, ``[CLS] a [SEP] b [SEP]``: ``[CLS] a [SEP]`` carries the first
 sentence's language id and positions ``0..len``; ``b [SEP]`` the second's, with positions from 0.
 
-Pairs come from two aligned files (one sentence per line) or from one TSV/CSV/JSONL/Parquet file
-with a source and a target column.  Each side is tokenized once into a cache keyed by the files'
-contents, the fields and the tokenizer; truncation and the side order are decided per example.
+Pairs come from two aligned files (one sentence per line), from one TSV/CSV/JSONL/Parquet file
+with a source and a target column, or from a prepared set / folder of such files per split (``bible_en_es``).
+Each side is tokenized once into a cache keyed by the files' contents, the fields and the tokenizer;
+truncation and the side order are decided per example.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ptm_app.data.collators import MLMCollator, pad
 from ptm_app.data.corruption import draw_rng
-from ptm_app.data.datamodules import _Base, holdout_split
+from ptm_app.data.datamodules import _Base, holdout_split, resolve_source
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import TokenizerSpec, is_bert_style, tokenizer_fingerprint
@@ -46,8 +47,9 @@ class ParallelSource:
     def check(self) -> None:
         for path in (self.source, self.target):
             if path is not None and not path.is_file():
-                raise PtmError(f"parallel data file {path} does not exist; no parallel corpus ships with ptm_app, "
-                               f"supply your own aligned pairs (see configs/pretrain/xlm.yaml)")
+                raise PtmError(f"parallel data file {path} does not exist; prepare the English-Spanish Bible with "
+                               f"`python main.py data prepare bible_en_es` (source_file: bible_en_es) or supply "
+                               f"your own aligned pairs (see configs/pretrain/xlm.yaml)")
 
     def cache_key(self) -> list:
         self.check()
@@ -190,7 +192,9 @@ class ParallelDataModule(_Base):
         tokenizer: a pretrained BERT-style tokenizer, or ``train: wordpiece`` (one vocabulary trained on
             both sides of the training pairs, as XLM shares one BPE vocabulary across languages, §3.1).
         source_file: the source side, one sentence per line (with ``target_file``); or, without
-            ``target_file``, one TSV/CSV (with a header row)/JSONL/Parquet file holding both sides.
+            ``target_file``, one TSV/CSV (with a header row)/JSONL/Parquet file holding both sides; or a
+            prepared set's name (``bible_en_es``) or a folder, whose ``train``/``validation``/``test`` files hold
+            both sides (then no validation files are given).
         target_file: the target side, aligned line by line with ``source_file``.
         source_field / target_field: the two columns of a single pairs file.
         source_lang / target_lang: language codes; language id = index in ``[source_lang, target_lang]``.
@@ -219,6 +223,10 @@ class ParallelDataModule(_Base):
         self.languages = [source_lang, target_lang]
         self.max_length, self.swap_probability = max_length, swap_probability
         fields = dict(source_field=source_field, target_field=target_field)
+        splits = _split_files(source_file) if target_file is None and validation_source_file is None else None
+        if splits is not None:
+            self.sources = {split: ParallelSource(path, None, **fields) for split, path in splits.items()}
+            return
         self.sources = {"train": ParallelSource(_path(source_file), _path(target_file), **fields)}
         if validation_source_file is not None:
             self.sources["validation"] = ParallelSource(_path(validation_source_file), _path(validation_target_file),
@@ -252,8 +260,9 @@ class ParallelDataModule(_Base):
 
     def _eval_loader(self, split: str, seeded_order: bool = True) -> DataLoader:
         if split not in self.datasets:
-            raise PtmError(f"parallel data has no {split} split: ParallelDataModule reads training pairs and "
-                           f"validation pairs (validation_source_file or a holdout) only")
+            raise PtmError(f"parallel data has no {split} split: ParallelDataModule reads training pairs, "
+                           f"validation pairs (validation_source_file or a holdout) and the test file of a "
+                           f"prepared set or folder (source_file: bible_en_es)")
         return super()._eval_loader(split, seeded_order)
 
 
@@ -265,3 +274,11 @@ def _lines(path: Path) -> list[str]:
 
 def _path(name: Optional[str]) -> Optional[Path]:
     return None if name is None else Path(name).expanduser().resolve()
+
+
+def _split_files(name: str) -> Optional[dict[str, Path]]:
+    """The split files of a prepared set's name or a folder; None for anything else (a pairs file)."""
+    from ptm_app.data.sources import SOURCES
+
+    path = Path(name).expanduser()
+    return resolve_source(name) if path.is_dir() or (name in SOURCES and not path.exists()) else None

@@ -93,8 +93,8 @@ def _public(recs: list[dict], private: tuple[str, ...]) -> Iterable[dict]:
     return ({k: v for k, v in rec.items() if k not in private} for rec in recs)
 
 
-def _write_dataset(src: Source, archive: Path, out: Path) -> dict:
-    records, cleaning = src.read(archive)
+def _write_dataset(src: Source, archives: list[Path], out: Path) -> dict:
+    records, cleaning = src.read(*archives)
     splits = split_records(records, src.split_by, group_by=src.group_by)
     for name, recs in splits.items():
         write_jsonl(out / f"{name}.jsonl", _public(recs, src.private_fields))
@@ -121,7 +121,8 @@ def _is_current(src: Source, target: Path) -> bool:
     except (OSError, ValueError):
         return False
     return (manifest.get("format_version") == src.format_version
-            and manifest.get("source", {}).get("sha256") == src.artifact.sha256)
+            and manifest.get("source", {}).get("sha256") == src.artifact.sha256
+            and [a.get("sha256") for a in manifest.get("more_sources", [])] == [a.sha256 for a in src.more_artifacts])
 
 
 def _prepare_one(src: Source, force: bool) -> Path:
@@ -129,11 +130,12 @@ def _prepare_one(src: Source, force: bool) -> Path:
     if not force and _is_current(src, target):
         print(f"{src.name}: already prepared in {target}")
         return target
-    archive = fetch(src.artifact)
+    archives = [fetch(art) for art in src.artifacts]
     with paths.atomic_dir(target) as tmp:
-        facts = src.install(archive, tmp) if src.kind == "model" else _write_dataset(src, archive, tmp)
+        facts = src.install(archives[0], tmp) if src.kind == "model" else _write_dataset(src, archives, tmp)
+        more = {"more_sources": [art.as_dict() for art in src.more_artifacts]} if src.more_artifacts else {}
         manifest = {"name": src.name, "kind": src.kind, "format_version": src.format_version,
-                    "source": src.artifact.as_dict(), "licence": src.licence,
+                    "source": src.artifact.as_dict(), **more, "licence": src.licence,
                     "description": src.description, "fields": src.fields, "split": None, **facts}
         paths.write_json(tmp / MANIFEST, manifest)
     print(f"{src.name}: prepared {target} ({_summary(manifest)})")

@@ -42,6 +42,9 @@ PAIRS = [  # English–French, written for these tests (numbers, days, colours)
     ("the little dog runs in the garden", "le petit chien court dans le jardin"),
 ]
 WORDPIECE = TokenizerSpec(train="wordpiece", vocab_size=300, min_frequency=1)
+# xlm.yaml reads the prepared English-Spanish Bible; these tests give it their own en-fr pairs file
+EN_FR = ["--data.init_args.source_field", "src", "--data.init_args.target_field", "tgt",
+         "--data.init_args.target_lang", "fr"]
 
 
 def write_tsv(path: Path, pairs) -> Path:
@@ -213,7 +216,7 @@ def test_malformed_tsv_line_is_reported_as_file_and_line(tmp_path, capsys):
     bad = tmp_path / "bad.tsv"
     bad.write_text("src\ttgt\nI am happy\tje suis heureux\ngood morning\tbonjour\textra\n", encoding="utf-8")
     code = run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--data.init_args.source_file",
-                     str(bad), "--trainer.enable_progress_bar", "false"], tmp_path)
+                     str(bad), *EN_FR, "--trainer.enable_progress_bar", "false"], tmp_path)
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and err[-1] == errors[0], err  # one line, and the last thing said
@@ -225,7 +228,8 @@ def test_xlm_recipe_runs_exports_and_reloads(parallel, tmp_path):
 
     quick = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "2",
              "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    data = ["--data.init_args.source_file", str(parallel["tsv"]), "--data.init_args.batch_size", "8"]  # 5 batches/epoch
+    data = ["--data.init_args.source_file", str(parallel["tsv"]), *EN_FR,
+            "--data.init_args.batch_size", "8"]  # 5 batches/epoch
     assert run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), *data, *quick], tmp_path) == 0
     run = tmp_path / "xlm"
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
@@ -256,10 +260,11 @@ def test_xlm_recipe_resumes_exactly(parallel, tmp_path):
         return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
 
     args = ["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--model.init_args.backbone_config",
-            json.dumps(TINY_XLM), "--data.init_args.source_file", str(parallel["tsv"]), "--data.init_args.batch_size",
-            "8", "--data.init_args.max_length", "32", "--trainer.precision", "32-true", "--trainer.max_steps", "8",
-            "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps",
-            "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+            json.dumps(TINY_XLM), "--data.init_args.source_file", str(parallel["tsv"]), *EN_FR,
+            "--data.init_args.batch_size", "8", "--data.init_args.max_length", "32", "--trainer.precision", "32-true",
+            "--trainer.max_steps", "8", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
+            "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false"]
     assert run_main([*args, "--run_name", "full"], tmp_path) == 0
     assert run_main([*args, "--run_name", "part", "--stop_at_step", "3"], tmp_path) == 0
     assert run_main([*args, "--run_name", "part", "--ckpt_path", "last"], tmp_path) == 0

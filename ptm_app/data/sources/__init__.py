@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ptm_app import paths
-from ptm_app.data.sources import bbc, bbc_headlines, brown, brown_pos, minilm, smollm2, tweets, wordnet
+from ptm_app.data.sources import bbc, bbc_headlines, bible, brown, brown_pos, minilm, smollm2, tweets, wordnet
 from ptm_app.data.sources.fetch import Artifact
 from ptm_app.errors import PtmError
 
@@ -19,7 +19,8 @@ MANIFEST = "manifest.json"
 class Source:
     """One prepared dataset or model.
 
-    Datasets give ``read(archive) -> (records, cleaning stats)`` and the field to stratify splits by;
+    Datasets give ``read(archive, *more_archives) -> (records, cleaning stats)`` and the field to stratify splits
+    by (``more_artifacts``: further pinned files the set is built from, e.g. the second side of a parallel corpus);
     models give ``install(archive, out_dir) -> manifest facts``.
     Derived task sets may also give ``group_by`` (records sharing that field's value, e.g. one document's
     sentences, stay in one split), ``private_fields`` (used to split and count, not written to the jsonl),
@@ -42,6 +43,11 @@ class Source:
     derived_from: str | None = None
     derivation: dict | None = None
     split_unit: str = "document"  # what one record is, named in the manifest's split method
+    more_artifacts: tuple[Artifact, ...] = ()
+
+    @property
+    def artifacts(self) -> tuple[Artifact, ...]:
+        return (self.artifact, *self.more_artifacts)
 
 
 def _source(name: str, mod: ModuleType | object) -> Source:
@@ -52,7 +58,8 @@ def _source(name: str, mod: ModuleType | object) -> Source:
                   measure=getattr(mod, "measure", None), install=getattr(mod, "install", None),
                   group_by=getattr(mod, "GROUP_BY", None), private_fields=tuple(getattr(mod, "PRIVATE_FIELDS", ())),
                   derived_from=getattr(mod, "DERIVED_FROM", None), derivation=getattr(mod, "DERIVATION", None),
-                  split_unit=getattr(mod, "SPLIT_UNIT", "document"))
+                  split_unit=getattr(mod, "SPLIT_UNIT", "document"),
+                  more_artifacts=tuple(getattr(mod, "MORE_ARTIFACTS", ())))
 
 
 SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
@@ -60,7 +67,7 @@ SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
                                ("brown_pos", brown_pos), ("wordnet_qa", wordnet.QA),
                                ("wordnet_pairs", wordnet.PAIRS), ("wordnet_supersense", wordnet.SUPERSENSE),
                                ("wordnet_choice", wordnet.CHOICE),
-                               ("bbc_headlines", bbc_headlines), ("smollm2", smollm2))}
+                               ("bbc_headlines", bbc_headlines), ("smollm2", smollm2), ("bible_en_es", bible))}
 
 
 def prepared_dir(name: str) -> Path:

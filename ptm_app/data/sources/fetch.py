@@ -1,12 +1,15 @@
-"""Download pinned artifacts with pip / npm / apt-get into a shared cache, verify their sha256; a progress helper."""
+"""Download pinned artifacts with pip / npm / apt-get into a shared cache, verify their sha256; read files
+out of a Debian package; a progress helper."""
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import subprocess
 import sys
+import tarfile
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -116,6 +119,33 @@ def fetch(art: Artifact) -> Path:
     verify(path, art.sha256)
     return path
 
+
+def deb_files(deb: Path, wanted: Collection[str]) -> dict[str, bytes]:
+    """The files ``wanted`` (paths without a leading './') from a Debian package's data.tar.* member."""
+    def bad(why: str) -> PtmError:
+        return PtmError(f"{deb}: {why}; delete the file and re-run `python main.py data prepare`")
+
+    with open(deb, "rb") as fh:
+        if fh.read(8) != b"!<arch>\n":
+            raise bad("not a Debian package (no ar archive header)")
+        while len(header := fh.read(60)) == 60:
+            name = header[:16].decode("ascii", "replace").strip().rstrip("/")
+            size = int(header[48:58].decode("ascii", "replace").strip() or 0)
+            body = fh.read(size)
+            fh.read(size % 2)  # members are 2-byte aligned
+            if not name.startswith("data.tar"):
+                continue
+            try:
+                with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tf:
+                    out = {m.name.removeprefix("./"): tf.extractfile(m).read()
+                           for m in tf if m.isfile() and m.name.removeprefix("./") in wanted}
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise bad(f"cannot read {name} ({exc})") from exc
+            missing = sorted(set(wanted) - set(out))
+            if missing:
+                raise bad(f"{name} lacks {', '.join(missing)}")
+            return out
+    raise bad("no data.tar member")
 
 
 def progress(items: Iterable[T], description: str) -> Iterable[T]:

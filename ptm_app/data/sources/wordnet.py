@@ -23,17 +23,15 @@ whole, the text after the closing quote, e.g. an attribution "- Shakespeare", is
 from __future__ import annotations
 
 import functools
-import io
 import random
 import re
-import tarfile
 from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from ptm_app.data.sources.fetch import Artifact, progress
+from ptm_app.data.sources.fetch import Artifact, deb_files, progress
 from ptm_app.errors import PtmError
 
 # Pinned on the first download (2024 bookworm mirror); equals the SHA256 in Debian's package index.
@@ -75,34 +73,6 @@ class Synset:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def deb_files(deb: Path, wanted: Collection[str]) -> dict[str, bytes]:
-    """The files ``wanted`` (paths without a leading './') from a Debian package's data.tar.* member."""
-    def bad(why: str) -> PtmError:
-        return PtmError(f"{deb}: {why}; delete the file and re-run `python main.py data prepare`")
-
-    with open(deb, "rb") as fh:
-        if fh.read(8) != b"!<arch>\n":
-            raise bad("not a Debian package (no ar archive header)")
-        while len(header := fh.read(60)) == 60:
-            name = header[:16].decode("ascii", "replace").strip().rstrip("/")
-            size = int(header[48:58].decode("ascii", "replace").strip() or 0)
-            body = fh.read(size)
-            fh.read(size % 2)  # members are 2-byte aligned
-            if not name.startswith("data.tar"):
-                continue
-            try:
-                with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tf:
-                    out = {m.name.removeprefix("./"): tf.extractfile(m).read()
-                           for m in tf if m.isfile() and m.name.removeprefix("./") in wanted}
-            except (tarfile.TarError, EOFError, OSError) as exc:
-                raise bad(f"cannot read {name} ({exc})") from exc
-            missing = sorted(set(wanted) - set(out))
-            if missing:
-                raise bad(f"{name} lacks {', '.join(missing)}")
-            return out
-    raise bad("no data.tar member")
-
-
 def _split_gloss(gloss: str) -> tuple[str, tuple[str, ...]]:
     """(definition, example sentences) of a gloss."""
     parts = gloss.split(";")
