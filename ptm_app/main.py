@@ -9,6 +9,9 @@ commands:
   data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
   export --ckpt_path RUN_OR_CKPT --output_dir DIR
                                      write a transformers save_pretrained directory with the tokenizer
+  embed --ckpt_path REF (--text "..." ... | --input FILE) [--pooling cls|mean|scalar_mix] [--normalize]
+        [--output FILE.npy|.jsonl] [--similarity]
+                                     sentence embeddings from a run, checkpoint, export or prepared model
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -37,6 +40,10 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.export import export_command
 
         return export_command(argv[1:])
+    if command == "embed":
+        from ptm_app.inference.embed import embed_command
+
+        return embed_command(argv[1:])
     if command == "report":
         from ptm_app.report import report_command
 
