@@ -12,6 +12,9 @@ commands:
   embed --ckpt_path REF (--text "..." ... | --input FILE) [--pooling cls|mean|scalar_mix] [--normalize]
         [--output FILE.npy|.jsonl] [--similarity]
                                      sentence embeddings from a run, checkpoint, export or prepared model
+  generate --ckpt_path REF --prompt "..." [--max_new_tokens N] [--do_sample --temperature T --top_k K --top_p P]
+        [--num_beams B] [--seed S] [--chat]
+                                     text from a causal LM or seq2seq run, export or prepared model (smollm2)
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -44,6 +47,10 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.inference.embed import embed_command
 
         return embed_command(argv[1:])
+    if command == "generate":
+        from ptm_app.inference.generate import generate_command
+
+        return generate_command(argv[1:])
     if command == "report":
         from ptm_app.report import report_command
 
