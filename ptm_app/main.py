@@ -7,8 +7,9 @@ USAGE = """usage: python main.py COMMAND [options]
 commands:
   fit | validate | test | predict   LightningCLI runs: --config FILE.yaml [--key value ...] [--ckpt_path last|best|FILE]
   data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
-  export --ckpt_path RUN_OR_CKPT --output_dir DIR
-                                     write a transformers save_pretrained directory with the tokenizer
+  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--push_to_hub REPO]
+                                     write a transformers save_pretrained directory with the tokenizer and a
+                                     model card (README.md); --push_to_hub uploads it (online only)
   embed --ckpt_path REF (--text "..." ... | --input FILE) [--pooling cls|mean|scalar_mix] [--normalize]
         [--output FILE.npy|.jsonl] [--similarity]
                                      sentence embeddings from a run, checkpoint, export or prepared model
