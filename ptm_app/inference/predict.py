@@ -2,7 +2,8 @@
 ``python main.py predict --ckpt_path REF (--text ... | --input FILE) [--output FILE]``.
 
 The run's own module scores the texts (its ``predict_step``: deltas, frozen features and heads as trained), fed by
-its own collator, so the rows equal those ``predict --config`` writes for the same texts
+its own collator (a plain transformers export: its model's logits), so the rows equal those ``predict --config``
+writes for the same texts
 (``training.callbacks.score_rows``): the predicted label with every label's probability, or the predicted value.
 Texts are truncated to the run's ``data.max_length`` (its ``config.yaml``; the model's limit for an export).
 Without ``--text`` / ``--input``, ``predict`` stays LightningCLI's (``predict --config ...``: the data's test split).
@@ -20,6 +21,7 @@ import yaml
 from ptm_app.adaptation.classification import SequenceClassificationModule
 from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import transformers_model
+from ptm_app.data.collators import PadCollator
 from ptm_app.data.datasets import EncodedDataset
 from ptm_app.errors import PtmError
 from ptm_app.inference.inputs import read_inputs
@@ -29,12 +31,27 @@ from ptm_app.paths import atomic_file
 from ptm_app.training.callbacks import score_rows
 
 
-def check_classifier(loaded: LoadedModel) -> SequenceClassificationModule:
-    if not isinstance(loaded.module, SequenceClassificationModule):
-        raise PtmError(f"predict --text/--input labels texts with a sequence classification or regression run; "
-                       f"{loaded.ref} is a {loaded.kind}; for other runs use: python main.py predict --config ... "
-                       f"--ckpt_path ...")
-    return loaded.module
+def scorer(loaded: LoadedModel):
+    """``(collate, score, labels)``: the run's own collator and ``predict_step``; for a plain transformers export
+    (no module: full fine-tuning or an unmerged delta) the same computation from the model itself, softmax of
+    ``SequenceClassificationModule.forward``'s logits, labels from the config's ``id2label``."""
+    module = loaded.module
+    if isinstance(module, SequenceClassificationModule):
+        return module.make_collator(loaded.tokenizer), module.predict_step, list(module.hparams.get("labels") or [])
+    if module is None and loaded.head == "sequence_classification":
+        config = transformers_model(loaded.model).config
+        regression = config.problem_type == "regression" or config.num_labels == 1
+
+        def score(batch: dict, batch_idx: int) -> dict:
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+            logits = loaded.model(**inputs).logits.float()
+            return {"values": logits.squeeze(-1)} if regression else {"probs": torch.softmax(logits, dim=-1)}
+
+        labels = [config.id2label[i] for i in range(config.num_labels)]
+        return PadCollator(pad_token_id=loaded.tokenizer.pad_token_id), score, labels
+    raise PtmError(f"predict --text/--input labels texts with a sequence classification or regression run; "
+                   f"{loaded.ref} is a {loaded.kind}; for other runs use: python main.py predict --config ... "
+                   f"--ckpt_path ...")
 
 
 def run_max_length(ref: str) -> Optional[int]:
@@ -53,18 +70,16 @@ def run_max_length(ref: str) -> Optional[int]:
 def predict_rows(loaded: LoadedModel, texts: list[str], ids: Optional[list] = None, batch_size: int = 32,
                  max_length: Optional[int] = None) -> list[dict]:
     """One row per text: ``id`` (when given), ``text``, then ``label`` + ``probs`` or ``value``."""
-    module = check_classifier(loaded)
+    collate, score, labels = scorer(loaded)
     if batch_size < 1:
         raise PtmError("--batch_size must be at least 1")
     limit = max_length or run_max_length(loaded.ref) or max_positions(transformers_model(loaded.model))
     enc = loaded.tokenizer(texts, truncation=limit is not None, max_length=limit)
     dataset = EncodedDataset(enc["input_ids"], None, enc.get("token_type_ids"))
-    collate = module.make_collator(loaded.tokenizer)
-    labels = list(module.hparams.get("labels") or [])
     rows = []
     for start in range(0, len(texts), batch_size):
         batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(texts)))])
-        rows += score_rows(module.predict_step(batch, start // batch_size), labels)
+        rows += score_rows(score(batch, start // batch_size), labels)
     head = [{"text": t} if ids is None else {"id": i, "text": t} for i, t in zip(ids or [None] * len(texts), texts)]
     return [{**h, **row} for h, row in zip(head, rows)]
 

@@ -40,3 +40,15 @@ def classifier_run(tiny_corpus, tmp_path_factory) -> Path:
             "init_args": {"source": str(tiny_corpus), "max_length": 32, "batch_size": 8,
                           "tokenizer": {"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}}}
     return fit(tmp_path_factory.mktemp("classifier"), "classifier", model, data, steps=6, val_every=6)
+
+
+@pytest.fixture(scope="session")
+def adapter_run(tiny_corpus, tmp_path_factory) -> Path:
+    """The classifier above with Houlsby adapters (only adapters + head train): a delta that cannot be merged."""
+    model = {"class_path": "SequenceClassificationModule",
+             "init_args": {"backbone_config": TINY_BERT, "optim": {"lr": 1e-2, "warmup": 0},
+                           "delta": {"method": "houlsby", "bottleneck": 8}}}
+    data = {"class_path": "TaskDataModule",
+            "init_args": {"source": str(tiny_corpus), "max_length": 32, "batch_size": 8,
+                          "tokenizer": {"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}}}
+    return fit(tmp_path_factory.mktemp("adapter"), "adapter", model, data, steps=6, val_every=6)
