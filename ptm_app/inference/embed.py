@@ -41,9 +41,13 @@ def sentence_transformers_settings(directory: Optional[Path]) -> dict:
         config = directory / entry.get("path", "") / "config.json"
         if entry.get("type", "").endswith(".Pooling") and config.is_file():
             modes = json.loads(config.read_text())
-            mode = "mean" if modes.get("pooling_mode_mean_tokens") else "cls" if modes.get("pooling_mode_cls_token") else None
-            if mode:
-                found["pooling"] = mode
+            if modes.get("pooling_mode_mean_tokens"):
+                found["pooling"] = "mean"
+            elif modes.get("pooling_mode_cls_token"):
+                found["pooling"] = "cls"
+            else:  # max / weighted / last-token pooling: not ours to imitate
+                found["unsupported"] = [k.removeprefix("pooling_mode_") for k, v in modes.items()
+                                        if k.startswith("pooling_mode_") and v is True]
     bert_config = directory / "sentence_bert_config.json"
     if bert_config.is_file() and json.loads(bert_config.read_text()).get("max_seq_length"):
         found["max_length"] = int(json.loads(bert_config.read_text())["max_seq_length"])
@@ -91,6 +95,9 @@ def embed_texts(loaded: LoadedModel, texts: list[str], pooling: Optional[str] = 
                 batch_size: int = 32, max_length: Optional[int] = None) -> np.ndarray:
     """One float32 vector per text, [len(texts), D]."""
     settings = sentence_transformers_settings(loaded.directory)
+    if pooling is None and settings.get("unsupported"):
+        raise PtmError(f"{loaded.ref}'s sentence-transformers pooling ({', '.join(settings['unsupported'])}) is not "
+                       f"one of ours; choose --pooling {' or '.join(POOLINGS[:2])} explicitly")
     pooling = pooling or settings.get("pooling") or ("scalar_mix" if trained_mix(loaded) is not None else "mean")
     if pooling not in POOLINGS:
         raise PtmError(f"--pooling {pooling} is unknown; use one of {', '.join(POOLINGS)}")

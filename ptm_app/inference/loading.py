@@ -17,7 +17,7 @@ from torch import nn
 
 from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
 from ptm_app.backbones.heads import auto_class
-from ptm_app.checkpoints import CKPT_KEY, read_checkpoint
+from ptm_app.checkpoints import read_checkpoint
 from ptm_app.data.sources.references import load_error, resolve_pretrained
 from ptm_app.errors import PtmError
 from ptm_app.export import MODULE_CONFIG, load_exported_module

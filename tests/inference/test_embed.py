@@ -96,3 +96,19 @@ def test_malformed_jsonl_line_is_named(tmp_path, capsys):
 def test_scalar_mix_refused_without_a_trained_mix(capsys):
     line = one_error_line(["embed", "--ckpt_path", "minilm", "--text", "x", "--pooling", "scalar_mix"], capsys)
     assert "trained scalar mix" in line
+
+
+def test_a_sentence_transformers_pooling_we_do_not_have_is_refused(tmp_path, capsys):
+    where = prepared_dir("minilm")
+    copy = tmp_path / "minilm_max"
+    for item in where.iterdir():  # the same model, its Pooling config switched to max pooling
+        if item.name != "1_Pooling":
+            (copy / item.name).parent.mkdir(parents=True, exist_ok=True)
+            (copy / item.name).symlink_to(item)
+    modes = json.loads((where / "1_Pooling" / "config.json").read_text())
+    (copy / "1_Pooling").mkdir()
+    (copy / "1_Pooling" / "config.json").write_text(json.dumps({**modes, "pooling_mode_mean_tokens": False,
+                                                                "pooling_mode_max_tokens": True}))
+    line = one_error_line(["embed", "--ckpt_path", str(copy), "--text", "x"], capsys)
+    assert "(max_tokens)" in line and "--pooling" in line
+    assert main(["embed", "--ckpt_path", str(copy), "--text", "x", "--pooling", "mean"]) == 0
