@@ -52,3 +52,15 @@ def adapter_run(tiny_corpus, tmp_path_factory) -> Path:
             "init_args": {"source": str(tiny_corpus), "max_length": 32, "batch_size": 8,
                           "tokenizer": {"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}}}
     return fit(tmp_path_factory.mktemp("adapter"), "adapter", model, data, steps=6, val_every=6)
+
+
+@pytest.fixture(scope="session")
+def features_run(tiny_corpus, tmp_path_factory) -> Path:
+    """A frozen-features classifier with a trained scalar mix (its export keeps the mix in module weights)."""
+    model = {"class_path": "FeatureExtractionModule",
+             "init_args": {"backbone_config": TINY_BERT, "representation": "scalar_mix",
+                           "optim": {"lr": 5e-2, "warmup": 0}}}
+    data = {"class_path": "TaskDataModule",
+            "init_args": {"source": str(tiny_corpus), "max_length": 32, "batch_size": 8,
+                          "tokenizer": {"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}}}
+    return fit(tmp_path_factory.mktemp("features"), "features", model, data, steps=6, val_every=6)

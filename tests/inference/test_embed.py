@@ -112,3 +112,15 @@ def test_a_sentence_transformers_pooling_we_do_not_have_is_refused(tmp_path, cap
     line = one_error_line(["embed", "--ckpt_path", str(copy), "--text", "x"], capsys)
     assert "(max_tokens)" in line and "--pooling" in line
     assert main(["embed", "--ckpt_path", str(copy), "--text", "x", "--pooling", "mean"]) == 0
+
+
+def test_standard_input_one_text_per_line(tmp_path, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{TEXTS[0]}\n\n{TEXTS[2]}\n"))
+    out = tmp_path / "stdin.jsonl"
+    assert main(["embed", "--ckpt_path", "minilm", "--input", "-", "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["text"] for r in rows] == [TEXTS[0], TEXTS[2]]
+    np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), mean_pooled_by_hand([TEXTS[0], TEXTS[2]]),
+                               atol=2e-5)

@@ -121,3 +121,9 @@ def test_encoder_decoder_directory_generates_like_transformers(clm_run, tmp_path
                              do_sample=False)
     want = tok.decode(out[0], skip_special_tokens=True)
     assert len(set(out[0].tolist())) > 2 and printed == want + "\n"
+
+
+def test_chat_without_a_chat_template_is_refused(clm_run, capsys):
+    assert main(["generate", "--ckpt_path", str(clm_run), "--prompt", PROMPT, "--chat"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no chat template" in err[0], err

@@ -62,3 +62,30 @@ def test_frozen_features_run_embeds_with_its_trained_scalar_mix():
     np.testing.assert_allclose(got, want, atol=1e-5)
     top = embed_texts(loaded, SOURCES, pooling="mean")
     assert np.abs(top - want).max() > 1e-2  # the mix is not just the top layer
+
+
+def test_features_run_and_its_export_embed_and_predict_alike(features_run, tmp_path, capsys):
+    import json
+
+    from ptm_app.inference.loading import load_for_inference
+    from ptm_app.inference.predict import predict_rows
+    from ptm_app.main import main
+    from tests.conftest import run_main
+
+    out = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(features_run), "--output_dir", str(out)], features_run.parent) == 0
+    assert (out / "module_config.json").is_file()  # the mix and the task head live outside the backbone
+    run, export = load_for_inference(str(features_run)), load_for_inference(str(out))
+    assert type(export.module).__name__ == "FeatureExtractionModule"
+    weights = run.module.mix.layer_weights()
+    assert float(weights.max() - weights.min()) > 1e-4  # the mix trained away from uniform
+    np.testing.assert_allclose(embed_texts(export, SOURCES), embed_texts(run, SOURCES), atol=1e-5)
+    mine = predict_rows(export, SOURCES)
+    theirs = predict_rows(run, SOURCES)
+    assert [r["label"] for r in mine] == [r["label"] for r in theirs]
+    for a, b in zip(mine, theirs):
+        assert a["probs"] == pytest.approx(b["probs"], abs=2e-6)
+    capsys.readouterr()
+    assert main(["embed", "--ckpt_path", str(out), "--text", SOURCES[0]]) == 0  # default pooling: the trained mix
+    row = json.loads(capsys.readouterr().out)
+    np.testing.assert_allclose(row["embedding"], embed_texts(run, SOURCES[:1], pooling="scalar_mix")[0], atol=1e-5)
