@@ -65,6 +65,8 @@ def layer_states(loaded: LoadedModel, inputs: dict) -> tuple[torch.Tensor, ...]:
     if loaded.head == "seq2seq_lm":  # an encoder–decoder: the encoder reads the text
         encoder = transformers_model(model).get_encoder()
         out = encoder(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], output_hidden_states=True)
+    elif loaded.head == "multiple_choice":  # its head reads [batch, choices, tokens]: the encoder alone
+        out = transformers_model(model).base_model(**inputs, output_hidden_states=True)
     else:
         out = model(**inputs, output_hidden_states=True)
     states = getattr(out, "hidden_states", None)

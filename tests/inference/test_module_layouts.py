@@ -89,3 +89,16 @@ def test_features_run_and_its_export_embed_and_predict_alike(features_run, tmp_p
     assert main(["embed", "--ckpt_path", str(out), "--text", SOURCES[0]]) == 0  # default pooling: the trained mix
     row = json.loads(capsys.readouterr().out)
     np.testing.assert_allclose(row["embedding"], embed_texts(run, SOURCES[:1], pooling="scalar_mix")[0], atol=1e-5)
+
+
+def test_multiple_choice_model_embeds_with_its_encoder():
+    import transformers
+
+    tok = minilm_tokenizer()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(**{k: v for k, v in TINY_BERT.items() if k != "model_type"}, vocab_size=len(tok))
+    model = transformers.AutoModelForMultipleChoice.from_config(config).eval()
+    got = embed_texts(LoadedModel("choice", model, tok, "multiple_choice"), ["x", *SOURCES])  # 3 rows, padded
+    with torch.no_grad():
+        want = model.bert(**tok([SOURCES[1]], return_tensors="pt")).last_hidden_state[0].mean(0)
+    np.testing.assert_allclose(got[2], want.numpy(), atol=1e-5)
