@@ -12,10 +12,12 @@ from pathlib import Path
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone
 from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint
 from ptm_app.errors import PtmError
+from ptm_app.model_card import model_card
 from ptm_app.paths import atomic_dir
 
 def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool = False) -> Path:
-    """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance.
+    """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance, a model card
+    (``README.md``, ``model_card.model_card``).
 
     Delta-tuned runs: LoRA/IA3 are merged into plain weights; adapters and prompt methods cannot be
     merged, so the directory holds the unchanged base model plus ``delta.safetensors`` and
@@ -42,6 +44,7 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
                       "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
                       "epoch": ckpt.get("epoch")}
         (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
+        (tmp / "README.md").write_text(model_card(ckpt, ckpt_path, output_dir.name), encoding="utf-8")
     return output_dir
 
 
@@ -114,7 +117,39 @@ def export_command(argv: list[str]) -> int:
     parser.add_argument("--output_dir", required=True, help="where to write the save_pretrained directory")
     parser.add_argument("--trust_checkpoint", action="store_true",
                         help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
+    parser.add_argument("--push_to_hub", metavar="REPO",
+                        help="also upload the directory to the Hugging Face Hub repository REPO (online only: needs a "
+                             "network, a login, and HF_HUB_OFFLINE unset)")
     args = parser.parse_args(argv)
+    if args.push_to_hub:
+        check_online(args.push_to_hub)
     out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint)
     print(f"exported {args.ckpt_path} -> {out}")
+    if args.push_to_hub:
+        push_to_hub(out, args.push_to_hub)
     return 0
+
+
+def check_online(repo: str) -> None:
+    """Refuse ``--push_to_hub`` in one line when the hub is switched off (docs/design.md principle 6)."""
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise PtmError(f"--push_to_hub {repo}: HF_HUB_OFFLINE is set, so nothing can be uploaded; export without "
+                       f"--push_to_hub, then upload the directory from a machine online (huggingface-cli upload)")
+
+
+def push_to_hub(directory: Path, repo: str) -> None:
+    """Upload an export directory (model card included) to the Hub repository ``repo``, creating it if needed."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    try:
+        api.create_repo(repo, exist_ok=True)
+        info = api.upload_folder(folder_path=str(directory), repo_id=repo, commit_message="Upload from ptm_app export")
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PtmError(f"--push_to_hub {repo}: the upload failed ({first}); check the network and huggingface-cli "
+                       f"login; the export itself is in {directory}") from None
+    print(f"pushed {directory} -> {getattr(info, 'commit_url', repo)}")

@@ -1,4 +1,5 @@
-"""Dispatch: data/export subcommands are plain functions; fit/validate/test/predict go to LightningCLI."""
+"""Dispatch: data, export, embed, generate, report, sweep (and predict given texts) are plain functions; fit, validate,
+test and predict --config go to LightningCLI."""
 from __future__ import annotations
 
 
@@ -7,8 +8,17 @@ USAGE = """usage: python main.py COMMAND [options]
 commands:
   fit | validate | test | predict   LightningCLI runs: --config FILE.yaml [--key value ...] [--ckpt_path last|best|FILE]
   data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
-  export --ckpt_path RUN_OR_CKPT --output_dir DIR
-                                     write a transformers save_pretrained directory with the tokenizer
+  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--push_to_hub REPO]
+                                     write a transformers save_pretrained directory with the tokenizer and a
+                                     model card (README.md); --push_to_hub uploads it (online only)
+  embed --ckpt_path REF (--text "..." ... | --input FILE) [--pooling cls|mean|scalar_mix] [--normalize]
+        [--output FILE.npy|.jsonl] [--similarity]
+                                     sentence embeddings from a run, checkpoint, export or prepared model
+  generate --ckpt_path REF --prompt "..." [--max_new_tokens N] [--do_sample --temperature T --top_k K --top_p P]
+        [--num_beams B] [--seed S] [--chat]
+                                     text from a causal LM or seq2seq run, export or prepared model (smollm2)
+  predict --ckpt_path REF (--text "..." ... | --input FILE) [--output FILE.jsonl]
+                                     labels and probabilities from a sequence classification run or export
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -51,6 +61,18 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.export import export_command
 
         return export_command(argv[1:])
+    if command == "embed":
+        from ptm_app.inference.embed import embed_command
+
+        return embed_command(argv[1:])
+    if command == "generate":
+        from ptm_app.inference.generate import generate_command
+
+        return generate_command(argv[1:])
+    if command == "predict" and _labels_texts(argv[1:]):
+        from ptm_app.inference.predict import predict_command
+
+        return predict_command(argv[1:])
     if command == "report":
         from ptm_app.report import report_command
 
@@ -67,3 +89,9 @@ def _dispatch(argv: list[str]) -> int:
     from ptm_app.cli import run_lightning
 
     return run_lightning(argv)
+
+
+def _labels_texts(argv: list[str]) -> bool:
+    """``predict`` given texts (``--text`` / ``--input``): ptm_app's own command, not LightningCLI's
+    ``predict --config`` (which labels the data's test split)."""
+    return any(a in ("--text", "--input") or a.startswith(("--text=", "--input=")) for a in argv)

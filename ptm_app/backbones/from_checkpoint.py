@@ -43,14 +43,14 @@ def rebuild_backbone(ckpt: dict) -> nn.Module:
     return model.eval()
 
 
-def _rebuilt_by_module(ckpt: dict) -> nn.Module:
+def module_from_checkpoint(ckpt: dict, trust: bool = False) -> nn.Module:
     """The module class named in the checkpoint rebuilds its frozen base from the source and loads what trained
     (the dict was read and checked once: Lightning gets it as an in-memory file, consolidated shards included)."""
     import importlib
 
     module_path, _, name = ckpt[CKPT_KEY]["module"].rpartition(".")
     cls = getattr(importlib.import_module(module_path), name)
-    return cls.load_from_checkpoint(as_file(ckpt), map_location="cpu", weights_only=True)
+    return cls.load_from_checkpoint(as_file(ckpt), map_location="cpu", weights_only=not trust)
 
 
 def checkpoint_backbone(ckpt: dict) -> tuple[Optional[nn.Module], Optional[tuple]]:
@@ -60,7 +60,7 @@ def checkpoint_backbone(ckpt: dict) -> tuple[Optional[nn.Module], Optional[tuple
 
     if not (ckpt["hyper_parameters"].get("delta") or ckpt[CKPT_KEY].get("delta_only")):
         return rebuild_backbone(ckpt), None
-    module = _rebuilt_by_module(ckpt)
+    module = module_from_checkpoint(ckpt)
     tuned = module.backbone.eval()
     merged = merge_for_export(tuned)
     return (merged, None) if merged is not None else (None, (as_delta_spec(ckpt["hyper_parameters"]["delta"]), tuned))

@@ -117,6 +117,15 @@ def write_predictions(trainer, rows: list[dict]) -> None:
     print(f"wrote {len(rows)} predictions to {path}")
 
 
+def score_rows(outputs: dict, labels: list[str]) -> list[dict]:
+    """The prediction rows of a batch's ``predict_step`` outputs: the predicted label and every label's
+    probability, or (regression) the predicted value."""
+    if "values" in outputs:  # regression: one real value per example
+        return [{"value": round(v, 6)} for v in outputs["values"].tolist()]
+    return [{"label": labels[int(np.argmax(probs))], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
+            for probs in outputs["probs"].tolist()]
+
+
 class PredictionWriter(Callback):
     """Writes ``predictions.jsonl`` in the run directory: id, text, predicted label and every label's probability
     (or the predicted value, for regression), for modules whose ``predict_step`` returns scores."""
@@ -135,13 +144,7 @@ class PredictionWriter(Callback):
             records = facts.records("test") if facts is not None else None
         except KeyError:  # a data module that keeps no example records
             records = None
-        if "values" in outputs:  # regression: one real value per example
-            rows = [{"value": round(v, 6)} for v in outputs["values"].tolist()]
-        else:
-            labels = outputs.get("labels") or list(pl_module.hparams.labels)
-            rows = [{"label": labels[int(np.argmax(probs))],
-                     "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
-                    for probs in outputs["probs"].tolist()]
+        rows = score_rows(outputs, outputs.get("labels") or list(pl_module.hparams.get("labels") or []))
         for key, row in zip(outputs["keys"], rows):
             index = key[1] if isinstance(key, (tuple, list)) else int(key)
             if records is not None:

@@ -1,0 +1,130 @@
+"""Load a trained model for inference from any reference ``export`` takes (docs/design.md principles 3 and 11).
+
+A reference is a run directory or a ``.ckpt`` (file or sharded directory), an ``export`` directory, a prepared
+model name (``minilm``, ``smollm2``) or any ``save_pretrained`` directory.  Checkpoints are rebuilt by the module
+class they name (``PtmModule.load_from_checkpoint``, weights-only), exports with module weights by
+``export.load_exported_module``, exports with an unmerged delta by ``backbones.delta.load_delta``; nothing loaded is
+executed.  Deltas (adapters, LoRA, prompts) stay applied: the model is the one the run evaluated.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from torch import nn
+
+from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
+from ptm_app.backbones.heads import auto_class
+from ptm_app.checkpoints import read_checkpoint
+from ptm_app.data.sources.references import load_error, resolve_pretrained
+from ptm_app.errors import PtmError
+from ptm_app.export import MODULE_CONFIG, load_exported_module
+
+EXPORT_INFO = "ptm_app_export.json"  # written by export_checkpoint: the head and module class of the run
+
+# transformers' name tables per head, most specific first (a causal LM class is also a "base" model's sibling)
+_HEAD_TABLES = (("causal_lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+                ("seq2seq_lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+                ("sequence_classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+                ("token_classification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+                ("question_answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+                ("multiple_choice", "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"),
+                ("masked_lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"))
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference (eval mode, on the CPU).
+
+    ``model`` is the transformers model the run used (a peft wrapper or with adapters when it was delta-tuned),
+    ``module`` the LightningModule around it when the reference names one (None for a plain transformers
+    directory), ``head`` the ptm_app head name (``backbones.heads.HEADS``), ``directory`` the
+    ``from_pretrained`` directory when there is one (sentence-transformers settings are read from it)."""
+
+    ref: str
+    model: nn.Module
+    tokenizer: Any
+    head: str
+    module: Optional[nn.Module] = None
+    directory: Optional[Path] = None
+
+    @property
+    def kind(self) -> str:
+        """What the model is, for messages: the module class, else the transformers class."""
+        return type(self.module).__name__ if self.module is not None else type(self.model).__name__
+
+
+def load_for_inference(ref: str, trust: bool = False) -> LoadedModel:
+    """The model behind ``ref`` (see the module docstring); unknown or unreadable references raise one line.
+    transformers' weight-loading bars and notices stay off the console (the command prints only its results)."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        return _load(ref, trust)
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load(ref: str, trust: bool) -> LoadedModel:
+    where = resolve_pretrained(ref)
+    if is_checkpoint(where):
+        module = module_from_checkpoint(read_checkpoint(where, trust), trust).eval()
+        return _from_module(ref, module, None)
+    directory = Path(where)
+    if not directory.is_dir():
+        raise PtmError(f"--ckpt_path {ref}: not a run directory, checkpoint, export directory or prepared model; "
+                       f"pass one of those (a hub id needs a network and is not loaded here)")
+    if (directory / MODULE_CONFIG).is_file():
+        return _from_module(ref, load_exported_module(directory), directory)
+    return _from_directory(ref, directory)
+
+
+def _from_module(ref: str, module, directory: Optional[Path]) -> LoadedModel:
+    if module.tokenizer is None:
+        raise PtmError(f"{ref} keeps no tokenizer files; export it again from its run directory")
+    module.requires_grad_(False)
+    return LoadedModel(ref, module.backbone, module.tokenizer, module.head, module, directory)
+
+
+def _from_directory(ref: str, directory: Path) -> LoadedModel:
+    """A ``save_pretrained`` directory: a plain export (its head in ``ptm_app_export.json``), a prepared model or
+    any transformers directory (its head from the config's architecture); an unmerged delta is re-applied."""
+    import transformers
+
+    from ptm_app.backbones.delta import CONFIG_FILE, load_delta
+
+    if not (directory / "config.json").is_file():
+        raise PtmError(f"{directory} has no config.json: not a save_pretrained directory; pass a run directory, "
+                       f"a checkpoint or an export directory")
+    info = directory / EXPORT_INFO
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory)
+        head = json.loads(info.read_text())["head"] if info.is_file() else head_of(config)
+        model = auto_class(head).from_pretrained(directory)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError) as exc:
+        raise load_error(str(directory), exc) from None
+    if (directory / CONFIG_FILE).is_file():  # adapters / prompts saved beside the base they were trained on
+        model = load_delta(model, directory)
+    model.requires_grad_(False)
+    return LoadedModel(ref, model.eval(), tokenizer, head, None, directory)
+
+
+def head_of(config) -> str:
+    """The ptm_app head of a transformers config, from its first architecture name (``base`` if none matches)."""
+    from transformers.models.auto import modeling_auto
+
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    for head, table in _HEAD_TABLES:
+        names = getattr(modeling_auto, table, {}).get(config.model_type)
+        if arch is not None and arch in ((names,) if isinstance(names, str) else tuple(names or ())):
+            return head
+    return "base"
+
