@@ -21,7 +21,8 @@ import ptm_app.data.generation_data  # noqa: F401
 import ptm_app.data.multitask  # noqa: F401
 import ptm_app.data.parallel  # noqa: F401
 import ptm_app.data.prompt_data  # noqa: F401
-import ptm_app.data.token_tasks  # noqa: F401
+import ptm_app.data.qa_data  # noqa: F401
+import ptm_app.data.tagging_data  # noqa: F401
 import ptm_app.objectives  # noqa: F401
 import ptm_app.training.compile  # noqa: F401
 import ptm_app.training.unfreezing  # noqa: F401

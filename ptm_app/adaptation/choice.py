@@ -13,7 +13,7 @@ import torch
 
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
-from ptm_app.data.choice_data import ChoiceCollator
+from ptm_app.data.collators import ChoiceCollator
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import nn
 
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.build import HEADS
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.datasets import _index
-from ptm_app.data.token_tasks import TokenLabelCollator
+from ptm_app.data.collators import TokenLabelCollator
 from ptm_app.errors import PtmError
 from ptm_app.tasks.tagging import word_tags
 from ptm_app.training.callbacks import write_predictions

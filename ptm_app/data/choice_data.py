@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ptm_app.data.cache import cached_json
-from ptm_app.data.collators import pad
+from ptm_app.data.collators import ChoiceCollator
 from ptm_app.data.datamodules import _Base, holdout_split, seeded_subset
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records
@@ -104,23 +104,6 @@ class ChoiceDataset(Dataset):
         if self.split.token_type_ids is not None:
             item["choice_types"] = [torch.as_tensor(t, dtype=torch.long) for t in self.split.token_type_ids[i]]
         return item
-
-
-class ChoiceCollator:
-    """Questions → ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) ``[B·N, L]`` and ``labels [B]``."""
-
-    def __init__(self, pad_token_id: int):
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, examples: list[dict]) -> dict:
-        rows = [ids for e in examples for ids in e["choices"]]
-        batch = {"input_ids": pad(rows, self.pad_token_id),
-                 "attention_mask": pad([torch.ones_like(r) for r in rows], 0),
-                 "labels": torch.tensor([e["label"] for e in examples], dtype=torch.long),
-                 "keys": [e["key"] for e in examples]}
-        if "choice_types" in examples[0]:
-            batch["token_type_ids"] = pad([t for e in examples for t in e["choice_types"]], 0)
-        return batch
 
 
 class MultipleChoiceDataModule(_Base):

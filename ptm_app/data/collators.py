@@ -1,4 +1,5 @@
-"""Collators: pad a list of examples and apply the objective's corruption, drawn per batch.
+"""Collators, every batch layout in one place: pad a list of examples and apply the objective's corruption, drawn
+per batch (pre-training), or lay out a task's labels (tagging, QA windows, multiple choice, TLM pairs, multitask).
 
 Each batch's random draws come from a generator seeded by the run seed and the batch's sample
 keys ``(epoch, index)``: dynamic masking (RoBERTa, Liu et al. 2019 §4.1) that is still exactly
@@ -7,7 +8,7 @@ reproducible when a run resumes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 
@@ -154,3 +155,66 @@ class CLMCollator(PadCollator):
             docs = batch["document_ids"]
             batch["labels"][:, 1:].masked_fill_(docs[:, 1:] != docs[:, :-1], IGNORE_INDEX)
         return batch
+
+
+@dataclass
+class TokenLabelCollator(PadCollator):
+    """Pads ``labels`` with -100 and ``word_index`` with -1 besides the inputs."""
+
+    def __call__(self, examples: list[dict]) -> dict:
+        batch = self.pad_batch(examples)
+        batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)
+        batch["word_index"] = pad([e["word_index"] for e in examples], -1)
+        return batch
+
+
+@dataclass
+class QACollator(PadCollator):
+    """Pads the windows; ``offsets`` are padded with -1 (outside the context)."""
+
+    def __call__(self, examples: list[dict]) -> dict:
+        batch = self.pad_batch(examples)
+        for name in ("start_position", "end_position", "example"):
+            batch[f"{name}s"] = torch.tensor([e[name] for e in examples], dtype=torch.long)
+        batch["offsets"] = pad([e["offsets"] for e in examples], -1)
+        return batch
+
+
+class ChoiceCollator:
+    """Questions → ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) ``[B·N, L]`` and ``labels [B]``."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, examples: list[dict]) -> dict:
+        rows = [ids for e in examples for ids in e["choices"]]
+        batch = {"input_ids": pad(rows, self.pad_token_id),
+                 "attention_mask": pad([torch.ones_like(r) for r in rows], 0),
+                 "labels": torch.tensor([e["label"] for e in examples], dtype=torch.long),
+                 "keys": [e["key"] for e in examples]}
+        if "choice_types" in examples[0]:
+            batch["token_type_ids"] = pad([t for e in examples for t in e["choice_types"]], 0)
+        return batch
+
+
+@dataclass
+class TLMCollator(MLMCollator):
+    """``MLMCollator`` (15 %, 80/10/10 over both sentences, never special tokens or padding) that also
+    pads the language ids and the reset position ids."""
+
+    def pad_batch(self, examples: list[dict]) -> dict:
+        batch = super().pad_batch(examples)
+        for name in ("langs", "position_ids"):
+            batch[name] = pad([e[name] for e in examples], 0)
+        return batch
+
+
+@dataclass
+class TaggedCollator:
+    """Collates with the task's own collator and records the task's name in the batch."""
+
+    inner: Callable
+    task: str
+
+    def __call__(self, examples: list[dict]) -> dict:
+        return {**self.inner(examples), "task": self.task}

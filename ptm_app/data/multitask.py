@@ -13,18 +13,19 @@ replays nothing.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal, Optional
 
 import lightning.pytorch as pl
 import torch
 
-from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.choice_data import MultipleChoiceDataModule
+from ptm_app.data.collators import TaggedCollator
+from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.datamodules import TaskDataModule
 from ptm_app.data.loader import ResumableLoader
-from ptm_app.data.token_tasks import QADataModule, TokenTaskDataModule
+from ptm_app.data.qa_data import QADataModule
+from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.data.tokenizer import TokenizerSpec, load_tokenizer
 from ptm_app.errors import PtmError
 
@@ -138,17 +139,6 @@ class MultitaskLoader:
         self.restored = True
         done = state["consumed"] >= self.sampler.length
         self._resume = {"epoch": state["epoch"] + done, "consumed": 0 if done else state["consumed"]}
-
-
-@dataclass
-class TaggedCollator:
-    """Collates with the task's own collator and records the task's name in the batch."""
-
-    inner: Callable
-    task: str
-
-    def __call__(self, examples: list[dict]) -> dict:
-        return {**self.inner(examples), "task": self.task}
 
 
 class MultitaskDataModule(pl.LightningDataModule):

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ptm_app.data.collators import MLMCollator, pad
 from ptm_app.data.corruption import draw_rng
 from ptm_app.data.datamodules import _Base, holdout_split, resolve_source
 from ptm_app.data.datasets import _index
@@ -171,18 +170,6 @@ class ParallelDataset(Dataset):
         example = tlm_example(first, second, languages, cls_id=self.cls_id, sep_id=self.sep_id,
                               max_length=self.max_length)
         return {**example, "key": key}
-
-
-@dataclass
-class TLMCollator(MLMCollator):
-    """``MLMCollator`` (15 %, 80/10/10 over both sentences, never special tokens or padding) that also
-    pads the language ids and the reset position ids."""
-
-    def pad_batch(self, examples: list[dict]) -> dict:
-        batch = super().pad_batch(examples)
-        for name in ("langs", "position_ids"):
-            batch[name] = pad([e[name] for e in examples], 0)
-        return batch
 
 
 class ParallelDataModule(_Base):

@@ -123,3 +123,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
     else:
         payload = json.dumps(tokenizer.get_vocab(), sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def fast_tokenizer_fingerprint(tokenizer) -> str:
+    """``tokenizer_fingerprint`` of a fast tokenizer; token-level tasks need its word ids and character offsets."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise PtmError("token tasks need a fast (Rust) tokenizer for word ids and character offsets; "
+                       "use a tokenizer with a tokenizer.json")
+    return tokenizer_fingerprint(tokenizer)

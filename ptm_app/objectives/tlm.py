@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ptm_app.data.parallel import TLMCollator
+from ptm_app.data.collators import TLMCollator
 from ptm_app.errors import PtmError
 from ptm_app.objectives.mlm import MaskedLMModule
 from ptm_app.training.optim import OptimConfig

@@ -19,9 +19,7 @@ import torch
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from ptm_app.data.choice_data import ChoiceCollator
-from ptm_app.data.collators import PadCollator
-from ptm_app.data.token_tasks import QACollator, TokenLabelCollator
+from ptm_app.data.collators import ChoiceCollator, PadCollator, QACollator, TokenLabelCollator
 from ptm_app.errors import PtmError
 from ptm_app.tasks.label_scores import label_metrics, regression_metrics
 from ptm_app.tasks.spans import BestSpans, best_span, epoch_answers, span_loss, squad_scores

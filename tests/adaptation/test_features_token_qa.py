@@ -16,7 +16,8 @@ from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.features import (FeatureExtractionModule, QAFeatureExtractionModule,
                                          TokenFeatureExtractionModule)
 from ptm_app.data.sources import prepared_dir
-from ptm_app.data.token_tasks import QADataModule, TokenTaskDataModule
+from ptm_app.data.qa_data import QADataModule
+from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import PtmError
 from ptm_app.export import export_checkpoint, load_exported_module

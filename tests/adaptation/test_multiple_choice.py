@@ -7,7 +7,8 @@ import pytest
 import torch
 import yaml
 
-from ptm_app.data.choice_data import ChoiceCollator, MultipleChoiceDataModule
+from ptm_app.data.choice_data import MultipleChoiceDataModule
+from ptm_app.data.collators import ChoiceCollator
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import DataFormatError
 from ptm_app.tasks.types import TASK_TYPES, choice_loss

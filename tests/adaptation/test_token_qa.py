@@ -13,7 +13,8 @@ from ptm_app.training.trainer import PtmTrainer
 from ptm_app.tasks.spans import BestSpans, best_span
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.data.sources import prepared_dir
-from ptm_app.data.token_tasks import QADataModule, TokenTaskDataModule
+from ptm_app.data.qa_data import QADataModule
+from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import DataFormatError
 from ptm_app.tasks.metrics import (EntityF1, entity_f1, entity_spans, squad_em, squad_f1, squad_normalize,
@@ -170,7 +171,7 @@ def test_tag_outside_the_label_set_names_file_and_line(tmp_path, capsys):
     cfg = {"seed_everything": 1, "trainer": {"max_steps": 1, "accelerator": "cpu", "enable_progress_bar": False},
            "model": {"class_path": "ptm_app.adaptation.token_classification.TokenClassificationModule",
                      "init_args": {"backbone_config": TINY_BERT}},
-           "data": {"class_path": "ptm_app.data.token_tasks.TokenTaskDataModule",
+           "data": {"class_path": "ptm_app.data.tagging_data.TokenTaskDataModule",
                     "init_args": {"source": str(tmp_path / "data"), "tokenizer": {"pretrained": "minilm"}}}}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
     assert run_main(["fit", "--config", str(tmp_path / "bad.yaml")], tmp_path / "runs") == 2

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ptm_app.data.corruption import mlm_mask
-from ptm_app.data.parallel import ParallelDataModule, ParallelDataset, TLMCollator, fit_pair, tlm_example
+from ptm_app.data.collators import TLMCollator
+from ptm_app.data.parallel import ParallelDataModule, ParallelDataset, fit_pair, tlm_example
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import PtmError
 from ptm_app.objectives.tlm import TranslationLMModule
