@@ -72,8 +72,8 @@ DERIVATION = {
                "where the Reina-Valera leaves a KJV verse empty it divides the chapter differently (Hebrew "
                "numbering: its Num.13.1 is KJV Num.12.16, shifting Num 13), so that chapter and the book's next "
                "are skipped whole, and so is a chapter where 2 or more verses fit a neighbour's translation better "
-               f"by length (mean |log length ratio - median| over +-2 verses lower by more than 0.3 when shifted "
-               f"by one verse); a pair whose character lengths differ more than 3 times; all counted in cleaning",
+               "by length (mean |log length ratio - median| over +-2 verses lower by more than 0.3 when shifted "
+               "by one verse); a pair whose character lengths differ more than 3 times; all counted in cleaning",
     "split": "by book: all verses of a book stay in one split; books stratified by testament (ot, nt)",
 }
 
