@@ -30,7 +30,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+
 from ptm_app.data.sources.fetch import Artifact, deb_files, progress
+
 
 # Pinned on the first download (2024 bookworm mirror); equals the SHA256 in Debian's package index.
 DEB_SHA256 = "61060d960f9ada8fa120872312eccd3ecebfbab8c4579e4f5a74e1cf67620752"
