@@ -10,7 +10,9 @@ from typing import Callable
 _HELP = "python main.py fit --help lists the keys"
 
 
-def one_line(exc: Exception) -> str:
+def one_line(exc: Exception, help_hint: str = _HELP) -> str:
+    """jsonargparse's multi-line message as one line: the key, what was expected and what was given; ``help_hint``
+    says where the keys are listed."""
     text = str(exc)
     group = re.search(r'Parser key "([^"]+)"', text)
     prefix = f"{group.group(1)}." if group else ""
@@ -18,17 +20,21 @@ def one_line(exc: Exception) -> str:
         prefix += "init_args."
     option = re.search(r"Option '([^']+)' is not accepted", text) or re.search(r"Key '([^']+)' is not expected", text)
     if option:
-        return f"unknown config key '{prefix}{option.group(1)}'; check its spelling ({_HELP})"
+        return f"unknown config key '{prefix}{option.group(1)}'; check its spelling ({help_hint})"
     unrecognized = re.search(r"[Uu]nrecognized arguments: (.+)", text)
     if unrecognized:
-        return f"unknown command-line argument {unrecognized.group(1).strip()}; check its spelling ({_HELP})"
+        return f"unknown command-line argument {unrecognized.group(1).strip()}; check its spelling ({help_hint})"
+    missing = re.search(r'[Kk]ey "([^"]+)" is required', text)
+    if missing:
+        return f"{missing.group(1)} is required; {help_hint}"
     klass = re.search(r"import path string: ([\w.]+)", text) or re.search(r"[Ii]mport path '([\w.]+)'", text)
     if klass:
         where = group.group(1) if group else "config"
         return f"unknown class '{klass.group(1)}' for '{where}'; use one of ptm_app's modules (README: Config catalogue)"
-    lines = [ln.strip(" -") for ln in text.splitlines() if ln.strip()]
-    detail = [ln for ln in lines if not ln.startswith(("Subtypes", "Given value", "Errors", "Expected a"))]
-    return (prefix.rstrip(".") + ": " if prefix else "") + " ".join(detail[:3])[:400]
+    lines = [ln.strip(" -") for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("Parser key")]
+    detail = [ln for ln in lines if not ln.startswith(("Subtypes", "Given value", "Errors", "Expected a"))] or lines
+    message = " ".join(detail[:3]).replace("typing.", "")[:400]
+    return (prefix.rstrip(".") + ": " if prefix else "") + message + ("" if help_hint == _HELP else f"; {help_hint}")
 
 
 def guarded(command: Callable[[list[str]], int], argv: list[str]) -> int:

@@ -4,9 +4,9 @@ unknown key or a wrong value is one line naming the key."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Callable, get_args, get_origin
 
+from ptm_app.config_errors import one_line
 from ptm_app.errors import PtmError
 
 
@@ -29,7 +29,7 @@ def parse_settings(function: Callable[..., Any], argv: list[str], prog: str,
     try:
         namespace = parser.parse_args(_group_lists(argv, list_keys, positional))
     except ArgumentError as exc:
-        raise PtmError(_one_line(exc, prog)) from None
+        raise PtmError(one_line(exc, f"python main.py {prog} --help lists the settings")) from None
     settings = namespace.as_dict()
     settings.pop("config", None)
     settings.pop("__path__", None)
@@ -67,24 +67,3 @@ def _group_lists(argv: list[str], list_keys: set[str], positional: str | None) -
             elif values:
                 out.append(json.dumps(values))
     return out
-
-
-def _one_line(exc: Exception, prog: str) -> str:
-    """jsonargparse's message as one line: the key, what was expected and what was given."""
-    text = str(exc)
-    hint = f"python main.py {prog} --help lists the settings"
-    unknown = re.search(r"Key '([^']+)' is not expected", text) or re.search(r"Option '([^']+)' is not accepted", text)
-    if unknown:
-        return f"unknown config key '{unknown.group(1)}'; check its spelling ({hint})"
-    unrecognized = re.search(r"[Uu]nrecognized arguments: (.+)", text)
-    if unrecognized:
-        return f"unknown command-line argument {unrecognized.group(1).strip()}; check its spelling ({hint})"
-    missing = re.search(r'[Kk]ey "([^"]+)" is required', text)
-    if missing:
-        return f"{missing.group(1)} is required; {hint}"
-    key = re.search(r'Parser key "([^"]+)"', text)
-    lines = [ln.strip(" -") for ln in text.splitlines() if ln.strip()]
-    if key:
-        lines = lines[1:]
-    detail = " ".join(lines).replace("typing.", "").replace("<class '", "").replace("'>", "")
-    return f"{key.group(1) + ': ' if key else ''}{detail[:300]}; {hint}"
