@@ -1,0 +1,89 @@
+"""The teacher: any ptm_app run directory / ``.ckpt``, exported ``save_pretrained`` directory or prepared model,
+loaded frozen and in eval mode.  It is never saved with the student: the student's checkpoint names it (its
+resolved path) and it is rebuilt from that name on load."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ptm_app.backbones.build import build_backbone, model_dir
+from ptm_app.errors import PtmError
+from ptm_app.paths import runs_root
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def resolve_teacher(ref: str) -> str:
+    """A local path for ``ref`` (as given, or a run name under the runs directory), else ``ref`` itself (a prepared
+    name); a missing run directory names the config that produces it."""
+    path = Path(ref).expanduser()
+    candidates = [path] if path.is_absolute() else [path, runs_root() / path, runs_root() / path.name]
+    found = next((p for p in candidates if p.exists()), None)
+    if found is not None:
+        return str(found.resolve())
+    from ptm_app.data.sources import SOURCES
+
+    if ref in SOURCES:
+        return ref
+    producers = sorted(CONFIGS.glob(f"*/{path.name}.yaml"))
+    hint = (f"train it first: python main.py fit --config {producers[0].relative_to(CONFIGS.parent)}" if producers
+            else "give a run directory, a .ckpt, an exported directory or a prepared model name")
+    raise PtmError(f"teacher '{ref}' not found (nor under the runs directory {runs_root()}); {hint}")
+
+
+def load_teacher(ref: str, head: str = "sequence_classification") -> tuple[nn.Module, object]:
+    """``(frozen teacher model in eval mode, its tokenizer or None)``."""
+    where = resolve_teacher(ref)
+    model = build_backbone(head, where, None)
+    model.requires_grad_(False)
+    model.eval()
+    return model, teacher_tokenizer(model_dir(where))
+
+
+def teacher_tokenizer(directory: str):
+    """The tokenizer saved with the teacher (export directories and checkpoints carry one), or None."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def same_vocabulary(a, b) -> bool:
+    """Both tokenizers map every token to the same id (so one ``input_ids`` tensor means the same text to both)."""
+    return a is not None and b is not None and a.get_vocab() == b.get_vocab()
+
+
+def has_trained_head(model: nn.Module) -> bool:
+    """False when the classification head's weights were freshly initialised at load (a bare encoder)."""
+    missing = getattr(model, "ptm_missing_keys", ())
+    return not any(k.startswith(("classifier", "score", "pre_classifier")) for k in missing)
+
+
+class TeacherInputs:
+    """Collator wrapper for a teacher with another vocabulary (logit distillation only): each example's text, as
+    the student's tokenizer decodes it, is encoded again with the teacher's tokenizer into ``teacher_*`` fields.
+    Sentence pairs are split at the student's segment ids."""
+
+    def __init__(self, base, student_tokenizer, teacher_tok, max_length: int):
+        self.base, self.student, self.teacher, self.max_length = base, student_tokenizer, teacher_tok, max_length
+
+    def texts(self, ids: torch.Tensor, mask: torch.Tensor, segments) -> tuple[list[str], list[str] | None]:
+        firsts, seconds = [], []
+        for i in range(len(ids)):
+            row = ids[i][mask[i].bool()]
+            seg = segments[i][mask[i].bool()] if segments is not None else torch.zeros_like(row)
+            firsts.append(self.student.decode(row[seg == 0], skip_special_tokens=True))
+            seconds.append(self.student.decode(row[seg == 1], skip_special_tokens=True))
+        return firsts, (seconds if any(seconds) else None)
+
+    def __call__(self, examples: list[dict]) -> dict:
+        batch = self.base(examples)
+        first, second = self.texts(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        enc = self.teacher(first, second, truncation=True, max_length=self.max_length, padding=True,
+                           return_tensors="pt")
+        batch.update({f"teacher_{k}": v for k, v in enc.items()})
+        return batch
