@@ -3,6 +3,7 @@ loaded frozen and in eval mode.  It is never saved with the student: the student
 resolved path) and it is rebuilt from that name on load."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -34,12 +35,31 @@ def resolve_teacher(ref: str) -> str:
 
 
 def load_teacher(ref: str, head: str = "sequence_classification") -> tuple[nn.Module, object]:
-    """``(frozen teacher model in eval mode, its tokenizer or None)``."""
+    """``(frozen teacher model in eval mode, its tokenizer or None)``.  Loading leaves the global RNG as it was:
+    the first load of a checkpoint teacher builds (randomly initialises) a model to export it once, later loads
+    read the cached export, and a run must not draw different dropout masks depending on which happened."""
     where = resolve_teacher(ref)
-    model = build_backbone(head, where, None)
+    with torch.random.fork_rng(devices=[]), quiet_transformers():
+        model = build_backbone(head, where, None)
     model.requires_grad_(False)
     model.eval()
     return model, teacher_tokenizer(model_dir(where))
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' weight-loading bar and notices off the console while the teacher loads."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def teacher_tokenizer(directory: str):
