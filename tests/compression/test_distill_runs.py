@@ -88,7 +88,9 @@ def test_narrow_from_scratch_student_gets_a_learned_projection(tiny_corpus, teac
     """A student of another width (from a config) learns the teacher's hidden states through TinyBERT's W_h, which
     the checkpoint keeps (for resume) and the export leaves out."""
     student = {**TINY_BERT, "hidden_size": 16, "intermediate_size": 32}
-    path = distill_config(tmp_path, tiny_corpus, teacher, {
+    exported = tmp_path / "teacher_export"  # the teacher as an exported save_pretrained directory
+    assert run_main(["export", "--ckpt_path", str(teacher), "--output_dir", str(exported)], tmp_path / "runs") == 0
+    path = distill_config(tmp_path, tiny_corpus, exported, {
         "backbone_config": student, "optim": {"lr": 1e-3},
         "distill": {"kd": 1.0, "hard": 0.0, "hidden": 1.0, "embedding": 1.0, "layer_map": [[1, 2], [2, 4]]}},
         steps=2)
@@ -108,6 +110,21 @@ def test_logit_distillation_across_tokenizers_retokenizes_for_the_teacher(tiny_c
     assert run_main(["fit", "--config", str(path)], tmp_path / "runs") == 0
     rows = list(csv.DictReader(open(tmp_path / "runs" / "distill" / "logs" / "metrics.csv")))
     assert [float(r["train/kd"]) > 0 for r in rows if r.get("train/kd")] == [True, True]
+    from transformers import AutoTokenizer
+
+    from ptm_app.compression.teacher import TeacherInputs
+    from ptm_app.data.collators import PadCollator
+
+    student_tok = AutoTokenizer.from_pretrained(tmp_path / "runs" / "distill" / "tokenizer")
+    teacher_tok = AutoTokenizer.from_pretrained(teacher / "tokenizer")
+    assert student_tok.get_vocab() != teacher_tok.get_vocab()
+    text, pair = "the cat sat on a mat", "markets rose as shares fell"
+    enc = student_tok(text, pair)
+    collate = TeacherInputs(PadCollator(student_tok.pad_token_id), student_tok, teacher_tok, 32)
+    batch = collate([{"input_ids": torch.tensor(enc["input_ids"]), "key": 0, "label": 0,
+                      "token_type_ids": torch.tensor(enc["token_type_ids"])}])
+    assert batch["teacher_input_ids"][0].tolist() == teacher_tok(text, pair)["input_ids"]
+    assert batch["teacher_token_type_ids"][0].tolist() == teacher_tok(text, pair)["token_type_ids"]
 
 
 @pytest.mark.parametrize("model, message", [
@@ -127,17 +144,13 @@ def test_token_losses_across_tokenizers_are_one_line(tiny_corpus, teacher, tmp_p
     ({"student_layers": "every_other", "distill": {"hidden": 1.0, "layer_map": [[1, 9]]}},
      "teacher layer 9, but the teacher has layers 1..4"),
     ({"student_layers": [1, 5]}, "student_layers names teacher layer 5, but the teacher has layers 1..4"),
-    ({"student_layers": "every_other"}, None),
+    ({"student_layers": "every_other", "teacher": "checkpoints/bbc_minilm"},  # names the config that makes it
+     "teacher 'checkpoints/bbc_minilm' not found (nor under the runs directory"),
+    ({"backbone_config": TINY_BERT, "teacher": "minilm"},  # a prepared bare encoder: its head would be random
+     "teacher 'minilm' has no trained classification head"),
 ])
-def test_layer_names_that_do_not_exist_are_one_line(tiny_corpus, teacher, tmp_path, capsys, model, message):
-    if message is None:  # the missing-teacher message names the config that makes it
-        model = {**model, "teacher": "checkpoints/bbc_minilm"}
-        message = "teacher 'checkpoints/bbc_minilm' not found"
-    path = distill_config(tmp_path, tiny_corpus, teacher, model, steps=1)
-    if "teacher" in model:
-        cfg = yaml.safe_load(path.read_text())
-        cfg["model"]["init_args"]["teacher"] = model["teacher"]
-        path.write_text(yaml.safe_dump(cfg))
+def test_bad_teachers_and_missing_layers_are_one_line(tiny_corpus, teacher, tmp_path, capsys, model, message):
+    path = distill_config(tmp_path, tiny_corpus, teacher, model, steps=1)  # model's own teacher wins
     assert run_main(["fit", "--config", str(path)], tmp_path / "runs") != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
