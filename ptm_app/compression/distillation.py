@@ -32,6 +32,7 @@ class DistillSpec:
         temperature: T of the soft targets.
         kd: weight of ``T²·KL(p_T ‖ p_S)`` (Hinton §2; with ``hard`` = α, Hinton's mix is ``kd: 1-α``).
         hard: weight α of the cross-entropy with the gold labels.
+        logit_mse: weight of ``‖z_T − z_S‖²`` between the logits (Tang et al. 2019 §3.2, for a BiLSTM student).
         hidden: weight of the hidden-state MSE over ``layer_map`` (TinyBERT; PKD with ``skip`` / ``last``).
         attention: weight of the per-head attention-score MSE over ``layer_map`` (TinyBERT; BERT-style layers).
         embedding: weight of the embedding-layer MSE (TinyBERT).
@@ -43,6 +44,7 @@ class DistillSpec:
     temperature: float = 2.0
     kd: float = 0.5
     hard: float = 0.5
+    logit_mse: float = 0.0
     hidden: float = 0.0
     attention: float = 0.0
     embedding: float = 0.0
@@ -111,12 +113,15 @@ class DistillationModule(SequenceClassificationModule):
 
     def check_teacher(self) -> None:
         """Refuse, in one line, a teacher that cannot teach what the weights ask for."""
-        if self.uses("kd") and not has_trained_head(self.teacher):
+        logits = [n for n in ("kd", "logit_mse") if self.uses(n)]
+        if logits and not has_trained_head(self.teacher):
             raise PtmError(f"teacher '{self.hparams.teacher}' has no trained classification head (a bare encoder); "
-                           f"fine-tune it first, or set model.init_args.distill.kd: 0")
-        if self.uses("kd"):
+                           f"fine-tune it first, or set model.init_args.distill.{logits[0]}: 0")
+        if logits:
             self.label_order = self.teacher_label_order()
-        needs_vocab = [n for n in TOKEN_LOSSES if self.uses(n)] + (["student_layers"] if self.hparams.student_layers else [])
+        needs_vocab = [n for n in TOKEN_LOSSES if self.uses(n)]
+        if self.hparams.student_layers:  # the teacher's embeddings are copied
+            needs_vocab.append("student_layers")
         if needs_vocab and self.tokenizer is not None and not same_vocabulary(self.tokenizer, self.teacher_tokenizer):
             size = len(self.teacher_tokenizer) if self.teacher_tokenizer is not None else "unknown"
             raise PtmError(f"teacher '{self.hparams.teacher}' and the student use different tokenizers (vocabularies "
@@ -192,6 +197,8 @@ class DistillationModule(SequenceClassificationModule):
             parts["kd"] = losses.soft_target_loss(student.logits, teacher_logits, self.spec.temperature)
         if self.uses("hard"):
             parts["hard"] = self.kind.loss(student.logits, batch)
+        if self.uses("logit_mse"):
+            parts["logit_mse"] = losses.logit_mse(student.logits, teacher_logits)
         if not token_level:
             return parts
         mask = batch["attention_mask"]
@@ -237,7 +244,8 @@ class DistillationModule(SequenceClassificationModule):
             self.kind.update(self.teacher_val_metrics, logits, batch, self.eval_settings())
 
     def teaching_reference(self) -> bool:
-        return (self.hparams.teacher_metrics and self.uses("kd") and not getattr(self, "teacher_logged", False)
+        logits = self.uses("kd") or self.uses("logit_mse")
+        return (self.hparams.teacher_metrics and logits and not getattr(self, "teacher_logged", False)
                 and self._trainer is not None and not self.trainer.sanity_checking)
 
     def on_validation_epoch_end(self) -> None:

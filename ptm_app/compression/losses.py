@@ -4,6 +4,7 @@
 * ``soft_target_loss``: Hinton et al. 2015 §2, ``T² · KL(p_T ‖ p_S)`` between the softmaxes at temperature T.
   The surveys print the soft cross-entropy without its minus sign; this is the correct, non-negative form, and
   the ``T²`` keeps its gradient ``T·(q_i − p_i)`` on the same scale as the hard-label loss when T changes.
+* ``logit_mse``: Tang et al. 2019 §3.2, ``‖z_T − z_S‖²`` between the logits (the BiLSTM student's loss).
 * ``hidden_mse`` / ``embedding`` loss: TinyBERT (Jiao et al. 2020 §3.1), ``MSE(H_S W_h, H_T)`` with a learned
   projection ``W_h`` where the widths differ; the mean runs over real (non-padding) token positions only.
 * ``attention_score_mse``: TinyBERT §3.1, ``1/h Σ_i MSE(A_i^S, A_i^T)`` per head on the attention *scores*
@@ -24,6 +25,11 @@ def soft_target_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     log_q = F.log_softmax(student_logits.float() / t, dim=-1)
     log_p = F.log_softmax(teacher_logits.float() / t, dim=-1)
     return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean") * t * t
+
+
+def logit_mse(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Squared error between the logits, summed over classes and averaged over the batch."""
+    return ((student_logits.float() - teacher_logits.float()) ** 2).sum(-1).mean()
 
 
 def _token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

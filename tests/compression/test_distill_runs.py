@@ -102,6 +102,38 @@ def test_narrow_from_scratch_student_gets_a_learned_projection(tiny_corpus, teac
     assert not (tmp_path / "x" / "module_weights.safetensors").exists()
 
 
+def test_bilstm_student_learns_the_teachers_logits_and_exports(tiny_corpus, teacher, tmp_path):
+    """Tang et al. 2019: a BiLSTM classifier (``backbones.bilstm``) with the teacher's tokenizer, logit MSE + CE."""
+    from transformers import AutoModelForSequenceClassification
+
+    from ptm_app.compression import DistillationModule
+
+    bilstm = {"model_type": "ptm_bilstm_lm", "embedding_dim": 16, "hidden_size": 16, "num_layers": 1,
+              "tie_embeddings": False}
+    path = distill_config(tmp_path, tiny_corpus, teacher, {
+        "backbone_config": bilstm, "optim": {"lr": 1e-2}, "distill": {"kd": 0.0, "hard": 0.5, "logit_mse": 0.5}},
+        steps=6)
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(path)], runs) == 0
+    rows = list(csv.DictReader(open(runs / "distill" / "logs" / "metrics.csv")))
+    mse = [float(r["train/logit_mse"]) for r in rows if r.get("train/logit_mse")]
+    assert len(mse) == 6 and not any(r.get("train/kd") for r in rows)
+    module = DistillationModule.load_from_checkpoint(runs / "distill" / "checkpoints" / "last.ckpt").eval()
+    batch = {"input_ids": torch.tensor([[2, 10, 11, 12, 3], [2, 13, 14, 3, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])}
+    with torch.no_grad():
+        teacher_logits = module.teacher(**batch).logits
+        student_logits = module(batch)
+    manual = ((student_logits - teacher_logits) ** 2).sum(-1).mean()
+    from ptm_app.compression.losses import logit_mse
+
+    assert logit_mse(student_logits, teacher_logits).item() == pytest.approx(manual.item())
+    assert run_main(["export", "--ckpt_path", str(runs / "distill"), "--output_dir", str(tmp_path / "x")], runs) == 0
+    exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "x").eval()
+    with torch.no_grad():
+        assert torch.allclose(exported(**batch).logits, student_logits, atol=1e-5)
+
+
 def test_logit_distillation_across_tokenizers_retokenizes_for_the_teacher(tiny_corpus, teacher, tmp_path):
     """Soft targets over a shared label set need no shared vocabulary: the teacher reads the text again."""
     other = {**TOKENIZER, "vocab_size": 80}
