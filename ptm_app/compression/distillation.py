@@ -154,6 +154,8 @@ class DistillationModule(SequenceClassificationModule):
             if widths[0] != widths[1] and any(self.uses(n) for n in ("hidden", "embedding", "cosine")):
                 self.distill_projection = nn.Linear(*widths)  # TinyBERT's W_h (shared by its hidden losses)
             if self.uses("attention"):
+                for student_layer, teacher_layer in self.layer_pairs:
+                    self.self_attention(self.backbone, student_layer), self.self_attention(self.teacher, teacher_layer)
                 heads = (self.backbone.config.num_attention_heads, self.teacher.config.num_attention_heads)
                 if heads[0] != heads[1]:
                     raise PtmError(f"distill.attention compares heads one to one, but the student has {heads[0]} "
@@ -218,16 +220,21 @@ class DistillationModule(SequenceClassificationModule):
         return parts
 
     @staticmethod
-    def layer_scores(model: nn.Module, hidden_states: tuple, layer: int) -> torch.Tensor:
-        """Attention scores of block ``layer`` (1..L) from its input ``hidden_states[layer − 1]``."""
+    def self_attention(model: nn.Module, layer: int) -> nn.Module:
+        """Block ``layer``'s (1..L) BERT-style self-attention (``encoder.layer[i].attention.self``), or one line."""
         try:
             attention = model.base_model.encoder.layer[layer - 1].attention.self
-            query, key, heads = attention.query, attention.key, attention.num_attention_heads
-        except AttributeError:
+            attention.query, attention.key, attention.num_attention_heads
+        except (AttributeError, IndexError, TypeError):
             raise PtmError(f"distill.attention reads BERT-style self-attention (encoder.layer[i].attention.self); "
                            f"{type(model).__name__} has none: set distill.attention: 0") from None
-        with torch.set_grad_enabled(torch.is_grad_enabled() and any(p.requires_grad for p in query.parameters())):
-            return losses.attention_scores(hidden_states[layer - 1], query, key, heads)
+        return attention
+
+    def layer_scores(self, model: nn.Module, hidden_states: tuple, layer: int) -> torch.Tensor:
+        """Attention scores of block ``layer`` (1..L) from its input ``hidden_states[layer − 1]``."""
+        attention = self.self_attention(model, layer)
+        return losses.attention_scores(hidden_states[layer - 1], attention.query, attention.key,
+                                       attention.num_attention_heads)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         parts = self.distill_losses(batch)
@@ -262,3 +269,9 @@ class DistillationModule(SequenceClassificationModule):
         hparams["teacher"] = resolve_teacher(self.hparams.teacher)
         hparams["distill"] = asdict(self.spec)
         checkpoint[CKPT_KEY]["training_only"] = ["distill_projection."]  # export leaves W_h out
+        # a run resumed from a checkpoint written after the teacher's evaluation does not repeat it
+        checkpoint[CKPT_KEY]["teacher_logged"] = bool(getattr(self, "teacher_logged", False))
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        object.__setattr__(self, "teacher_logged", bool(checkpoint.get(CKPT_KEY, {}).get("teacher_logged")))

@@ -72,9 +72,10 @@ def test_student_from_every_other_layer_trains_resumes_exports_and_reloads(tiny_
     assert not any("teacher" in k for k in ckpt["state_dict"])  # the teacher is named, never saved
     assert ckpt["hyper_parameters"]["teacher"] == str(teacher.resolve())
     assert ckpt["hyper_parameters"]["backbone_config"]["num_hidden_layers"] == 2
+    assert ckpt["ptm_app"]["teacher_logged"] is True  # a resume from here does not evaluate the teacher again
 
     module = DistillationModule.load_from_checkpoint(runs / "full" / "checkpoints" / "last.ckpt").eval()
-    assert module.teacher.config.num_hidden_layers == 4 and not module.teacher.training
+    assert module.teacher.config.num_hidden_layers == 4 and not module.teacher.training and module.teacher_logged
     export = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(export)], runs) == 0
     assert not (export / "module_weights.safetensors").exists()  # the projection (none here) is training-only
@@ -178,6 +179,8 @@ def test_token_losses_across_tokenizers_are_one_line(tiny_corpus, teacher, tmp_p
     ({"student_layers": [1, 5]}, "student_layers names teacher layer 5, but the teacher has layers 1..4"),
     ({"student_layers": "every_other", "teacher": "checkpoints/bbc_minilm"},  # names the config that makes it
      "teacher 'checkpoints/bbc_minilm' not found (nor under the runs directory"),
+    ({"backbone_config": {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 8},
+      "distill": {"attention": 1.0}}, "BiLSTMForSequenceClassification has none: set distill.attention: 0"),
     ({"backbone_config": TINY_BERT, "teacher": "minilm"},  # a prepared bare encoder: its head would be random
      "teacher 'minilm' has no trained classification head"),
 ])
