@@ -2,9 +2,10 @@
 0 is the embedding layer, matched by the embedding loss).
 
 * ``uniform``: TinyBERT (Jiao et al. 2020 §3.1) ``g(m) = m·L_T/L_S`` for m = 1..L_S (the top layers meet).
-* ``skip``: PKD-Skip (Sun et al. 2019 §3.1), every ``L_T/L_S``-th teacher layer for student layers 1..L_S−1
-  (12 → 6: {2, 4, 6, 8, 10}); the top layer is left to the soft-target loss.
-* ``last``: PKD-Last, the last teacher layers below the top for student layers 1..L_S−1 (12 → 6: {7, …, 11}).
+* ``skip`` / ``skip-k``: PKD-Skip (Sun et al. 2019 §3.1), every k-th teacher layer (k = ``L_T // L_S`` by
+  default) for student layers 1..L_S−1 (12 → 6: {2, 4, 6, 8, 10}); the top layer is left to the soft targets.
+* ``last`` / ``last-k``: PKD-Last, the last k teacher layers below the top (k = L_S−1 by default) for student
+  layers 1..k (12 → 6: {7, …, 11}).
 * an explicit list of ``[student_layer, teacher_layer]`` pairs.
 """
 from __future__ import annotations
@@ -21,18 +22,21 @@ def layer_pairs(spec: LayerMap, student_layers: int, teacher_layers: int) -> lis
     """``[(student layer, teacher layer), ...]`` for ``spec``; one line naming a layer that does not exist."""
     s, t = student_layers, teacher_layers
     if isinstance(spec, str):
-        if spec not in KINDS:
-            raise PtmError(f"distill.layer_map '{spec}' is unknown; use one of {', '.join(KINDS)} "
+        kind, _, k = spec.partition("-")
+        if kind not in KINDS or (k and (kind == "uniform" or not k.isdigit() or int(k) < 1)):
+            raise PtmError(f"distill.layer_map '{spec}' is unknown; use uniform, skip, skip-K, last, last-K (K >= 1) "
                            f"or a list of [student_layer, teacher_layer] pairs")
-        if s > t:
+        if s > t and not k:
             raise PtmError(f"distill.layer_map '{spec}': the student has more layers ({s}) than the teacher ({t}); "
                            f"give an explicit list of [student_layer, teacher_layer] pairs")
-        if spec == "uniform":
+        if kind == "uniform":
             pairs = [(m, m * t // s) for m in range(1, s + 1)]
-        elif spec == "skip":
-            pairs = [(m, m * (t // s)) for m in range(1, s)]
+        elif kind == "skip":
+            every = int(k) if k else t // s
+            pairs = [(m, m * every) for m in range(1, s)]
         else:
-            pairs = [(m, t - s + m) for m in range(1, s)]
+            last = int(k) if k else s - 1
+            pairs = [(m, t - last - 1 + m) for m in range(1, last + 1)]
     else:
         pairs = []
         for pair in spec:

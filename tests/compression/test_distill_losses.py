@@ -72,12 +72,19 @@ def test_layer_maps():
     assert layer_pairs("last", 6, 12) == [(1, 7), (2, 8), (3, 9), (4, 10), (5, 11)]  # PKD-Last
     assert layer_pairs("uniform", 3, 6) == [(1, 2), (2, 4), (3, 6)]
     assert layer_pairs([[1, 5], [2, 1]], 2, 6) == [(1, 5), (2, 1)]
+    assert layer_pairs("skip-2", 6, 12) == layer_pairs("skip", 6, 12)
+    assert layer_pairs("skip-3", 4, 12) == [(1, 3), (2, 6), (3, 9)]
+    assert layer_pairs("last-5", 6, 12) == layer_pairs("last", 6, 12)
+    assert layer_pairs("last-2", 6, 12) == [(1, 10), (2, 11)]
 
 
 @pytest.mark.parametrize("spec, message", [
     ([[1, 7]], "teacher layer 7, but the teacher has layers 1..6"),
     ([[4, 2]], "student layer 4, but the student has layers 1..3"),
     ("every_third", "'every_third' is unknown"),
+    ("skip-4", "teacher layer 8, but the teacher has layers 1..6"),  # student layers 1, 2 → teacher 4, 8
+    ("last-4", "student layer 4, but the student has layers 1..3"),
+    ("uniform-2", "'uniform-2' is unknown"),
     ([[1, "2"]], "is not a [student_layer, teacher_layer] pair"),
 ])
 def test_a_layer_map_naming_a_missing_layer_is_one_line(spec, message):
