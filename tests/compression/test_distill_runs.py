@@ -210,3 +210,21 @@ def test_student_from_every_other_layer_has_the_teachers_weights(teacher):
             assert torch.equal(s[key], t[key.replace(f"layer.{j}.", f"layer.{layer - 1}.")]), key
     for key in ("bert.embeddings.word_embeddings.weight", "bert.pooler.dense.weight", "classifier.weight"):
         assert torch.equal(s[key], t[key])
+
+
+def test_teacher_logits_follow_the_students_label_order(teacher):
+    """A teacher trained on ["neg", "pos"] teaches a student whose labels are ["pos", "neg"]: its logits are
+    reordered; a teacher of another label set is refused in one line."""
+    from ptm_app.compression import DistillationModule
+    from ptm_app.errors import PtmError
+
+    config = {**TINY_BERT, "vocab_size": 100}
+    module = DistillationModule(teacher=str(teacher), backbone_config=config, labels=["pos", "neg"])
+    assert [module.teacher.config.id2label[i] for i in range(2)] == ["neg", "pos"]
+    batch = {"input_ids": torch.tensor([[2, 10, 11, 3]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    _, reordered = module.teacher_forward(batch, hidden=False)
+    with torch.no_grad():
+        plain = module.teacher(**batch).logits
+    assert torch.equal(reordered, plain[:, [1, 0]]) and not torch.equal(reordered, plain)
+    with pytest.raises(PtmError, match=r"predicts labels \['neg', 'pos'\] but the data's labels are \['a', 'b'\]"):
+        DistillationModule(teacher=str(teacher), backbone_config=config, labels=["a", "b"])
