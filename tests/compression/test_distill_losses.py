@@ -31,7 +31,7 @@ def test_kd_loss_is_t_squared_times_the_kl_of_the_tempered_softmaxes():
 
 
 def test_kd_gradient_is_t_times_q_minus_p_over_the_batch():
-    """Hinton §2: ∂C/∂z_i = (1/T)(q_i − p_i) for the soft cross-entropy; ×T² gives T(q_i − p_i); / B (mean)."""
+    """Hinton §2: ∂C/∂z_i = (1/T)(q_i − p_i) for the soft cross-entropy; ×T² gives T(q_i − p_i); mean: / B."""
     student = torch.tensor([[0.3, -1.0, 2.0], [1.0, 1.0, 0.0]], requires_grad=True)
     teacher = torch.tensor([[1.0, 0.0, 0.5], [0.0, 2.0, -1.0]])
     t = 3.0

@@ -210,6 +210,10 @@ def test_student_from_every_other_layer_has_the_teachers_weights(teacher):
             assert torch.equal(s[key], t[key.replace(f"layer.{j}.", f"layer.{layer - 1}.")]), key
     for key in ("bert.embeddings.word_embeddings.weight", "bert.pooler.dense.weight", "classifier.weight"):
         assert torch.equal(s[key], t[key])
+    listed = student_from_teacher(model, chosen_layers([3, 1, 4], 4)).state_dict()  # a layer list, in its order
+    key = "bert.encoder.layer.{}.attention.self.query.weight"
+    same = [torch.equal(listed[key.format(j)], t[key.format(layer - 1)]) for j, layer in enumerate([3, 1, 4])]
+    assert same == [True, True, True]
 
 
 def test_teacher_logits_follow_the_students_label_order(teacher):
