@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from ptm_app.adaptation.classification import SequenceClassificationModule
+from ptm_app.adaptation.policies import FrozenFeatures
 from ptm_app.backbones.build import max_positions
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.compression import losses
@@ -105,7 +106,7 @@ class DistillationModule(SequenceClassificationModule):
         if sorted(names) != sorted(labels):
             raise PtmError(f"teacher '{self.hparams.teacher}' predicts labels {names} but the data's labels are "
                            f"{labels}; distil from a teacher fine-tuned on this label set, or set "
-                           f"model.init_args.distill.kd: 0")
+                           f"model.init_args.distill.kd and logit_mse to 0")
         return [names.index(label) for label in labels]
 
     def uses(self, name: str) -> bool:
@@ -148,9 +149,10 @@ class DistillationModule(SequenceClassificationModule):
         if fresh:
             self.label_order = None
             self.check_teacher()
+            mapped = self.uses("hidden") or self.uses("attention")
             self.layer_pairs = layer_pairs(self.spec.layer_map, self.backbone.config.num_hidden_layers,
-                                           self.teacher.config.num_hidden_layers)
-            widths = (self.backbone.config.hidden_size, self.teacher.config.hidden_size)
+                                           self.teacher.config.num_hidden_layers) if mapped else []
+            widths = (FrozenFeatures.width(self.backbone), FrozenFeatures.width(self.teacher))
             if widths[0] != widths[1] and any(self.uses(n) for n in ("hidden", "embedding", "cosine")):
                 self.distill_projection = nn.Linear(*widths)  # TinyBERT's W_h (shared by its hidden losses)
             if self.uses("attention"):

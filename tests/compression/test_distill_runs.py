@@ -104,21 +104,25 @@ def test_narrow_from_scratch_student_gets_a_learned_projection(tiny_corpus, teac
 
 
 def test_bilstm_student_learns_the_teachers_logits_and_exports(tiny_corpus, teacher, tmp_path):
-    """Tang et al. 2019: a BiLSTM classifier (``backbones.bilstm``) with the teacher's tokenizer, logit MSE + CE."""
+    """Tang et al. 2019: a BiLSTM classifier (``backbones.bilstm``) with the teacher's tokenizer, logit MSE + CE
+    (+ a cosine loss on its ``[h→; h←]`` states, 16 wide, projected to the teacher's 32)."""
     from transformers import AutoModelForSequenceClassification
 
     from ptm_app.compression import DistillationModule
 
-    bilstm = {"model_type": "ptm_bilstm_lm", "embedding_dim": 16, "hidden_size": 16, "num_layers": 1,
+    bilstm = {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 16, "num_layers": 1,
               "tie_embeddings": False}
     path = distill_config(tmp_path, tiny_corpus, teacher, {
-        "backbone_config": bilstm, "optim": {"lr": 1e-2}, "distill": {"kd": 0.0, "hard": 0.5, "logit_mse": 0.5}},
-        steps=6)
+        "backbone_config": bilstm, "optim": {"lr": 1e-2},
+        "distill": {"kd": 0.0, "hard": 0.5, "logit_mse": 0.5, "cosine": 0.1}}, steps=6)
     runs = tmp_path / "runs"
     assert run_main(["fit", "--config", str(path)], runs) == 0
     rows = list(csv.DictReader(open(runs / "distill" / "logs" / "metrics.csv")))
     mse = [float(r["train/logit_mse"]) for r in rows if r.get("train/logit_mse")]
     assert len(mse) == 6 and not any(r.get("train/kd") for r in rows)
+    assert len([r for r in rows if r.get("train/cosine")]) == 6
+    ckpt = torch.load(runs / "distill" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["state_dict"]["distill_projection.weight"].shape == (32, 16)
     module = DistillationModule.load_from_checkpoint(runs / "distill" / "checkpoints" / "last.ckpt").eval()
     batch = {"input_ids": torch.tensor([[2, 10, 11, 12, 3], [2, 13, 14, 3, 0]]),
              "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])}
