@@ -236,3 +236,18 @@ def test_teacher_logits_follow_the_students_label_order(teacher):
     assert torch.equal(reordered, plain[:, [1, 0]]) and not torch.equal(reordered, plain)
     with pytest.raises(PtmError, match=r"predicts labels \['neg', 'pos'\] but the data's labels are \['a', 'b'\]"):
         DistillationModule(teacher=str(teacher), backbone_config=config, labels=["a", "b"])
+
+
+def test_prepared_encoder_teaches_hidden_states_to_a_student_of_its_layers(tiny_corpus, tmp_path):
+    """A prepared bare encoder (MiniLM) can teach what it has, its hidden states and attention scores (TinyBERT's
+    task-agnostic stage), to a student made from its layers 2, 4, 6; the student's encoder starts as its copy."""
+    path = distill_config(tmp_path, tiny_corpus, "minilm", {
+        "student_layers": "every_other", "optim": {"lr": 1e-4},
+        "distill": {"kd": 0.0, "hard": 1.0, "hidden": 1.0, "attention": 1.0, "layer_map": "uniform"}},
+        tokenizer={"pretrained": "minilm"}, steps=2)
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(path)], runs) == 0
+    rows = list(csv.DictReader(open(runs / "distill" / "logs" / "metrics.csv")))
+    hidden = [float(r["train/hidden"]) for r in rows if r.get("train/hidden")]
+    assert len(hidden) == 2 and all(v > 0 for v in hidden)  # dropout in the student: not a perfect copy
+    assert not any(r.get("val/teacher_acc") for r in rows)  # its head is random: no reference metrics
