@@ -22,7 +22,7 @@ from ptm_app.compression.teacher import TeacherInputs, has_trained_head, load_te
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 
-TOKEN_LOSSES = ("hidden", "attention", "embedding", "cosine")  # compare token positions: one vocabulary needed
+TOKEN_LOSSES = ("hidden", "patient", "attention", "embedding", "cosine")  # compare token positions: one vocabulary needed
 
 
 @dataclass
@@ -35,6 +35,8 @@ class DistillSpec:
         hard: weight α of the cross-entropy with the gold labels.
         logit_mse: weight of ``‖z_T − z_S‖²`` between the logits (Tang et al. 2019 §3.2, for a BiLSTM student).
         hidden: weight of the hidden-state MSE over ``layer_map`` (TinyBERT; PKD with ``skip`` / ``last``).
+        patient: weight of PKD's patient loss on the normalised [CLS] states over ``layer_map`` (use it with
+            ``skip`` or ``last``).
         attention: weight of the per-head attention-score MSE over ``layer_map`` (TinyBERT; BERT-style layers).
         embedding: weight of the embedding-layer MSE (TinyBERT).
         cosine: weight of ``1 − cos`` between the last hidden states (DistilBERT).
@@ -47,6 +49,7 @@ class DistillSpec:
     hard: float = 0.5
     logit_mse: float = 0.0
     hidden: float = 0.0
+    patient: float = 0.0
     attention: float = 0.0
     embedding: float = 0.0
     cosine: float = 0.0
@@ -149,11 +152,11 @@ class DistillationModule(SequenceClassificationModule):
         if fresh:
             self.label_order = None
             self.check_teacher()
-            mapped = self.uses("hidden") or self.uses("attention")
+            mapped = any(self.uses(n) for n in ("hidden", "patient", "attention"))
             self.layer_pairs = layer_pairs(self.spec.layer_map, self.backbone.config.num_hidden_layers,
                                            self.teacher.config.num_hidden_layers) if mapped else []
             widths = (FrozenFeatures.width(self.backbone), FrozenFeatures.width(self.teacher))
-            if widths[0] != widths[1] and any(self.uses(n) for n in ("hidden", "embedding", "cosine")):
+            if widths[0] != widths[1] and any(self.uses(n) for n in ("hidden", "patient", "embedding", "cosine")):
                 self.distill_projection = nn.Linear(*widths)  # TinyBERT's W_h (shared by its hidden losses)
             if self.uses("attention"):
                 for student_layer, teacher_layer in self.layer_pairs:
@@ -213,6 +216,9 @@ class DistillationModule(SequenceClassificationModule):
         if self.uses("hidden"):
             parts["hidden"] = sum(losses.hidden_mse(project(hs[s]), ht[t], mask)
                                   for s, t in self.layer_pairs) / len(self.layer_pairs)
+        if self.uses("patient"):
+            parts["patient"] = sum(losses.patient_loss(project(hs[s][:, 0]), ht[t][:, 0])
+                                   for s, t in self.layer_pairs) / len(self.layer_pairs)
         if self.uses("attention"):
             parts["attention"] = sum(losses.attention_score_mse(self.layer_scores(self.backbone, hs, s),
                                                                 self.layer_scores(self.teacher, ht, t), mask)

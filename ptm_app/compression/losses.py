@@ -7,6 +7,8 @@
 * ``logit_mse``: Tang et al. 2019 §3.2, ``‖z_T − z_S‖²`` between the logits (the BiLSTM student's loss).
 * ``hidden_mse`` / ``embedding`` loss: TinyBERT (Jiao et al. 2020 §3.1), ``MSE(H_S W_h, H_T)`` with a learned
   projection ``W_h`` where the widths differ; the mean runs over real (non-padding) token positions only.
+* ``patient_loss``: PKD (Sun et al. 2019 §3.2), ``‖h_S/‖h_S‖ − h_T/‖h_T‖‖²`` of the normalised [CLS] states
+  of the mapped layers.
 * ``attention_score_mse``: TinyBERT §3.1, ``1/h Σ_i MSE(A_i^S, A_i^T)`` per head on the attention *scores*
   ``QKᵀ/√d`` (before the softmax), over real query and key positions.
 * ``cosine_loss``: DistilBERT (Sanh et al. 2019 §3), ``1 − cos(h_S, h_T)`` of the last hidden states per token.
@@ -46,6 +48,12 @@ def hidden_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor)
 def cosine_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``1 − cos(h_S, h_T)`` averaged over real tokens (DistilBERT's cosine embedding loss, target +1)."""
     return _token_mean(1.0 - F.cosine_similarity(student.float(), teacher.float(), dim=-1), mask)
+
+
+def patient_loss(student_cls: torch.Tensor, teacher_cls: torch.Tensor) -> torch.Tensor:
+    """Squared distance between the L2-normalised [B, D] [CLS] states, averaged over the batch."""
+    diff = F.normalize(student_cls.float(), dim=-1) - F.normalize(teacher_cls.float(), dim=-1)
+    return (diff ** 2).sum(-1).mean()
 
 
 def attention_scores(layer_input: torch.Tensor, query: torch.nn.Module, key: torch.nn.Module,

@@ -51,6 +51,12 @@ def test_hidden_mse_and_cosine_skip_padding():
     assert losses.cosine_loss(a, b, mask).item() == pytest.approx((1.0 + 0.0) / 2)
 
 
+def test_patient_loss_compares_normalised_states():
+    """PKD §3.2: scale does not matter, direction does: ‖(1,0) − (0,1)‖² = 2 for orthogonal states."""
+    a, b = torch.tensor([[3.0, 0.0], [1.0, 1.0]]), torch.tensor([[0.0, 5.0], [2.0, 2.0]])
+    assert losses.patient_loss(a, b).item() == pytest.approx((2.0 + 0.0) / 2)
+
+
 def test_attention_scores_are_qk_over_sqrt_d_per_head():
     torch.manual_seed(1)
     h = torch.randn(1, 3, 4)

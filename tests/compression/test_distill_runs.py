@@ -93,12 +93,15 @@ def test_narrow_from_scratch_student_gets_a_learned_projection(tiny_corpus, teac
     assert run_main(["export", "--ckpt_path", str(teacher), "--output_dir", str(exported)], tmp_path / "runs") == 0
     path = distill_config(tmp_path, tiny_corpus, exported, {
         "backbone_config": student, "optim": {"lr": 1e-3},
-        "distill": {"kd": 1.0, "hard": 0.0, "hidden": 1.0, "embedding": 1.0, "layer_map": [[1, 2], [2, 4]]}},
+        "distill": {"kd": 1.0, "hard": 0.0, "hidden": 1.0, "patient": 1.0, "embedding": 1.0,
+                    "layer_map": [[1, 2], [2, 4]]}},
         steps=2)
     runs = tmp_path / "runs"
     assert run_main(["fit", "--config", str(path)], runs) == 0
     ckpt = torch.load(runs / "distill" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["state_dict"]["distill_projection.weight"].shape == (32, 16)
+    rows = list(csv.DictReader(open(runs / "distill" / "logs" / "metrics.csv")))
+    assert all(len([r for r in rows if r.get(f"train/{n}")]) == 2 for n in ("hidden", "patient", "embedding"))
     assert run_main(["export", "--ckpt_path", str(runs / "distill"), "--output_dir", str(tmp_path / "x")], runs) == 0
     assert not (tmp_path / "x" / "module_weights.safetensors").exists()
 
