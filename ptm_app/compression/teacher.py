@@ -35,15 +35,33 @@ def resolve_teacher(ref: str) -> str:
 
 
 def load_teacher(ref: str, head: str = "sequence_classification") -> tuple[nn.Module, object]:
-    """``(frozen teacher model in eval mode, its tokenizer or None)``.  Loading leaves the global RNG as it was:
-    the first load of a checkpoint teacher builds (randomly initialises) a model to export it once, later loads
-    read the cached export, and a run must not draw different dropout masks depending on which happened."""
+    """``(frozen teacher model in eval mode, its tokenizer or None)``.  Loading leaves the global RNG as it was
+    (building a model initialises it randomly before the weights load): a run must draw the same dropout masks
+    whichever way its teacher was loaded."""
     where = resolve_teacher(ref)
     with torch.random.fork_rng(devices=[]), quiet_transformers():
-        model = build_backbone(head, where, None)
+        from_run = run_teacher(where, head)
+        model, tokenizer = from_run if from_run is not None else (build_backbone(head, where, None), None)
     model.requires_grad_(False)
     model.eval()
-    return model, teacher_tokenizer(model_dir(where))
+    return model, tokenizer if from_run is not None else teacher_tokenizer(model_dir(where))
+
+
+def run_teacher(where: str, head: str):
+    """``(model, tokenizer)`` of a run of the same head, rebuilt from its checkpoint with any delta in place
+    (LoRA merged; adapters and soft prompts kept as the tuned model, which export could not merge); else None."""
+    from ptm_app.backbones.from_checkpoint import checkpoint_backbone, is_checkpoint
+    from ptm_app.checkpoints import CKPT_KEY, read_checkpoint
+    from ptm_app.training.module import tokenizer_from_files
+
+    if not is_checkpoint(where):
+        return None
+    ckpt = read_checkpoint(where)
+    if ckpt[CKPT_KEY].get("head") != head:
+        return None  # another head (an MLM run ...): its encoder, through the export cache
+    model, unmerged = checkpoint_backbone(ckpt)
+    files = ckpt[CKPT_KEY].get("tokenizer")
+    return (model if model is not None else unmerged[1]), (tokenizer_from_files(files) if files else None)
 
 
 @contextlib.contextmanager

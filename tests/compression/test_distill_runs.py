@@ -254,3 +254,26 @@ def test_prepared_encoder_teaches_hidden_states_to_a_student_of_its_layers(tiny_
     hidden = [float(r["train/hidden"]) for r in rows if r.get("train/hidden")]
     assert len(hidden) == 2 and all(v > 0 for v in hidden)  # dropout in the student: not a perfect copy
     assert not any(r.get("val/teacher_acc") for r in rows)  # its head is random: no reference metrics
+
+
+def test_adapter_tuned_teacher_teaches_with_its_adapters(tiny_corpus, tmp_path):
+    """A Houlsby-adapter run (a delta export cannot merge) is rebuilt with its adapters as the teacher."""
+    from ptm_app.compression.teacher import load_teacher
+
+    cfg = {"seed_everything": 3, "trainer": {"max_steps": 2, "limit_val_batches": 1, **QUIET},
+           "model": {"class_path": "SequenceClassificationModule",
+                     "init_args": {"backbone_config": TINY_BERT, "delta": {"method": "houlsby"}}},
+           "data": data(tiny_corpus)}
+    path = tmp_path / "adapters.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(path)], runs) == 0
+    model, tokenizer = load_teacher(str(runs / "adapters"))
+    state = torch.load(runs / "adapters" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    adapter_keys = [k for k in state if "adapter" in k]
+    assert adapter_keys and tokenizer is not None and not model.training
+    weights = dict(model.named_parameters())
+    key = adapter_keys[0].removeprefix("backbone.")
+    assert torch.equal(weights[key], state[adapter_keys[0]])  # the trained adapter, in the teacher
+    path = distill_config(tmp_path, tiny_corpus, runs / "adapters", {"backbone_config": TINY_BERT}, steps=1)
+    assert run_main(["fit", "--config", str(path)], runs) == 0
