@@ -15,6 +15,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes by their short names)
+import ptm_app.compression  # noqa: F401
 import ptm_app.data.choice_data  # noqa: F401
 import ptm_app.data.datamodules  # noqa: F401
 import ptm_app.data.generation_data  # noqa: F401

@@ -54,8 +54,9 @@ MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.jso
 def save_module_weights(ckpt: dict, directory: Path) -> bool:
     """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
     extra, aliases, seen = {}, {}, {}
+    training_only = tuple(ckpt[CKPT_KEY].get("training_only", ()))  # e.g. a distillation projection
     for key, value in ckpt["state_dict"].items():
-        if key.startswith(BACKBONE_PREFIX):
+        if key.startswith(BACKBONE_PREFIX) or (training_only and key.startswith(training_only)):
             continue
         storage = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
         if storage in seen:  # a tied tensor (ELECTRA's generator head = its word table): stored once

@@ -19,7 +19,7 @@ from ptm_app.constants import IGNORE_INDEX
 import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
@@ -209,7 +209,38 @@ def token_mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tor
     return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
+class BiLSTMForSequenceClassification(BiLSTMPreTrainedModel):
+    """A BiLSTM sentence classifier, the distillation student of Tang et al. 2019 §3.1: the last forward state
+    and the last backward state (at the first token) are concatenated and fed through a fully connected layer with
+    ReLU and the output layer.  ``token_type_ids`` is accepted and ignored."""
+
+    def __init__(self, config: BiLSTMConfig):
+        super().__init__(config)
+        self.bilm = BiLSTMModel(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.pre_classifier = nn.Linear(config.output_dim, config.output_dim)
+        self.classifier = nn.Linear(config.output_dim, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: bool = True):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        mask = right_padded_mask(input_ids, attention_mask)
+        encoded = self.bilm(input_ids, attention_mask=mask, output_hidden_states=output_hidden_states)
+        forward_top, backward_top = encoded.last_hidden_state.chunk(2, dim=-1)
+        last = mask.sum(1) - 1
+        rows = torch.arange(input_ids.size(0), device=input_ids.device)
+        sentence = torch.cat([forward_top[rows, last], backward_top[:, 0]], dim=-1)
+        logits = self.classifier(self.dropout(torch.relu(self.pre_classifier(self.dropout(sentence)))))
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states)
+        return output if return_dict else output.to_tuple()
+
+
 HEAD_CLASSES: dict[str, type[BiLSTMPreTrainedModel]] = {"bilm": BiLSTMForLanguageModeling, "base": BiLSTMModel}
 
 AutoConfig.register(MODEL_TYPE, BiLSTMConfig, exist_ok=True)
 AutoModel.register(BiLSTMConfig, BiLSTMModel, exist_ok=True)
+AutoModelForSequenceClassification.register(BiLSTMConfig, BiLSTMForSequenceClassification, exist_ok=True)

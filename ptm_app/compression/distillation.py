@@ -1,0 +1,285 @@
+"""Knowledge distillation for sequence classification: a student (any ``SequenceClassificationModule`` backbone,
+or a smaller copy of the teacher) learns from a frozen teacher's soft targets (Hinton et al. 2015 §2), the gold
+labels, and optionally its hidden states, attention scores and embeddings (TinyBERT, Jiao et al. 2020 §3.1;
+PKD, Sun et al. 2019 §3.1) and the DistilBERT cosine loss (Sanh et al. 2019 §3)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Optional
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from ptm_app.adaptation.classification import SequenceClassificationModule
+from ptm_app.adaptation.policies import FrozenFeatures
+from ptm_app.backbones.build import max_positions
+from ptm_app.checkpoints import CKPT_KEY
+from ptm_app.compression import losses
+from ptm_app.compression.layer_maps import LayerMap, layer_pairs
+from ptm_app.compression.students import StudentLayers, chosen_layers, student_from_teacher
+from ptm_app.compression.teacher import TeacherInputs, has_trained_head, load_teacher, resolve_teacher, same_vocabulary
+from ptm_app.errors import PtmError
+from ptm_app.training.optim import OptimConfig
+
+TOKEN_LOSSES = ("hidden", "patient", "attention", "embedding", "cosine")  # compare token positions: one vocabulary needed
+
+
+@dataclass
+class DistillSpec:
+    """The loss weights (each term is logged as ``train/<name>``) and settings.
+
+    Args:
+        temperature: T of the soft targets.
+        kd: weight of ``T²·KL(p_T ‖ p_S)`` (Hinton §2; with ``hard`` = α, Hinton's mix is ``kd: 1-α``).
+        hard: weight α of the cross-entropy with the gold labels.
+        logit_mse: weight of ``‖z_T − z_S‖²`` between the logits (Tang et al. 2019 §3.2, for a BiLSTM student).
+        hidden: weight of the hidden-state MSE over ``layer_map`` (TinyBERT; PKD with ``skip`` / ``last``).
+        patient: weight of PKD's patient loss on the normalised [CLS] states over ``layer_map`` (use it with
+            ``skip`` or ``last``).
+        attention: weight of the per-head attention-score MSE over ``layer_map`` (TinyBERT; BERT-style layers).
+        embedding: weight of the embedding-layer MSE (TinyBERT).
+        cosine: weight of ``1 − cos`` between the last hidden states (DistilBERT).
+        layer_map: ``uniform``, ``skip``, ``last`` or ``[[student_layer, teacher_layer], ...]``
+            (``compression.layer_maps``).
+    """
+
+    temperature: float = 2.0
+    kd: float = 0.5
+    hard: float = 0.5
+    logit_mse: float = 0.0
+    hidden: float = 0.0
+    patient: float = 0.0
+    attention: float = 0.0
+    embedding: float = 0.0
+    cosine: float = 0.0
+    layer_map: LayerMap = "uniform"
+
+
+def as_distill_spec(value) -> DistillSpec:
+    if isinstance(value, DistillSpec):
+        return value
+    return DistillSpec(**(asdict(value) if is_dataclass(value) else (value or {})))
+
+
+class DistillationModule(SequenceClassificationModule):
+    """A student classifier distilled from a frozen teacher; logs the task metrics (``val/acc`` …) for the student
+    and, once (the first validation after the sanity check), the teacher's as ``val/teacher_acc`` ….
+
+    Args:
+        teacher: a run directory or ``.ckpt`` (e.g. ``checkpoints/bbc_minilm``, also looked up under the runs
+            directory), an exported directory or a prepared model name.  Frozen, eval mode, not saved.
+        student_layers: build the student from the teacher: ``every_other`` (DistilBERT) or a list of teacher
+            layers (1..L) whose weights it starts from (with the teacher's embeddings, pooler and head).  Unset:
+            the student is ``backbone`` / ``backbone_config`` (pretrained, or a from-scratch config).
+        distill: loss weights, temperature and layer map (``DistillSpec``).
+        teacher_metrics: evaluate the teacher once on the validation data for reference.
+    """
+
+    def __init__(self, teacher: str, student_layers: Optional[StudentLayers] = None,
+                 distill: DistillSpec = DistillSpec(), backbone: Optional[str] = None,
+                 backbone_config: Optional[dict] = None, labels: Optional[list[str]] = None,
+                 optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
+                 positive_label: Optional[str] = None, teacher_metrics: bool = True):
+        self.spec = as_distill_spec(distill)
+        object.__setattr__(self, "_teacher", None)  # not a sub-module: never in state_dict, .train() or the optimiser
+        self.teacher_tokenizer = None
+        self.distill_projection = None
+        super().__init__(backbone, backbone_config, labels, optim, gradient_checkpointing,
+                         positive_label=positive_label)
+
+    def default_style(self) -> str:
+        return "distillation"
+
+    # -- the teacher ------------------------------------------------------------------------------------------
+    @property
+    def teacher(self) -> nn.Module:
+        if self._teacher is None:
+            model, tokenizer = load_teacher(self.hparams.teacher)
+            object.__setattr__(self, "_teacher", model)
+            self.teacher_tokenizer = tokenizer
+        return self._teacher
+
+    def teacher_label_order(self) -> Optional[list[int]]:
+        """Indices putting the teacher's logits in the student's label order (None: already the same)."""
+        names = [self.teacher.config.id2label[i] for i in range(self.teacher.config.num_labels)]
+        labels = list(self.hparams.labels)
+        if names == labels:
+            return None
+        if sorted(names) != sorted(labels):
+            raise PtmError(f"teacher '{self.hparams.teacher}' predicts labels {names} but the data's labels are "
+                           f"{labels}; distil from a teacher fine-tuned on this label set, or set "
+                           f"model.init_args.distill.kd and logit_mse to 0")
+        return [names.index(label) for label in labels]
+
+    def uses(self, name: str) -> bool:
+        return getattr(self.spec, name) > 0
+
+    def check_teacher(self) -> None:
+        """Refuse, in one line, a teacher that cannot teach what the weights ask for."""
+        logits = [n for n in ("kd", "logit_mse") if self.uses(n)]
+        if logits and not has_trained_head(self.teacher):
+            raise PtmError(f"teacher '{self.hparams.teacher}' has no trained classification head (a bare encoder); "
+                           f"fine-tune it first, or set model.init_args.distill.{logits[0]}: 0")
+        if logits:
+            self.label_order = self.teacher_label_order()
+        needs_vocab = [n for n in TOKEN_LOSSES if self.uses(n)]
+        if self.hparams.student_layers:  # the teacher's embeddings are copied
+            needs_vocab.append("student_layers")
+        if needs_vocab and self.tokenizer is not None and not same_vocabulary(self.tokenizer, self.teacher_tokenizer):
+            size = len(self.teacher_tokenizer) if self.teacher_tokenizer is not None else "unknown"
+            raise PtmError(f"teacher '{self.hparams.teacher}' and the student use different tokenizers (vocabularies "
+                           f"of {size} and {len(self.tokenizer)} tokens), and {', '.join(needs_vocab)} compare(s) "
+                           f"token positions; set data.init_args.tokenizer.pretrained to the teacher "
+                           f"({self.hparams.teacher}), or keep only the kd and hard losses")
+
+    # -- building -----------------------------------------------------------------------------------------------
+    def can_build(self) -> bool:
+        return self.hparams.labels is not None and (bool(self.hparams.student_layers) or super().can_build())
+
+    def build_model(self):
+        if not self.hparams.student_layers:
+            return super().build_model()
+        layers = chosen_layers(self.hparams.student_layers, self.teacher.config.num_hidden_layers)
+        labels = ("num_labels", "id2label", "label2id")  # the rest of the config is the teacher's
+        updates = {k: v for k, v in self.config_updates().items() if k in labels}
+        rank_zero_info(f"student: teacher layers {layers} of {self.teacher.config.num_hidden_layers}")
+        return student_from_teacher(self.teacher, layers, **updates)
+
+    def configure_model(self) -> None:
+        fresh = self.backbone is None
+        super().configure_model()
+        if fresh:
+            self.label_order = None
+            self.check_teacher()
+            mapped = any(self.uses(n) for n in ("hidden", "patient", "attention"))
+            self.layer_pairs = layer_pairs(self.spec.layer_map, self.backbone.config.num_hidden_layers,
+                                           self.teacher.config.num_hidden_layers) if mapped else []
+            widths = (FrozenFeatures.width(self.backbone), FrozenFeatures.width(self.teacher))
+            if widths[0] != widths[1] and any(self.uses(n) for n in ("hidden", "patient", "embedding", "cosine")):
+                self.distill_projection = nn.Linear(*widths)  # TinyBERT's W_h (shared by its hidden losses)
+            if self.uses("attention"):
+                for student_layer, teacher_layer in self.layer_pairs:
+                    self.self_attention(self.backbone, student_layer), self.self_attention(self.teacher, teacher_layer)
+                heads = (self.backbone.config.num_attention_heads, self.teacher.config.num_attention_heads)
+                if heads[0] != heads[1]:
+                    raise PtmError(f"distill.attention compares heads one to one, but the student has {heads[0]} "
+                                   f"and the teacher {heads[1]}; give the student {heads[1]} heads or set "
+                                   f"distill.attention: 0")
+
+    def make_collator(self, tokenizer, seed: int = 0):
+        base = super().make_collator(tokenizer, seed)
+        self.teacher  # loads the teacher and its tokenizer
+        teacher_tok = self.teacher_tokenizer
+        if same_vocabulary(tokenizer, teacher_tok):
+            return base
+        if teacher_tok is None:
+            raise PtmError(f"teacher '{self.hparams.teacher}' has no tokenizer saved with it and the student's "
+                           f"cannot be checked against it; give an exported directory or run directory of the teacher")
+        facts = self.data_facts
+        limit = [n for n in (max_positions(self.teacher), facts.max_length if facts else None) if n]
+        return TeacherInputs(base, tokenizer, teacher_tok, min(limit) if limit else 512)
+
+    # -- training -----------------------------------------------------------------------------------------------
+    def teacher_forward(self, batch: dict, hidden: bool):
+        teacher = self.teacher
+        if next(teacher.parameters()).device != self.device:
+            teacher.to(self.device)
+        if "teacher_input_ids" in batch:
+            inputs = {k[len("teacher_"):]: v for k, v in batch.items() if k.startswith("teacher_")}
+        else:
+            inputs = self.model_inputs(batch)
+        with torch.no_grad():
+            out = teacher(**inputs, output_hidden_states=hidden)
+        logits = out.logits if self.label_order is None else out.logits[:, self.label_order]
+        return out, logits
+
+    def distill_losses(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Every loss with a weight above 0, unweighted, by name."""
+        token_level = any(self.uses(n) for n in TOKEN_LOSSES)
+        student = self.backbone(**self.model_inputs(batch), output_hidden_states=token_level)
+        teacher, teacher_logits = self.teacher_forward(batch, token_level)
+        parts: dict[str, torch.Tensor] = {}
+        if self.uses("kd"):
+            parts["kd"] = losses.soft_target_loss(student.logits, teacher_logits, self.spec.temperature)
+        if self.uses("hard"):
+            parts["hard"] = self.kind.loss(student.logits, batch)
+        if self.uses("logit_mse"):
+            parts["logit_mse"] = losses.logit_mse(student.logits, teacher_logits)
+        if not token_level:
+            return parts
+        mask = batch["attention_mask"]
+        hs, ht = student.hidden_states, teacher.hidden_states
+        project = self.distill_projection or (lambda h: h)
+        if self.uses("embedding"):
+            parts["embedding"] = losses.hidden_mse(project(hs[0]), ht[0], mask)
+        if self.uses("hidden"):
+            parts["hidden"] = sum(losses.hidden_mse(project(hs[s]), ht[t], mask)
+                                  for s, t in self.layer_pairs) / len(self.layer_pairs)
+        if self.uses("patient"):
+            parts["patient"] = sum(losses.patient_loss(project(hs[s][:, 0]), ht[t][:, 0])
+                                   for s, t in self.layer_pairs) / len(self.layer_pairs)
+        if self.uses("attention"):
+            parts["attention"] = sum(losses.attention_score_mse(self.layer_scores(self.backbone, hs, s),
+                                                                self.layer_scores(self.teacher, ht, t), mask)
+                                     for s, t in self.layer_pairs) / len(self.layer_pairs)
+        if self.uses("cosine"):
+            parts["cosine"] = losses.cosine_loss(project(hs[-1]), ht[-1], mask)
+        return parts
+
+    @staticmethod
+    def self_attention(model: nn.Module, layer: int) -> nn.Module:
+        """Block ``layer``'s (1..L) BERT-style self-attention (``encoder.layer[i].attention.self``), or one line."""
+        try:
+            attention = model.base_model.encoder.layer[layer - 1].attention.self
+            attention.query, attention.key, attention.num_attention_heads
+        except (AttributeError, IndexError, TypeError):
+            raise PtmError(f"distill.attention reads BERT-style self-attention (encoder.layer[i].attention.self); "
+                           f"{type(model).__name__} has none: set distill.attention: 0") from None
+        return attention
+
+    def layer_scores(self, model: nn.Module, hidden_states: tuple, layer: int) -> torch.Tensor:
+        """Attention scores of block ``layer`` (1..L) from its input ``hidden_states[layer − 1]``."""
+        attention = self.self_attention(model, layer)
+        return losses.attention_scores(hidden_states[layer - 1], attention.query, attention.key,
+                                       attention.num_attention_heads)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        parts = self.distill_losses(batch)
+        total = sum(getattr(self.spec, name) * value for name, value in parts.items())
+        return self.log_train_losses(total, parts, self.batch_size(batch))
+
+    # -- the teacher's reference metrics --------------------------------------------------------------------------
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        super().validation_step(batch, batch_idx)
+        if self.teaching_reference():
+            if getattr(self, "teacher_val_metrics", None) is None:
+                object.__setattr__(self, "teacher_val_metrics", self.build_metrics().to(self.device))
+            _, logits = self.teacher_forward(batch, hidden=False)
+            self.kind.update(self.teacher_val_metrics, logits, batch, self.eval_settings())
+
+    def teaching_reference(self) -> bool:
+        logits = self.uses("kd") or self.uses("logit_mse")
+        return (self.hparams.teacher_metrics and logits and not getattr(self, "teacher_logged", False)
+                and self._trainer is not None and not self.trainer.sanity_checking)
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        if self.teaching_reference() and getattr(self, "teacher_val_metrics", None) is not None:
+            values = self.teacher_val_metrics.compute()
+            self.log_dict({f"val/teacher_{k}": v for k, v in values.items()})
+            object.__setattr__(self, "teacher_logged", True)
+
+    # -- checkpoints: the teacher by name, never its weights ------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        hparams = checkpoint["hyper_parameters"]
+        hparams["teacher"] = resolve_teacher(self.hparams.teacher)
+        hparams["distill"] = asdict(self.spec)
+        checkpoint[CKPT_KEY]["training_only"] = ["distill_projection."]  # export leaves W_h out
+        # a run resumed from a checkpoint written after the teacher's evaluation does not repeat it
+        checkpoint[CKPT_KEY]["teacher_logged"] = bool(getattr(self, "teacher_logged", False))
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        object.__setattr__(self, "teacher_logged", bool(checkpoint.get(CKPT_KEY, {}).get("teacher_logged")))

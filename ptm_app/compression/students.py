@@ -1,0 +1,58 @@
+"""Students made from the teacher: the same architecture with fewer layers, its embeddings, the chosen layers,
+pooler and head copied (DistilBERT, Sanh et al. 2019 §3: "initialize the student from the teacher by taking one
+layer out of two").  Layers are numbered 1..L (``hidden_states`` indices)."""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+from torch import nn
+
+from ptm_app.backbones.layers import _blocks, num_layers
+from ptm_app.errors import PtmError
+
+StudentLayers = Union[str, list[int]]
+
+
+def chosen_layers(spec: StudentLayers, teacher_layers: int) -> list[int]:
+    """``every_other`` (L, L−2, … : the top layer is kept) or an explicit list of teacher layers (1..L)."""
+    if spec == "every_other":
+        return list(range(teacher_layers % 2 or 2, teacher_layers + 1, 2))
+    if isinstance(spec, str) or not spec:
+        raise PtmError(f"student_layers {spec!r}: use 'every_other' or a list of teacher layers such as [2, 4, 6]")
+    for layer in spec:
+        if not isinstance(layer, int) or not 1 <= layer <= teacher_layers:
+            raise PtmError(f"student_layers names teacher layer {layer!r}, but the teacher has layers "
+                           f"1..{teacher_layers}; name layers that exist")
+    return list(spec)
+
+
+def layer_list_path(model: nn.Module) -> str:
+    """The name of the ``nn.ModuleList`` holding the model's transformer blocks (``bert.encoder.layer``)."""
+    first = next(iter(_blocks(model, num_layers(model))))
+    return first.rsplit(".", 1)[0]
+
+
+def student_from_teacher(teacher: nn.Module, layers: list[int], **config_updates) -> nn.Module:
+    """A copy of ``teacher`` keeping only ``layers`` (in that order) of its blocks, every other weight copied."""
+    config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_hidden_layers": len(layers),
+                                                 **config_updates})
+    student = type(teacher)(config)
+    copy_teacher_layers(student, teacher, layers)
+    return student
+
+
+def copy_teacher_layers(student: nn.Module, teacher: nn.Module, layers: list[int]) -> None:
+    """Load ``student`` with the teacher's embeddings, pooler, head and its blocks ``layers`` (student block j ←
+    teacher block ``layers[j]``); every student weight must be filled (strict)."""
+    prefix = layer_list_path(teacher) + "."
+    source_block = {teacher_layer - 1: j for j, teacher_layer in enumerate(layers)}
+    state: dict[str, torch.Tensor] = {}
+    for key, value in teacher.state_dict().items():
+        if not key.startswith(prefix):
+            state[key] = value
+            continue
+        index, rest = key[len(prefix):].split(".", 1)
+        if int(index) in source_block:
+            state[f"{prefix}{source_block[int(index)]}.{rest}"] = value
+    student.load_state_dict(state, strict=True)
