@@ -107,7 +107,8 @@ class ResumableLoader(DataLoader):
         return super().__iter__()
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch_sampler.epoch, "consumed": self.consumed, "batch_size": self.batch_size}
+        return {"epoch": self.epoch_sampler.epoch, "consumed": self.consumed, "batch_size": self.batch_size,
+                "world_size": self.epoch_sampler.world_size}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("batch_size", self.batch_size) != self.batch_size:
@@ -118,11 +119,29 @@ class ResumableLoader(DataLoader):
                 f"cannot resume: the checkpoint was written with batch_size={state['batch_size']}, "
                 f"this run uses {self.batch_size}; resume with the same batch size"
             )
+        state = dict(state, consumed=self._consumed_here(state))
         self.restored = True
         if state["consumed"] >= len(self):  # saved at the last step of an epoch: start the next one
             self._resume = {"epoch": state["epoch"] + 1, "consumed": 0}
         else:
             self._resume = {"epoch": state["epoch"], "consumed": state["consumed"]}
+
+
+    def _consumed_here(self, state: dict) -> int:
+        """Batches this rank has consumed, from a checkpoint written with ``world_size`` ranks.
+
+        The ranks interleave one seeded order (``EpochSampler``), so together they consumed its first
+        ``consumed × batch_size × old_ranks`` examples; another rank count continues exactly when that is a whole
+        number of its global batches (2 → 1 ranks always, 1 → 2 after an even step ...), else it is refused."""
+        old, new = state.get("world_size", self.epoch_sampler.world_size), self.epoch_sampler.world_size
+        if old == new:
+            return state["consumed"]
+        if self.epoch_sampler.lengths is not None or (state["consumed"] * old) % new:
+            from ptm_app.errors import PtmError
+
+            raise PtmError(f"cannot resume: the checkpoint was written by {old} ranks after {state['consumed']} "
+                           f"batches each, which {new} ranks cannot continue exactly; resume with {old} ranks")
+        return state["consumed"] * old // new
 
 
 class DataPositionCallback(Callback):

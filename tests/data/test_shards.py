@@ -213,3 +213,21 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path):
     (small_kb, small_tokens), (large_kb, large_tokens) = grow
     assert large_tokens >= 7 * small_tokens
     assert large_kb - small_kb < 20_000, grow  # < 20 MB more for 8x the corpus (the in-memory path: ~8x)
+
+
+def test_resume_on_another_rank_count_continues_the_same_order_or_is_refused(tmp_path):
+    from ptm_app.data.datasets import BlockDataset
+
+    data = BlockDataset([np.arange(3) + i for i in range(50)])
+    collate = lambda items: {"key": [it["key"] for it in items]}  # noqa: E731
+    full = batches(ResumableLoader(data, batch_size=4, shuffle=True, seed=9, collate_fn=collate))
+    two = [ResumableLoader(data, batch_size=4, shuffle=True, seed=9, rank=r, world_size=2, collate_fn=collate)
+           for r in (0, 1)]
+    state = {"epoch": 0, "consumed": 3, "batch_size": 4, "world_size": 2}  # 3 batches on each of 2 ranks
+    assert sorted(i for r in two for b in batches(r, 3) for i in b) == sorted(i for b in full[:6] for i in b)
+    one = ResumableLoader(data, batch_size=4, shuffle=True, seed=9, collate_fn=collate)
+    one.load_state_dict(state)
+    assert batches(one) == full[6:]  # 2 ranks -> 1 continues exactly
+    three = ResumableLoader(data, batch_size=4, shuffle=True, seed=9, rank=0, world_size=3, collate_fn=collate)
+    with pytest.raises(PtmError, match="written by 2 ranks after 4 batches each.*resume with 2 ranks"):
+        three.load_state_dict({**state, "consumed": 4})
