@@ -231,3 +231,15 @@ def test_resume_on_another_rank_count_continues_the_same_order_or_is_refused(tmp
     three = ResumableLoader(data, batch_size=4, shuffle=True, seed=9, rank=0, world_size=3, collate_fn=collate)
     with pytest.raises(PtmError, match="written by 2 ranks after 4 batches each.*resume with 2 ranks"):
         three.load_state_dict({**state, "consumed": 4})
+
+
+def test_fit_on_shards_resumes_exactly_with_ckpt_path_last(tmp_path, tiny_corpus, one_thread):
+    """``streaming: true`` end to end: MLM on the shards, paused at step 4 and resumed with ``--ckpt_path last``,
+    logs the same losses as the uninterrupted run (the 10 steps cross an epoch)."""
+    from tests.conftest import assert_resumes_exactly, tiny_mlm_config
+
+    cfg = tiny_mlm_config(tiny_corpus / "train.jsonl", tmp_path, max_steps=10, val_check_interval=5)
+    argv = ["fit", "--config", str(cfg), "--data.init_args.streaming", "true",
+            "--data.init_args.prepare_workers", "1", "--data.init_args.shard_dir", str(tmp_path / "shards")]
+    assert_resumes_exactly(argv, tmp_path / "runs", stop=4, steps=10)
+    assert (tmp_path / "shards" / "train" / "index.json").exists()
