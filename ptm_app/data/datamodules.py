@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Subset
 from ptm_app.data.blocks import BlockView, LazyBlocks
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.collators import PadCollator
-from ptm_app.data.corpus import Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
+from ptm_app.data.corpus import CorpusDocuments, Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader
@@ -291,7 +291,7 @@ class PretrainDataModule(_Base):
                                    f"set data.init_args.document_attention: false")
                 if not is_bert_style(tok):
                     raise PtmError(f"{kind} examples need a BERT-style tokenizer ([CLS]/[SEP]); use train: wordpiece")
-                documents = [[line.tolist() for line in corpus.lines(d)] for d in docs[split]]
+                documents = CorpusDocuments(corpus, docs[split])  # read on demand
                 self.datasets[split] = SentencePairDataset(documents, kind, self.max_length, self.seed,
                                                            tok.cls_token_id, tok.sep_token_id)
             elif streaming:  # blocks cut on read, by index arithmetic over the memory-mapped shards

@@ -243,3 +243,26 @@ def test_fit_on_shards_resumes_exactly_with_ckpt_path_last(tmp_path, tiny_corpus
             "--data.init_args.prepare_workers", "1", "--data.init_args.shard_dir", str(tmp_path / "shards")]
     assert_resumes_exactly(argv, tmp_path / "runs", stop=4, steps=10)
     assert (tmp_path / "shards" / "train" / "index.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["nsp", "sop"])
+def test_sentence_pairs_from_shards_equal_the_in_memory_ones(tmp_path, kind):
+    path = subset(tmp_path, "brown", 12)
+    dms = [PretrainDataModule(tokenizer=TokenizerSpec(pretrained="minilm"), source=str(path), max_length=48,
+                              examples=kind, streaming=streaming, prepare_workers=1, shard_dir=str(tmp_path / "s"))
+           for streaming in (True, False)]
+    for dm in dms:
+        dm.prepare_data()
+        dm.setup("fit")
+    sharded, memory = dms[0].datasets["train"], dms[1].datasets["train"]
+    assert len(sharded) == len(memory) > 500  # one anchor per sentence with a successor
+    for key in [(0, 0), (1, 5), (2, 117), (3, len(memory) - 1)]:
+        a, b = sharded[key], memory[key]
+        assert torch_equal(a["input_ids"], b["input_ids"]) and a["sentence_label"] == b["sentence_label"]
+    assert sharded.anchor(len(sharded) - 1)[0] == len(dms[0].datasets["train"].documents) - 1
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
