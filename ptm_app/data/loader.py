@@ -49,15 +49,13 @@ class EpochSampler(Sampler):
     def __len__(self) -> int:
         return math.ceil(self.size / self.world_size)
 
-    def order(self) -> list[int]:
+    def order(self) -> torch.Tensor:
+        """This rank's indices for the epoch (a tensor: 8 bytes an example, never a Python list of the epoch)."""
         gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        if self.shuffle:
-            order = torch.randperm(self.size, generator=gen).tolist()
-        else:
-            order = list(range(self.size))
-        order += order[: len(self) * self.world_size - self.size]  # pad so every rank gets the same count
+        order = torch.randperm(self.size, generator=gen) if self.shuffle else torch.arange(self.size)
+        order = torch.cat([order, order[: len(self) * self.world_size - self.size]])  # every rank the same count
         if self.lengths is not None:
-            order = self._grouped(order, gen)
+            order = torch.as_tensor(self._grouped(order.tolist(), gen), dtype=torch.long)
         return order[self.rank:: self.world_size]
 
     def _grouped(self, order: list[int], gen: torch.Generator) -> list[int]:
@@ -78,8 +76,10 @@ class EpochSampler(Sampler):
     def __iter__(self) -> Iterator[tuple[int, int]]:
         skip, self.skip = self.skip, 0
         epoch = self.epoch
-        for index in self.order()[skip:]:
-            yield epoch, index
+        order = self.order()[skip:]
+        for start in range(0, len(order), 1 << 16):  # converted a slice at a time
+            for index in order[start: start + (1 << 16)].tolist():
+                yield epoch, index
 
 
 class ResumableLoader(DataLoader):
