@@ -143,7 +143,10 @@ def prepare_shards(files: Sequence[Path], text_field: str, tokenizer, workers: O
     if workers > 1:
         import multiprocessing
 
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+        # fork (as HF datasets' map(num_proc)): no re-import of the entry script, nothing to pickle; each worker
+        # turns the tokenizer's own threads off (the processes are the parallelism)
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                    initializer=_init_worker, initargs=(tokenizer,))
     names: list[str] = []
     with _TokenProgress(f"tokenizing {files[0].name}" + (f" (+{len(files) - 1} files)" if len(files) > 1 else ""),
