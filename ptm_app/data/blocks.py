@@ -53,26 +53,32 @@ class LazyBlocks:
             parts.append(self.sep[max(lo, n) - n: hi - n])
         return np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0], np.int32)
 
-    def chunk(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def chunk(self, i: int, owners: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """Block ``i`` without its special tokens, and (``owners``) each token's document index."""
         if not 0 <= i < self.n:
             raise IndexError(i)
         if self.mode != "pack":
             k = int(np.searchsorted(self.block_end, i, side="right"))
             j = i - (int(self.block_end[k]) - -(-int(self.doc_len[k]) // self.content))
             ids = self._doc(k, j * self.content, min((j + 1) * self.content, int(self.doc_len[k])))
-            return ids, np.full(len(ids), self.docs[k], np.int64)
+            return ids, (np.full(len(ids), self.docs[k], np.int64) if owners else None)
         start = i * self.content
         stop = min(start + self.content, self.total) if self.total >= self.content else self.total
         k = int(np.searchsorted(self.seg_end, start, side="right"))
-        parts, owners = [], []
+        parts, owned = [], []
         while start < stop:
             seg_start = int(self.seg_end[k]) - int(self.doc_len[k]) - len(self.sep)
             end = min(stop, int(self.seg_end[k]))
             part = self._doc(k, start - seg_start, end - seg_start)
             parts.append(part)
-            owners.append(np.full(len(part), self.docs[k], np.int64))
+            if owners:
+                owned.append(np.full(len(part), self.docs[k], np.int64))
             start, k = end, k + 1
-        return np.concatenate(parts).astype(np.int32, copy=False), np.concatenate(owners)
+        ids = np.concatenate(parts).astype(np.int32, copy=False) if len(parts) > 1 else parts[0]
+        return ids, (np.concatenate(owned) if owners else None)
+
+    def ids(self, i: int) -> np.ndarray:
+        return np.concatenate([self.pre, self.chunk(int(i), owners=False)[0], self.suf])
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         chunk, owner = self.chunk(int(i))
@@ -91,4 +97,4 @@ class BlockView:
         return len(self.blocks)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.blocks[i][self.part]
+        return self.blocks.ids(i) if self.part == 0 else self.blocks[i][1]

@@ -100,11 +100,14 @@ def _write_shard(texts: list[str], shard: Path, dtype: str, tokenizer=None) -> i
     tokenizer = tokenizer or _WORKER_TOKENIZER
     docs = [document_lines(t) for t in texts]
     lines = [ln for d in docs for ln in d]
-    pieces: list[list[int]] = []
-    for start in range(0, len(lines), LINE_BATCH):
-        pieces.extend(tokenizer(lines[start: start + LINE_BATCH], add_special_tokens=False, verbose=False)["input_ids"])
-    line_lengths = np.fromiter((len(p) for p in pieces), dtype=np.int32, count=len(pieces))
-    ids = np.fromiter((t for p in pieces for t in p), dtype=dtype, count=int(line_lengths.sum(dtype=np.int64)))
+    id_parts, length_parts = [], []
+    for start in range(0, len(lines), LINE_BATCH):  # each batch to NumPy at once: no Python ints for the shard
+        pieces = tokenizer(lines[start: start + LINE_BATCH], add_special_tokens=False, verbose=False)["input_ids"]
+        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int32, count=len(pieces))
+        length_parts.append(lengths)
+        id_parts.append(np.fromiter((t for p in pieces for t in p), dtype=dtype, count=int(lengths.sum(dtype=np.int64))))
+    line_lengths = np.concatenate(length_parts) if length_parts else np.zeros(0, np.int32)
+    ids = np.concatenate(id_parts) if id_parts else np.zeros(0, dtype)
     with atomic_dir(shard) as tmp:
         np.save(tmp / "ids.npy", ids)
         np.save(tmp / "line_lengths.npy", line_lengths)

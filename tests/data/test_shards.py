@@ -53,6 +53,7 @@ def test_shards_reproduce_the_in_memory_ids_offsets_and_blocks(tmp_path, minilm,
         for i in range(len(blocks)):
             ids, own = lazy[i]
             assert np.array_equal(ids, blocks[i]) and np.array_equal(own, owners[i]), (mode, i)
+            assert np.array_equal(lazy.ids(i), blocks[i])
 
 
 def test_second_run_reuses_and_interrupted_preparation_restarts_identically(tmp_path, minilm, monkeypatch):
