@@ -24,6 +24,7 @@ import json
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -102,10 +103,11 @@ def _write_shard(texts: list[str], shard: Path, dtype: str, tokenizer=None) -> i
     lines = [ln for d in docs for ln in d]
     id_parts, length_parts = [], []
     for start in range(0, len(lines), LINE_BATCH):  # each batch to NumPy at once: no Python ints for the shard
-        pieces = tokenizer(lines[start: start + LINE_BATCH], add_special_tokens=False, verbose=False)["input_ids"]
-        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int32, count=len(pieces))
+        pieces = tokenizer(lines[start: start + LINE_BATCH], add_special_tokens=False, verbose=False,
+                           return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        lengths = np.fromiter(map(len, pieces), dtype=np.int32, count=len(pieces))
         length_parts.append(lengths)
-        id_parts.append(np.fromiter((t for p in pieces for t in p), dtype=dtype, count=int(lengths.sum(dtype=np.int64))))
+        id_parts.append(np.fromiter(chain.from_iterable(pieces), dtype=dtype, count=int(lengths.sum(dtype=np.int64))))
     line_lengths = np.concatenate(length_parts) if length_parts else np.zeros(0, np.int32)
     ids = np.concatenate(id_parts) if id_parts else np.zeros(0, dtype)
     with atomic_dir(shard) as tmp:
