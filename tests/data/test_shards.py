@@ -213,7 +213,7 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path):
         grow.append([int(x) for x in out.stdout.split()])
     (small_kb, small_tokens), (large_kb, large_tokens) = grow
     assert large_tokens >= 7 * small_tokens
-    assert large_kb - small_kb < 20_000, grow  # < 20 MB more for 8x the corpus (the in-memory path: ~8x)
+    assert large_kb - small_kb < 20_000, grow  # < 20 MB more for 8x the corpus
 
 
 def test_resume_on_another_rank_count_continues_the_same_order_or_is_refused(tmp_path):
