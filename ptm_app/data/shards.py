@@ -24,6 +24,7 @@ import json
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
@@ -173,6 +174,9 @@ def prepare_shards(files: Sequence[Path], text_field: str, tokenizer, workers: O
                         bar.advance(future.result())
             for future in pending:
                 bar.advance(future.result())
+        except BrokenProcessPool:
+            raise PtmError(f"a tokenizer worker died while preparing {target} (out of memory?); lower "
+                           f"data.init_args.prepare_workers and run again: finished shards are kept") from None
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
