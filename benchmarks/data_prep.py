@@ -1,7 +1,8 @@
 """Corpus preparation side by side: ptm_app's shards, its in-memory cache, litdata ``optimize`` and HF
 ``datasets`` map + ``group_texts``, at the same worker count, each in its own subprocess.
 
-``python -m benchmarks.data_prep CORPUS.jsonl [--workers 2] [--tokenizer minilm]`` prints, per candidate, tokens,
+``python -m benchmarks --only data`` runs it on the prepared ``bbc`` training file;
+``python -m benchmarks.data_prep CORPUS.jsonl [--workers 2] [--tokenizer minilm]`` on any JSONL.  Each prints, per candidate, tokens,
 seconds, tokens/s, peak RSS (the process and its largest worker) and the size on disk.  The peers run only when
 installed (``litdata``, ``datasets``); their input is the same JSONL, ``text`` field, no special tokens.
 """
