@@ -267,3 +267,19 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+def test_a_directory_of_compressed_splits_reads_on_both_paths(tmp_path):
+    rows = make_docs(20, 8)
+    for split, part in (("train", rows[:16]), ("validation", rows[16:])):
+        (tmp_path / "d").mkdir(exist_ok=True)
+        (tmp_path / "d" / f"{split}.jsonl.gz").write_bytes(
+            gzip.compress("".join(json.dumps(r) + "\n" for r in part).encode()))
+    sizes = []
+    for streaming in (False, True):
+        dm = PretrainDataModule(tokenizer=TokenizerSpec(pretrained="minilm"), source=str(tmp_path / "d"),
+                                max_length=16, streaming=streaming, prepare_workers=1, shard_dir=str(tmp_path / "s"))
+        assert sorted(dm.files) == ["train", "validation"] and dm.files["train"].name == "train.jsonl.gz"
+        dm.setup("fit")
+        sizes.append({split: len(ds) for split, ds in dm.datasets.items()})
+    assert sizes[0] == sizes[1] and sizes[0]["validation"] > 0
