@@ -274,9 +274,10 @@ def load_shards(target: Path, expected_key: Optional[dict] = None) -> TokenizedC
 
 def _check_key_index(target: Path, found: dict, key: dict) -> None:
     what = [k for k in key if found.get(k) != key[k]]
-    raise PtmError(f"shard directory {target} was written with another {', '.join(what)} "
-                   f"({', '.join(f'{k}={found.get(k)!r}' for k in what)}); point data.init_args.shard_dir "
-                   f"elsewhere or delete {target} to rebuild it")
+    said = [f"{k} {found.get(k)!r} (this run: {key[k]!r})" if k != "files" else "input files (other contents)"
+            for k in what]
+    raise PtmError(f"shard directory {target} was written with another {'; '.join(said)}; point "
+                   f"data.init_args.shard_dir elsewhere or delete {target} to rebuild it")
 
 
 class _TokenProgress:

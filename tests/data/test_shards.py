@@ -117,14 +117,14 @@ def test_bad_input_is_one_line(tmp_path, minilm):
     path = subset(tmp_path, "bbc", 20)
     target = prepare_shards([path], "text", minilm, workers=1, target=tmp_path / "s", shard_bytes=20_000, progress=False)
     other = load_tokenizer(TokenizerSpec(train="wordpiece", vocab_size=200, min_frequency=1), lambda: [d["text"] for d in make_docs(50, 1)], "x")
-    with pytest.raises(PtmError, match=r"written with another tokenizer") as err:
+    with pytest.raises(PtmError, match=r"written with another tokenizer .* \(this run: ") as err:
         prepare_shards([path], "text", other, workers=1, target=target, shard_bytes=20_000, progress=False)
     assert "\n" not in str(err.value)
     key = json.loads((target / "key.json").read_text())
     index = json.loads((target / "index.json").read_text())
     index["key"]["format_version"] = 0
     (target / "index.json").write_text(json.dumps(index))
-    with pytest.raises(PtmError, match=r"another format_version"):
+    with pytest.raises(PtmError, match=r"another format_version 0 \(this run: 1\)"):
         load_shards(target, key)
     index["key"]["format_version"] = key["format_version"]
     (target / "index.json").write_text(json.dumps(index))
