@@ -429,7 +429,7 @@ def _strip(value):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny model, 3 steps, 1 repeat (a check, not a measurement)")
-    parser.add_argument("--only", nargs="+", choices=("pretrain", "finetune", "resume"),
+    parser.add_argument("--only", nargs="+", choices=("pretrain", "finetune", "resume", "data"),
                         default=["pretrain", "finetune", "resume"])
     parser.add_argument("--repeats", type=int, help="repeats of every part (default 3; fine-tuning 2)")
     parser.add_argument("--work", type=Path, default=ROOT / "checkpoints" / "bench",
@@ -437,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where results.json/.md go (default benchmarks/; with --smoke, --work)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.only == ["data"]:  # corpus preparation side by side (benchmarks/data_prep.py), on the bbc training file
+        from benchmarks.data_prep import main as data_main
+
+        return data_main([str(ROOT / "data" / "bbc" / "train.jsonl")])
     settings = SMOKE if args.smoke else FULL
     if args.repeats:
         settings = Settings(**{**asdict(settings), "repeats": args.repeats, "finetune_repeats": args.repeats})

@@ -47,6 +47,24 @@ class TokenizedCorpus:
         return [self.ids[self.line_offsets[i]: self.line_offsets[i + 1]] for i in range(first, last)]
 
 
+class CorpusDocuments:
+    """Documents of a corpus as a read-on-demand sequence of lines of ids (``documents[k]`` is document
+    ``docs[k]``), for the NSP/SOP pair datasets (``datasets.SentencePairDataset``) over any corpus size."""
+
+    def __init__(self, corpus: TokenizedCorpus, docs):
+        self.corpus, self.docs = corpus, np.asarray(docs, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __getitem__(self, k: int) -> list[list[int]]:
+        return [line.tolist() for line in self.corpus.lines(int(self.docs[k]))]
+
+    def sentence_counts(self) -> np.ndarray:
+        offsets = self.corpus.doc_offsets
+        return np.asarray(offsets[self.docs + 1], np.int64) - np.asarray(offsets[self.docs], np.int64)
+
+
 
 
 def cache_dir_for(path: Path, text_field: str, tokenizer) -> Path:

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from ptm_app.data.blocks import BlockView, LazyBlocks
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.collators import PadCollator
-from ptm_app.data.corpus import Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
+from ptm_app.data.corpus import CorpusDocuments, Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader
@@ -34,6 +35,10 @@ def resolve_source(source: str) -> dict[str, Path]:
 
         return split_files(hub_dataset_dir(source))
     path = Path(source).expanduser()
+    if not path.exists() and any(ch in source for ch in "*?["):  # a glob: its files, in order, are the train split
+        from ptm_app.data.shards import expand_inputs
+
+        return {"train": tuple(expand_inputs([source]))}
     if path.is_file():
         return {"train": path.resolve()}
     if path.is_dir():
@@ -52,6 +57,13 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[list[int], list[i
     order = np.random.default_rng(seed).permutation(n).tolist()
     k = min(max(1, round(n * fraction)), n - 1) if n > 1 else 0
     return sorted(order[k:]), sorted(order[:k])
+
+
+def holdout_split_array(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``holdout_split`` as arrays (the same documents), for corpora too large for Python lists."""
+    order = np.random.default_rng(seed).permutation(n)
+    k = min(max(1, round(n * fraction)), n - 1) if n > 1 else 0
+    return np.sort(order[k:]), np.sort(order[:k])
 
 
 def seeded_subset(index: list[int], n: int, seed: int) -> list[int]:
@@ -88,6 +100,8 @@ class _Base(pl.LightningDataModule):
     def _tokenizer_corpus(self):
         train = self.files["train"]
         field = getattr(self, "text_field", "text")
+        if isinstance(train, tuple):  # a glob source: the tokenizer trains on all its files
+            return (lambda: [t for f in train for t in read_texts(f, field)]), f"{':'.join(map(str, train))}:{field}"
         return (lambda: read_texts(train, field)), f"{train}:{field}"
 
     def load_tokenizer(self):
@@ -199,13 +213,23 @@ class PretrainDataModule(_Base):
         limit_documents: use only the first N training documents (quick runs).
         examples: ``blocks`` (packed token blocks) or ``nsp``/``sop`` sentence pairs; by default what the
             LightningModule asks for (its ``example_format``).
+        streaming: tokenize into memory-mapped shards on disk (``data.shards``) instead of one in-memory cache,
+            so the corpus is bounded by disk, not RAM; blocks are cut by index arithmetic (``data.blocks``).
+            By default on when a split's files exceed ``STREAM_ABOVE`` bytes or the source is a glob.
+        prepare_workers: tokenizer processes for ``streaming`` preparation (default: all cores).
+        shard_dir: where ``streaming`` writes its shards (one sub-directory per split); default the cache.
     """
+
+    STREAM_ABOVE = 100 << 20  # bytes of input above which ``streaming`` switches on by itself
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "bbc", text_field: str = "text", max_length: int = 128, packing: Packing = "pack", batch_size: int = 16,
                  eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
                  holdout: float = 0.05, limit_documents: Optional[int] = None,
-                 examples: Optional[Literal["blocks", "nsp", "sop"]] = None, document_attention: bool = False):
+                 examples: Optional[Literal["blocks", "nsp", "sop"]] = None, document_attention: bool = False,
+                 streaming: Optional[bool] = None, prepare_workers: Optional[int] = None,
+                 shard_dir: Optional[str] = None):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.streaming, self.prepare_workers, self.shard_dir = streaming, prepare_workers, shard_dir
         self.text_field, self.max_length, self.packing = text_field, max_length, packing
         self.document_attention = document_attention
         self.limit_documents, self.examples = limit_documents, examples
@@ -216,21 +240,42 @@ class PretrainDataModule(_Base):
         hooks = self.model_hooks
         return (hooks.example_format if hooks is not None else None) or "blocks"
 
+    def use_streaming(self) -> bool:
+        files = self.files
+        if self.streaming is not None:
+            if not self.streaming and any(isinstance(p, tuple) for p in files.values()):
+                raise PtmError(f"data source '{self.source}' is a glob of several files; set "
+                               f"data.init_args.streaming: true (or null) to read them")
+            return self.streaming
+        return any(isinstance(p, tuple) or p.stat().st_size > self.STREAM_ABOVE for p in files.values())
+
+    def _tokenized(self, split: str, path, progress: bool):
+        """The split's ``TokenizedCorpus``: shards (``streaming``) or the in-memory cache, prepared once."""
+        tok = self.load_tokenizer()
+        if not self.use_streaming():
+            return load_corpus(tokenize_corpus(path, self.text_field, tok, progress=progress))
+        from ptm_app.data.shards import load_shards, prepare_shards
+
+        files = list(path) if isinstance(path, tuple) else [path]
+        target = Path(self.shard_dir).expanduser() / split if self.shard_dir else None
+        return load_shards(prepare_shards(files, self.text_field, tok, self.prepare_workers, target, progress=progress))
+
     def prepare_data(self) -> None:
-        tokenizer = self.load_tokenizer()
-        for path in self.files.values():
-            tokenize_corpus(path, self.text_field, tokenizer)
+        for split, path in self.files.items():
+            self._tokenized(split, path, progress=True)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
         tok = self.load_tokenizer()
         files = self.files
-        corpora = {split: load_corpus(tokenize_corpus(path, self.text_field, tok, progress=False))
-                   for split, path in files.items()}
-        docs = {split: list(range(c.num_documents)) for split, c in corpora.items()}
+        streaming = self.use_streaming()
+        corpora = {split: self._tokenized(split, path, progress=False) for split, path in files.items()}
+        docs = {split: (np.arange(c.num_documents) if streaming else list(range(c.num_documents)))
+                for split, c in corpora.items()}
         if "validation" not in files:
-            docs["train"], docs["validation"] = holdout_split(corpora["train"].num_documents, self.holdout, self.seed)
+            split_docs = holdout_split_array if streaming else holdout_split
+            docs["train"], docs["validation"] = split_docs(corpora["train"].num_documents, self.holdout, self.seed)
             corpora["validation"] = corpora["train"]
         if self.limit_documents:
             docs["train"] = docs["train"][: self.limit_documents]
@@ -246,9 +291,13 @@ class PretrainDataModule(_Base):
                                    f"set data.init_args.document_attention: false")
                 if not is_bert_style(tok):
                     raise PtmError(f"{kind} examples need a BERT-style tokenizer ([CLS]/[SEP]); use train: wordpiece")
-                documents = [[line.tolist() for line in corpus.lines(d)] for d in docs[split]]
+                documents = CorpusDocuments(corpus, docs[split])  # read on demand
                 self.datasets[split] = SentencePairDataset(documents, kind, self.max_length, self.seed,
                                                            tok.cls_token_id, tok.sep_token_id)
+            elif streaming:  # blocks cut on read, by index arithmetic over the memory-mapped shards
+                blocks = LazyBlocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split])
+                self.datasets[split] = BlockDataset(BlockView(blocks, 0),
+                                                    BlockView(blocks, 1) if self.document_attention else None)
             else:
                 packed = pack_blocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split],
                                      with_documents=self.document_attention)

@@ -67,20 +67,31 @@ class SentencePairDataset(Dataset):
                  cls_id: int, sep_id: int):
         self.documents, self.kind, self.seed = documents, kind, seed
         self.max_tokens, self.cls_id, self.sep_id = max_length - 3, cls_id, sep_id
-        self.anchors = [(d, s) for d, doc in enumerate(documents) for s in range(len(doc) - 1)]
-        if not self.anchors:
+        # anchors (d, s) in document order, found by index arithmetic (no list: documents may be memory-mapped)
+        counts = (documents.sentence_counts() if hasattr(documents, "sentence_counts")
+                  else np.fromiter((len(doc) for doc in documents), np.int64, len(documents)))
+        self.pairs_per_doc = np.maximum(np.asarray(counts, np.int64) - 1, 0)
+        self.anchor_end = np.cumsum(self.pairs_per_doc)
+        if not len(self):
             from ptm_app.errors import PtmError
 
             raise PtmError(f"{kind} needs documents with at least two sentences (lines); none found in the corpus")
 
     def __len__(self) -> int:
-        return len(self.anchors)
+        return int(self.anchor_end[-1]) if len(self.anchor_end) else 0
+
+    def anchor(self, i: int) -> tuple[int, int]:
+        """The ``i``-th (document, sentence) that has a following sentence."""
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        d = int(np.searchsorted(self.anchor_end, i, side="right"))
+        return d, i - int(self.anchor_end[d] - self.pairs_per_doc[d])
 
     def __getitem__(self, key) -> dict:
         from ptm_app.data.corruption import pairs
         from ptm_app.data.corruption.masking import draw_rng
 
-        doc, sentence = self.anchors[_index(key)]
+        doc, sentence = self.anchor(_index(key))
         rng = draw_rng(self.seed, [key])
         make = pairs.nsp_example if self.kind == "nsp" else pairs.sop_example
         a, b, label = make(self.documents, doc, sentence, rng, max_tokens=self.max_tokens)

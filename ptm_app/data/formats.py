@@ -1,17 +1,40 @@
-"""Read records from local files: JSONL, CSV/TSV, plain text, Parquet.
+"""Read records from local files: JSONL, CSV/TSV, plain text, Parquet; text formats may be gzip (``.gz``) or
+zstd (``.zst``) compressed (``train.jsonl.gz``), and every format is read as a stream.
 
 Every record comes with its 1-based line number so that bad input is reported as ``file:line``.
 """
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
+import zlib
 from pathlib import Path
 from typing import Iterator
 
 from ptm_app.errors import DataFormatError, PtmError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".parquet")
+COMPRESSIONS = (".gz", ".zst")
+
+
+def format_suffix(path: Path) -> str:
+    """The record format of ``path``: ``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz`` alike."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    return suffixes[-1] if suffixes else ""
+
+
+def open_text(path: Path, **kwargs):
+    """``path`` opened for reading text, decompressing ``.gz`` (gzip) and ``.zst`` (zstandard) on the fly."""
+    compression = path.suffix.lower()
+    if compression == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", **kwargs)
+    if compression == ".zst":
+        return io.TextIOWrapper(io.BufferedReader(_ZstdReader(path)), encoding="utf-8", **kwargs)
+    return open(path, encoding="utf-8", **kwargs)
 
 
 def read_records(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[tuple[int, dict]]:
@@ -23,20 +46,73 @@ def read_records(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[t
     path = Path(path)
     if not path.is_file():
         raise PtmError(f"data file {path} does not exist; check the path or run: python main.py data prepare")
+    suffix = format_suffix(path)
     reader = {
         ".jsonl": _jsonl, ".json": _jsonl, ".csv": _csv, ".tsv": _csv, ".txt": _txt, ".parquet": _parquet,
-    }.get(path.suffix.lower())
-    if reader is None:
-        raise PtmError(f"data file {path}: unsupported format '{path.suffix}'; use one of {', '.join(SUFFIXES)}")
-    for line, record in reader(path):
-        for field in required:
-            if field not in record or record[field] is None:
-                raise DataFormatError(path, line, f"missing field '{field}'", "add it, or point the data module's *_field option at the right column")
-        yield line, record
+    }.get(suffix)
+    if reader is None or (suffix == ".parquet" and path.suffix.lower() in COMPRESSIONS):
+        raise PtmError(f"data file {path}: unsupported format '{''.join(path.suffixes)}'; use one of "
+                       f"{', '.join(SUFFIXES)} (text formats optionally {' or '.join(COMPRESSIONS)} compressed)")
+    try:
+        for line, record in reader(path):
+            for field in required:
+                if field not in record or record[field] is None:
+                    raise DataFormatError(path, line, f"missing field '{field}'", "add it, or point the data module's *_field option at the right column")
+            yield line, record
+    except _read_errors() as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        if path.suffix.lower() in COMPRESSIONS:
+            raise PtmError(f"data file {path} does not decompress ({type(exc).__name__}: {exc}); "
+                           f"the file is truncated or not {path.suffix} compressed: re-download or re-compress it") from None
+        raise PtmError(f"data file {path} cannot be read ({type(exc).__name__}: {exc}); check it is UTF-8 text") from None
+
+
+class _ZstdReader(io.RawIOBase):
+    """A zstd file decompressed as a stream (frames one after another); a truncated frame raises ``EOFError``
+    (zstandard's own ``stream_reader`` ends silently there)."""
+
+    def __init__(self, path: Path):
+        import zstandard
+
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._file, self._dec, self._pending = open(path, "rb"), self._new(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            chunk = self._file.read(1 << 20)
+            if not chunk:
+                if not self._dec.eof and self._started:
+                    raise EOFError("zstd stream ended inside a frame")
+                return 0
+            self._started = True
+            if self._dec.eof:  # the next frame
+                self._dec = self._new()
+            self._pending = self._dec.decompress(chunk)
+        n = min(len(buffer), len(self._pending))
+        buffer[:n], self._pending = self._pending[:n], self._pending[n:]
+        return n
+
+    _started = False
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from zstandard import ZstdError
+    except ImportError:
+        return OSError, EOFError, zlib.error, UnicodeDecodeError
+    return OSError, EOFError, zlib.error, UnicodeDecodeError, ZstdError
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as fh:
+    with open_text(path) as fh:
         for line_no, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -50,8 +126,8 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def _csv(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+    with open_text(path, newline="") as fh:
+        reader = csv.DictReader(fh, delimiter="\t" if format_suffix(path) == ".tsv" else ",")
         for record in reader:
             if None in record:
                 raise DataFormatError(path, reader.line_num, "more columns than the header")
@@ -61,7 +137,7 @@ def _csv(path: Path) -> Iterator[tuple[int, dict]]:
 def _txt(path: Path) -> Iterator[tuple[int, dict]]:
     lines: list[str] = []
     start = 1
-    with open(path, encoding="utf-8") as fh:
+    with open_text(path) as fh:
         for line_no, line in enumerate(fh, 1):
             if line.strip():
                 if not lines:
@@ -77,8 +153,11 @@ def _txt(path: Path) -> Iterator[tuple[int, dict]]:
 def _parquet(path: Path) -> Iterator[tuple[int, dict]]:
     import pyarrow.parquet as pq
 
-    for row, record in enumerate(pq.read_table(path).to_pylist(), 1):
-        yield row, record
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):  # streamed, one row group at a time
+        for record in batch.to_pylist():
+            row += 1
+            yield row, record
 
 
 def split_files(source: str | Path, splits=("train", "validation", "test")) -> dict[str, Path]:
@@ -86,7 +165,7 @@ def split_files(source: str | Path, splits=("train", "validation", "test")) -> d
     source = Path(source)
     found = {}
     for split in splits:
-        for suffix in SUFFIXES:
+        for suffix in (*SUFFIXES, *(s + c for s in SUFFIXES if s != ".parquet" for c in COMPRESSIONS)):
             candidate = source / f"{split}{suffix}"
             if candidate.is_file():
                 found[split] = candidate

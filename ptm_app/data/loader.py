@@ -49,15 +49,13 @@ class EpochSampler(Sampler):
     def __len__(self) -> int:
         return math.ceil(self.size / self.world_size)
 
-    def order(self) -> list[int]:
+    def order(self) -> torch.Tensor:
+        """This rank's indices for the epoch (a tensor: 8 bytes an example, never a Python list of the epoch)."""
         gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        if self.shuffle:
-            order = torch.randperm(self.size, generator=gen).tolist()
-        else:
-            order = list(range(self.size))
-        order += order[: len(self) * self.world_size - self.size]  # pad so every rank gets the same count
+        order = torch.randperm(self.size, generator=gen) if self.shuffle else torch.arange(self.size)
+        order = torch.cat([order, order[: len(self) * self.world_size - self.size]])  # every rank the same count
         if self.lengths is not None:
-            order = self._grouped(order, gen)
+            order = torch.as_tensor(self._grouped(order.tolist(), gen), dtype=torch.long)
         return order[self.rank:: self.world_size]
 
     def _grouped(self, order: list[int], gen: torch.Generator) -> list[int]:
@@ -78,8 +76,10 @@ class EpochSampler(Sampler):
     def __iter__(self) -> Iterator[tuple[int, int]]:
         skip, self.skip = self.skip, 0
         epoch = self.epoch
-        for index in self.order()[skip:]:
-            yield epoch, index
+        order = self.order()[skip:]
+        for start in range(0, len(order), 1 << 16):  # converted a slice at a time
+            for index in order[start: start + (1 << 16)].tolist():
+                yield epoch, index
 
 
 class ResumableLoader(DataLoader):
@@ -107,7 +107,8 @@ class ResumableLoader(DataLoader):
         return super().__iter__()
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch_sampler.epoch, "consumed": self.consumed, "batch_size": self.batch_size}
+        return {"epoch": self.epoch_sampler.epoch, "consumed": self.consumed, "batch_size": self.batch_size,
+                "world_size": self.epoch_sampler.world_size}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("batch_size", self.batch_size) != self.batch_size:
@@ -118,11 +119,29 @@ class ResumableLoader(DataLoader):
                 f"cannot resume: the checkpoint was written with batch_size={state['batch_size']}, "
                 f"this run uses {self.batch_size}; resume with the same batch size"
             )
+        state = dict(state, consumed=self._consumed_here(state))
         self.restored = True
         if state["consumed"] >= len(self):  # saved at the last step of an epoch: start the next one
             self._resume = {"epoch": state["epoch"] + 1, "consumed": 0}
         else:
             self._resume = {"epoch": state["epoch"], "consumed": state["consumed"]}
+
+
+    def _consumed_here(self, state: dict) -> int:
+        """Batches this rank has consumed, from a checkpoint written with ``world_size`` ranks.
+
+        The ranks interleave one seeded order (``EpochSampler``), so together they consumed its first
+        ``consumed × batch_size × old_ranks`` examples; another rank count continues exactly when that is a whole
+        number of its global batches (2 → 1 ranks always, 1 → 2 after an even step ...), else it is refused."""
+        old, new = state.get("world_size", self.epoch_sampler.world_size), self.epoch_sampler.world_size
+        if old == new:
+            return state["consumed"]
+        if self.epoch_sampler.lengths is not None or (state["consumed"] * old) % new:
+            from ptm_app.errors import PtmError
+
+            raise PtmError(f"cannot resume: the checkpoint was written by {old} ranks after {state['consumed']} "
+                           f"batches each, which {new} ranks cannot continue exactly; resume with {old} ranks")
+        return state["consumed"] * old // new
 
 
 class DataPositionCallback(Callback):
