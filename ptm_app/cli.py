@@ -87,7 +87,9 @@ class PtmCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        type_dict_overrides(self.config, list(args) if isinstance(args, (list, tuple)) else sys.argv[1:])
+        argv = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:]
+        type_dict_overrides(self.config, argv)
+        count_validation_in_global_steps(self.config, argv)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning's step that reads an explicit ``--ckpt_path`` file's hyper-parameters into the model config,
@@ -212,6 +214,45 @@ def type_dict_overrides(config, argv: list[str]) -> None:
                 parent[last] = yaml.safe_load(raw)
             except yaml.YAMLError:
                 pass  # not YAML: the string it was
+
+
+def count_validation_in_global_steps(config, argv: list[str]) -> None:
+    """A step-based run (``max_steps``) with an integer ``val_check_interval`` validates every that many training
+    batches counted over the whole run, across epochs: ``check_val_every_n_epoch: None`` (Lightning then allows an
+    interval longer than an epoch; with its default of 1 the interval counts within each epoch and must fit in one,
+    so a recipe would depend on the corpus size and the number of ranks).  Not if the user set
+    ``check_val_every_n_epoch`` (command line or a ``--config`` file)."""
+    subcommand = argv[0] if argv and argv[0] in LIGHTNING_COMMANDS else None
+    trainer = (config.get(subcommand) if subcommand else config).get("trainer")
+    if trainer is None or _trainer_key_given(argv, "check_val_every_n_epoch", subcommand):
+        return
+    max_steps, interval = trainer.get("max_steps"), trainer.get("val_check_interval")
+    if isinstance(max_steps, int) and max_steps > 0 and isinstance(interval, int) and not isinstance(interval, bool):
+        trainer.check_val_every_n_epoch = None
+
+
+def _trainer_key_given(argv: list[str], key: str, subcommand: Optional[str]) -> bool:
+    """Does ``--trainer.KEY`` appear in ``argv``, or ``trainer: {KEY: ...}`` in one of its ``--config`` files?"""
+    import yaml
+
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        if name == f"--trainer.{key}":
+            return True
+        if name != "--config":
+            continue
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            text = Path(value).read_text() if Path(value).is_file() else value
+            loaded = yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if isinstance(loaded, dict) and subcommand in loaded and isinstance(loaded[subcommand], dict):
+            loaded = loaded[subcommand]
+        trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+        if isinstance(trainer, dict) and key in trainer:
+            return True
+    return False
 
 
 def _check_precision(precision, accelerator) -> None:
