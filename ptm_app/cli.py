@@ -32,6 +32,7 @@ from ptm_app.checkpoints import checkpoint_path, load_file, resolve_last, verify
 from ptm_app.paths import RunLock, atomic_dir, is_first_process, restore_replaced, runs_root
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
+from ptm_app.training.console import RunConsole, close_console_log, open_console_log, quiet_third_party
 from ptm_app.training.throughput import ThroughputMonitor
 from ptm_app.training.trainer import PtmTrainer
 from ptm_app.training.strategies import is_sharded
@@ -61,17 +62,19 @@ class RunConfigSaver(SaveConfigCallback):
 class PtmCLI(LightningCLI):
     """LightningCLI with a run directory, exact resume and one-line errors."""
 
-    def __init__(self, args=None, run_lock: Optional[RunLock] = None, **kwargs):
+    def __init__(self, args=None, run_lock: Optional[RunLock] = None, console_log: bool = False, **kwargs):
         kwargs.setdefault("model_class", LightningModule)
         kwargs.setdefault("trainer_class", PtmTrainer)  # adds precision: auto
         kwargs.setdefault("datamodule_class", LightningDataModule)
-        kwargs.setdefault("trainer_defaults", {"use_distributed_sampler": False, "log_every_n_steps": 10})
+        kwargs.setdefault("trainer_defaults", {"use_distributed_sampler": False, "log_every_n_steps": 10,
+                                               "enable_model_summary": False})  # RunConsole prints a model line
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("save_config_callback", None)  # RunConfigSaver is added per run
         kwargs.setdefault("parser_kwargs", {"exit_on_error": False, "default_env": False})
         self.run_lock = run_lock or RunLock()
+        self.console_log = console_log  # copy the console to <run>/logs/console.log (closed by run_lightning)
         super().__init__(args=args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -127,6 +130,9 @@ class PtmCLI(LightningCLI):
         _check_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
         if is_first_process():  # one process per run directory (other ranks of this run share it)
             self.run_lock.acquire(self.run_dir)
+            if self.console_log:  # <run>/logs/console.log: the console and the third-party noise
+                open_console_log(self.run_dir)
+            print(f"run directory: {self.run_dir}", flush=True)
         if cfg.get("ckpt_path"):
             trust = bool(cfg.get("trust_checkpoint"))
             cfg.ckpt_path = str(self._checkpoint(cfg.ckpt_path, trust))
@@ -160,6 +166,7 @@ class PtmCLI(LightningCLI):
             LastCheckpoint(ckpt_dir / "last.ckpt", cfg.get("checkpoint_every") or 0, cfg.get("stop_at_step") or 0),
             PredictionWriter(),
             RunSummary(run_dir, self.subcommand or "fit"),
+            RunConsole(),
             ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1,
                             enable_version_counter=False),
         ]
@@ -267,8 +274,10 @@ def _check_precision(precision, accelerator) -> None:
 
 def run_lightning(argv: list[str]) -> int:
     lock = RunLock()  # taken on the run directory once the config names it
+    quiet_third_party()
     try:
-        PtmCLI(args=None if argv == sys.argv[1:] else argv, run_lock=lock)
+        PtmCLI(args=None if argv == sys.argv[1:] else argv, run_lock=lock, console_log=True)
     finally:
+        close_console_log()
         lock.release()
     return 0

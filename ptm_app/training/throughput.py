@@ -274,7 +274,8 @@ class ThroughputMonitor(Callback):
             metrics["throughput/mfu"] = flops / elapsed / world / self.peak
         self.last_metrics = metrics
         for name, value in metrics.items():
-            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=int(samples))
+            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=int(samples),
+                          prog_bar=name == "throughput/tokens_per_s")
 
     def _flops_per_token(self, pl_module, seq_len: int) -> float:
         if seq_len not in self.flops_per_token:
