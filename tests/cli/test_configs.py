@@ -52,7 +52,7 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # In the default suite: the fine-tuning configs (as before) and a few fast pre-training and adaptation ones
 # (about 5-15 s each on 2 quiet cores); the rest are slow tests (make test-slow): 60 configs take ~35 min.
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} | {
-    "pretrain/xlm", "pretrain/infoword", "pretrain/unilm", "pretrain/roberta", "adapt/prompt_tweets",
+    "pretrain/xlm", "pretrain/unilm", "pretrain/roberta", "adapt/prompt_tweets",
     "adapt/features_top_tweets", "adapt/features_scalar_mix_tweets"}
 
 
