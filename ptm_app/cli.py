@@ -34,6 +34,7 @@ from ptm_app.checkpoints import checkpoint_path, load_file, resolve_last, verify
 from ptm_app.paths import RunLock, atomic_dir, is_first_process, restore_replaced, runs_root
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
+from ptm_app.training.console import RunConsole, close_console_log, open_console_log, quiet_third_party
 from ptm_app.training.throughput import ThroughputMonitor
 from ptm_app.training.trainer import PtmTrainer
 from ptm_app.training.strategies import is_sharded
@@ -63,17 +64,19 @@ class RunConfigSaver(SaveConfigCallback):
 class PtmCLI(LightningCLI):
     """LightningCLI with a run directory, exact resume and one-line errors."""
 
-    def __init__(self, args=None, run_lock: Optional[RunLock] = None, **kwargs):
+    def __init__(self, args=None, run_lock: Optional[RunLock] = None, console_log: bool = False, **kwargs):
         kwargs.setdefault("model_class", LightningModule)
         kwargs.setdefault("trainer_class", PtmTrainer)  # adds precision: auto
         kwargs.setdefault("datamodule_class", LightningDataModule)
-        kwargs.setdefault("trainer_defaults", {"use_distributed_sampler": False, "log_every_n_steps": 10})
+        kwargs.setdefault("trainer_defaults", {"use_distributed_sampler": False, "log_every_n_steps": 10,
+                                               "enable_model_summary": False})  # RunConsole prints a model line
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("save_config_callback", None)  # RunConfigSaver is added per run
         kwargs.setdefault("parser_kwargs", {"exit_on_error": False, "default_env": False})
         self.run_lock = run_lock or RunLock()
+        self.console_log = console_log  # copy the console to <run>/logs/console.log (closed by run_lightning)
         super().__init__(args=args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -89,7 +92,9 @@ class PtmCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        type_dict_overrides(self.config, list(args) if isinstance(args, (list, tuple)) else sys.argv[1:])
+        argv = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:]
+        type_dict_overrides(self.config, argv)
+        count_validation_in_global_steps(self.config, argv)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning's step that reads an explicit ``--ckpt_path`` file's hyper-parameters into the model config,
@@ -127,6 +132,9 @@ class PtmCLI(LightningCLI):
         _check_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
         if is_first_process():  # one process per run directory (other ranks of this run share it)
             self.run_lock.acquire(self.run_dir)
+            if self.console_log:  # <run>/logs/console.log: the console and the third-party noise
+                open_console_log(self.run_dir)
+            print(f"run directory: {self.run_dir}", flush=True)
         if cfg.get("ckpt_path"):
             trust = bool(cfg.get("trust_checkpoint"))
             cfg.ckpt_path = str(self._checkpoint(cfg.ckpt_path, trust))
@@ -160,6 +168,7 @@ class PtmCLI(LightningCLI):
             LastCheckpoint(ckpt_dir / "last.ckpt", cfg.get("checkpoint_every") or 0, cfg.get("stop_at_step") or 0),
             PredictionWriter(),
             RunSummary(run_dir, self.subcommand or "fit"),
+            RunConsole(),
             ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1,
                             enable_version_counter=False),
         ]
@@ -216,6 +225,45 @@ def type_dict_overrides(config, argv: list[str]) -> None:
                 pass  # not YAML: the string it was
 
 
+def count_validation_in_global_steps(config, argv: list[str]) -> None:
+    """A step-based run (``max_steps``) with an integer ``val_check_interval`` validates every that many training
+    batches counted over the whole run, across epochs: ``check_val_every_n_epoch: None`` (Lightning then allows an
+    interval longer than an epoch; with its default of 1 the interval counts within each epoch and must fit in one,
+    so a recipe would depend on the corpus size and the number of ranks).  Not if the user set
+    ``check_val_every_n_epoch`` (command line or a ``--config`` file)."""
+    subcommand = argv[0] if argv and argv[0] in LIGHTNING_COMMANDS else None
+    trainer = (config.get(subcommand) if subcommand else config).get("trainer")
+    if trainer is None or _trainer_key_given(argv, "check_val_every_n_epoch", subcommand):
+        return
+    max_steps, interval = trainer.get("max_steps"), trainer.get("val_check_interval")
+    if isinstance(max_steps, int) and max_steps > 0 and isinstance(interval, int) and not isinstance(interval, bool):
+        trainer.check_val_every_n_epoch = None
+
+
+def _trainer_key_given(argv: list[str], key: str, subcommand: Optional[str]) -> bool:
+    """Does ``--trainer.KEY`` appear in ``argv``, or ``trainer: {KEY: ...}`` in one of its ``--config`` files?"""
+    import yaml
+
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        if name == f"--trainer.{key}":
+            return True
+        if name != "--config":
+            continue
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            text = Path(value).read_text() if Path(value).is_file() else value
+            loaded = yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if isinstance(loaded, dict) and subcommand in loaded and isinstance(loaded[subcommand], dict):
+            loaded = loaded[subcommand]
+        trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+        if isinstance(trainer, dict) and key in trainer:
+            return True
+    return False
+
+
 def _check_precision(precision, accelerator) -> None:
     """fp16 has no fast path on CPUs: refuse it instead of running ~1000x slower."""
     if precision is None or "16" not in str(precision) or "bf16" in str(precision):
@@ -228,8 +276,10 @@ def _check_precision(precision, accelerator) -> None:
 
 def run_lightning(argv: list[str]) -> int:
     lock = RunLock()  # taken on the run directory once the config names it
+    quiet_third_party()
     try:
-        PtmCLI(args=None if argv == sys.argv[1:] else argv, run_lock=lock)
+        PtmCLI(args=None if argv == sys.argv[1:] else argv, run_lock=lock, console_log=True)
     finally:
+        close_console_log()
         lock.release()
     return 0

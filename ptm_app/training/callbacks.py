@@ -155,6 +155,13 @@ class PredictionWriter(Callback):
         write_predictions(trainer, self.rows)
 
 
+def parameter_counts(module) -> tuple[int, int]:
+    """(total, trainable) parameters of ``module``, whole under sharding (ZeRO-3 leaves empty local tensors)."""
+    params = list(module.parameters())
+    numel = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731
+    return sum(numel(p) for p in params), sum(numel(p) for p in params if p.requires_grad)
+
+
 class RunSummary(Callback):
     """Keeps ``<run_dir>/summary.json`` current: what ran, its size, its time and its latest metrics.
 
@@ -176,10 +183,7 @@ class RunSummary(Callback):
         if not trainer.is_global_zero:
             return
         summary = self._load()
-        params = list(pl_module.parameters())
-        numel = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731  (ZeRO-3 leaves empty local tensors)
-        trainable = sum(numel(p) for p in params if p.requires_grad)
-        total = sum(numel(p) for p in params)
+        total, trainable = parameter_counts(pl_module)
         datamodule = trainer.datamodule
         summary.update({
             "module": own_class(pl_module).__name__,

@@ -10,8 +10,8 @@ that backward: 6N), ``L`` the layers, ``d`` the attention width and ``T`` the se
 ``Q·Kᵀ`` and ``A·V`` products: 2 matmuls × 2 FLOPs × 3 for forward + backward = 12·L·d·T).  Embedding
 look-ups and the vocabulary projection are left out, as Kaplan does, so the MFU is a conservative figure;
 frozen weights are counted as trained.  MFU = achieved model FLOPs per second ÷ the device's peak, which
-is *measured* once per device, dtype and thread count (the best of a few square matmuls, ``peak_flops``)
-and cached under the PTM cache directory: vendor peaks do not exist for most CPUs.
+is *measured* once per device, dtype and thread count (the best median of a few large square matmuls,
+``peak_flops``) and cached under the PTM cache directory: vendor peaks do not exist for most CPUs.
 
 Lightning's own ``ThroughputMonitor`` needs a FLOPs-per-batch figure and knows peaks for GPUs only; this
 one counts non-padding tokens from ``attention_mask`` and needs nothing from the module.
@@ -19,8 +19,10 @@ one counts non-padding tokens from ``attention_mask`` and needs nothing from the
 from __future__ import annotations
 
 import json
+import math
 import platform
 import resource
+import statistics
 import time
 from typing import Optional
 
@@ -30,8 +32,11 @@ from torch import nn
 
 from ptm_app.paths import atomic_file, cache_root
 
-PROBE_SIZE = 2048
-PROBE_REPEATS = 5
+PROBE_SIZES = (1024, 2048, 3072)  # square matmuls: large enough for the BLAS's full-speed kernels
+PROBE_REPEATS = 3
+PROBE_METHOD = "median-of-squares-v2"  # in the cache key: peaks measured the old way (best of one size) are not reused
+WARMUP_SECONDS = 0.2
+PLAUSIBLE_MARGIN = 1.15  # a cached peak that one quick matmul beats by more than this was measured too low
 
 
 def precision_dtype(precision) -> torch.dtype:
@@ -59,34 +64,58 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) -> float:
-    """Measured peak FLOP/s of ``size``×``size`` matmuls on ``device`` in ``dtype`` (best of ``repeats``).
-
-    Cached in ``<cache>/flops_peak.json`` by device name, dtype and torch thread count, so a run pays the
-    probe (about a second on a CPU) once.  docs/design.md "Platform notes" §9 has the figures for the reference machine.
-    """
-    threads = torch.get_num_threads() if device.type == "cpu" else 0
-    key = f"{device.type}|{_device_name(device)}|{dtype}|threads={threads}|{size}"
-    path = cache_root() / "flops_peak.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key in cache:
-        return float(cache[key])
+def matmul_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: int) -> float:
+    """FLOP/s of ``size``×``size`` matmuls on ``device`` in ``dtype``: the median of ``repeats`` timed products
+    after a warm-up (untimed products for at least ``WARMUP_SECONDS`` and at least two: the BLAS starts its
+    threads, picks and warms its kernel, the memory is touched; a process's first product can be 100x slower)."""
     gen = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run must draw what it would have
     a, b = (torch.randn(size, size, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
-    best = float("inf")
-    for i in range(repeats + 1):  # the first one warms up
+
+    def timed() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if i:
-            best = min(best, time.perf_counter() - start)
-    value = 2 * size ** 3 / best
+        return time.perf_counter() - start
+
+    warm, count = 0.0, 0
+    while count < 2 or warm < WARMUP_SECONDS:
+        warm, count = warm + timed(), count + 1
+    return 2 * size ** 3 / statistics.median(timed() for _ in range(repeats))
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = PROBE_SIZES,
+                       repeats: int = PROBE_REPEATS) -> float:
+    """The device's matmul peak in ``dtype`` at the current thread count: the best of the sizes' medians
+    (a median is robust to a repeat slowed by another process; the sizes cover the BLAS's kernel choices)."""
+    return max(matmul_flops(device, dtype, size, repeats) for size in sizes)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = PROBE_SIZES,
+               repeats: int = PROBE_REPEATS) -> float:
+    """Measured peak FLOP/s of ``device`` in ``dtype`` with the run's torch thread count (``measure_peak_flops``).
+
+    Cached in ``<cache>/flops_peak.json`` by device (the CPU model or GPU name), dtype, thread count and probe
+    method, so a run pays the probe (a few seconds on a CPU) once.  A cached value is re-measured if it is
+    implausible: not a positive number, or beaten by one quick matmul of the smallest size by more than
+    ``PLAUSIBLE_MARGIN`` (a peak probed while the machine was busy).  docs/design.md "Platform notes" §9 has the
+    figures for the reference machine.
+    """
+    threads = torch.get_num_threads() if device.type == "cpu" else 0
+    key = f"{device.type}|{_device_name(device)}|{dtype}|threads={threads}|{PROBE_METHOD}|{','.join(map(str, sizes))}"
+    path = cache_root() / "flops_peak.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    cached = cache.get(key)
+    if isinstance(cached, (int, float)) and math.isfinite(cached) and cached > 0:
+        quick = matmul_flops(device, dtype, min(sizes), repeats=1)
+        if quick <= PLAUSIBLE_MARGIN * cached:
+            return float(cached)
+    value = measure_peak_flops(device, dtype, sizes, repeats)
     cache[key] = value
     try:
         with atomic_file(path, "w") as fh:
@@ -245,7 +274,8 @@ class ThroughputMonitor(Callback):
             metrics["throughput/mfu"] = flops / elapsed / world / self.peak
         self.last_metrics = metrics
         for name, value in metrics.items():
-            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=int(samples))
+            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=int(samples),
+                          prog_bar=name == "throughput/tokens_per_s")
 
     def _flops_per_token(self, pl_module, seq_len: int) -> float:
         if seq_len not in self.flops_per_token:

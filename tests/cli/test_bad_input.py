@@ -128,7 +128,8 @@ def test_exit_code_and_single_line_from_a_real_process(base, tmp_path, section, 
 
 
 def test_a_lightning_settings_clash_is_one_line(tmp_path, tiny_corpus, capsys):
-    cfg = tiny_mlm_config(tiny_corpus, tmp_path, val_check_interval=500, max_steps=600)
+    # validation counted per epoch (the user's own check_val_every_n_epoch): 500 batches do not fit in one
+    cfg = tiny_mlm_config(tiny_corpus, tmp_path, val_check_interval=500, max_steps=600, check_val_every_n_epoch=1)
     assert main(["fit", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: trainer settings:") and "val_check_interval" in err[-1], err[-3:]

@@ -1,9 +1,12 @@
-"""Every shipped fine-tuning config runs a few steps through main.py on the real prepared data, and the demo
-chain works end to end.  Pre-training recipes run at tiny size in test_recipes.py; every config parses here."""
+"""Every shipped config runs as shipped (2 steps, nothing else changed but the batch limits) through main.py on
+the real prepared data, and the demo chain works end to end.  Pre-training recipes also run at tiny size in
+test_recipes.py (resume, export, overfitting); every config parses here."""
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import run_main
 
@@ -11,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--trainer.max_steps", "3", "--trainer.max_epochs", "1", "--trainer.val_check_interval", "3",
          "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar",
          "false", "--trainer.log_every_n_steps", "1"]
-ALL = sorted(p for p in (ROOT / "configs").glob("*/*.yaml")
-             if p.parent.name not in ("sweeps", "analysis"))  # sweeps: plans; analysis: tests/analysis/test_configs.py
-STANDALONE = sorted(p for p in ALL if p.parent.name == "finetune")
+# sweeps: plans; analysis: run by tests/analysis/test_analysis_configs.py; compress: need a trained teacher run first,
+# run with a substituted teacher by tests/compression/test_compress_configs.py
+ALL = sorted(p for p in (ROOT / "configs").glob("*/*.yaml") if p.parent.name not in ("sweeps", "analysis", "compress"))
 
 
 def test_catalogue_is_not_empty():
@@ -32,11 +35,84 @@ def test_every_config_parses(config, capsys):
     assert "class_path" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("config", STANDALONE, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_config_runs_a_few_steps(config, tmp_path):
-    assert run_main(["fit", "--config", str(config), *QUICK], tmp_path) == 0
-    ckpt = torch.load(tmp_path / config.stem / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 3
+# -- every config as shipped -------------------------------------------------------------------------------------
+# Only the run's length changes: 2 steps, one batch per evaluation, and (pre-training) fewer documents to tokenize.
+# Validation intervals stay the recipes': they count global steps (cli.count_validation_in_global_steps).
+AS_SHIPPED = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
+              "--trainer.limit_predict_batches", "1"]
+FEW_DOCUMENTS = ["--data.init_args.limit_documents", "64"]
+OVERLAYS = ("strategy", "memory")  # added to a run config: here to this recipe
+OVERLAY_BASE = ROOT / "configs" / "pretrain" / "bert_mlm.yaml"
+NOT_TRAINED = {"icl_tweets", "icl_tweets_smollm2", "icl_bbc_smollm2"}  # in-context evaluation: 'test', never 'fit'
+BEFORE = {  # configs that start from another run: those runs first, as shipped (then exported, for .../export)
+    "adapt/ulmfit_2_classifier": ["adapt/ulmfit_1_lm"],
+    "adapt/multitask_then_tweets": ["adapt/multitask_minilm"],
+    "adapt/headlines_bbc_gpt_prompt": ["pretrain/gpt_clm", "export gpt_clm"],
+    "adapt/icl_tweets": ["pretrain/gpt_clm", "export gpt_clm"],
+    "demo/finetune_bbc": ["demo/mlm_minilm_bbc", "export demo_mlm"],
+}
+# In the default suite: the fine-tuning configs (as before) and a few fast pre-training and adaptation ones
+# (about 5-15 s each on 2 quiet cores); the rest are slow tests (make test-slow): 60 configs take ~35 min.
+CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} | {
+    "pretrain/xlm", "pretrain/unilm", "pretrain/roberta", "adapt/prompt_tweets",
+    "adapt/features_top_tweets", "adapt/features_scalar_mix_tweets"}
+
+
+def name(config: Path) -> str:
+    return f"{config.parent.name}/{config.stem}"
+
+
+def pretrains(config: Path) -> bool:
+    return yaml.safe_load(config.read_text())["data"]["class_path"].endswith("PretrainDataModule")
+
+
+def shipped_args(config: Path, base: Path = OVERLAY_BASE) -> list[str]:
+    """``--config`` (after the recipe ``base``, for an overlay) and the run-length limits."""
+    configs = [base, config] if config.parent.name in OVERLAYS else [config]
+    args = [a for c in configs for a in ("--config", str(c))] + AS_SHIPPED
+    return args + (FEW_DOCUMENTS if pretrains(configs[0]) else [])
+
+
+def run_as_shipped(config: Path, root: Path, base: Path = OVERLAY_BASE) -> Path:
+    """Run ``config`` (an overlay: added to the recipe ``base``) for 2 steps (``test`` for evaluation-only configs)
+    with the working directory at ``root`` and its runs in ``root/checkpoints`` (the configs' relative paths:
+    ``checkpoints/gpt_clm/export``, ``data/parallel/en-fr.tsv``); returns the run directory."""
+    from tests.objectives.test_tlm import PAIRS, write_tsv
+    from tests.scale.conftest import launch
+
+    runs = root / "checkpoints"
+    for step in BEFORE.get(name(config), []):
+        if step.startswith("export "):
+            run = runs / step.split()[1]
+            assert run_main(["export", "--ckpt_path", str(run), "--output_dir", str(run / "export")], runs) == 0
+        else:
+            run_as_shipped(ROOT / "configs" / f"{step}.yaml", root)
+    recipe = base if config.parent.name in OVERLAYS else config
+    if recipe.stem == "xlm":  # the user's parallel corpus, where the recipe expects it
+        (root / "data" / "parallel").mkdir(parents=True, exist_ok=True)
+        write_tsv(root / "data" / "parallel" / "en-fr.tsv", PAIRS)
+    command = "test" if config.stem in NOT_TRAINED else "fit"
+    args = [command, *shipped_args(config, base)]
+    if config.parent.name == "strategy":  # one process per rank: Lightning re-runs main.py
+        launch(args, runs, cwd=root)
+    else:
+        assert run_main(args, runs) == 0
+    run_name = yaml.safe_load(recipe.read_text()).get("run_name") or config.stem
+    return runs / run_name
+
+
+@pytest.mark.parametrize("config", [pytest.param(c, marks=() if name(c) in CHEAP else pytest.mark.slow)
+                                    for c in ALL], ids=name)
+def test_config_runs_as_shipped(config, tmp_path, monkeypatch):
+    from ptm_app.checkpoints import read_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    run = run_as_shipped(config, tmp_path)
+    if config.stem in NOT_TRAINED:
+        metrics = json.loads((run / "summary.json").read_text())["metrics"]
+        assert any(k.startswith("test/") for k in metrics), metrics
+    else:
+        assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 2
 
 
 def test_demo_pipeline_chains_pretraining_export_and_finetuning(tmp_path):
@@ -54,3 +130,28 @@ def test_demo_pipeline_chains_pretraining_export_and_finetuning(tmp_path):
     from transformers import AutoModel
 
     assert torch.equal(AutoModel.from_pretrained(export).embeddings.word_embeddings.weight, mlm[key].float())
+
+
+def test_validation_counts_global_steps_across_epochs(tiny_corpus, tmp_path):
+    """An interval longer than an epoch (8 batches; the tiny corpus has 6 per epoch) validates at global batches 8
+    and 16, where Lightning's per-epoch counting refuses it; a user's own check_val_every_n_epoch is kept."""
+    import csv
+
+    from ptm_app.cli import PtmCLI
+    from tests.conftest import tiny_mlm_config
+
+    config = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=16, val_check_interval=8)
+    assert run_main(["fit", "--config", str(config)], tmp_path / "runs") == 0
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "tiny_mlm" / "logs" / "metrics.csv")))
+    assert sorted({int(r["epoch"]) for r in rows}) == [0, 1, 2]  # it crossed epochs
+    assert [int(r["step"]) for r in rows if r.get("val/loss")] == [7, 15]
+    given = PtmCLI(args=["--config", str(config), "--trainer.check_val_every_n_epoch", "1", "--run_name", "own"],
+                   run=False)
+    assert given.trainer.check_val_every_n_epoch == 1
+    in_file = tmp_path / "every_epoch.yaml"
+    in_file.write_text("trainer: {check_val_every_n_epoch: 2}\n")
+    assert PtmCLI(args=["--config", str(config), "--config", str(in_file), "--run_name", "file"],
+                  run=False).trainer.check_val_every_n_epoch == 2
+    epochs = PtmCLI(args=["--config", str(config), "--trainer.max_steps", "-1", "--trainer.max_epochs", "2",
+                          "--run_name", "epochs"], run=False)
+    assert epochs.trainer.check_val_every_n_epoch == 1  # epoch-based: Lightning's default

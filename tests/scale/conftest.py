@@ -18,12 +18,12 @@ NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 def launch(args: list[str], runs: Path, env: dict | None = None, timeout: int = 600,
-           fails: bool = False) -> subprocess.CompletedProcess:
-    """``python main.py ARGS`` in a fresh process with its run directory root at ``runs``; it must succeed (or,
-    with ``fails``, exit with an error)."""
+           fails: bool = False, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python main.py ARGS`` in a fresh process (working directory ``cwd``) with its run directory root at
+    ``runs``; it must succeed (or, with ``fails``, exit with an error)."""
     env = {**os.environ, "PTM_RUNS_DIR": str(runs), "PYTHONPATH": str(ROOT), **(env or {})}
-    out = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=timeout)
     assert (out.returncode != 0) == fails, f"main.py {' '.join(args)} exited {out.returncode}:\n{out.stderr[-3000:]}"
     return out
 

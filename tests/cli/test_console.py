@@ -1,0 +1,72 @@
+"""A run's console: the run directory, one model line, the progress bar and the final metrics, none of the known
+third-party noise; ``<run>/logs/console.log`` holds the console and the noise (training/console.py)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from ptm_app.training.console import load_report_line
+from tests.scale.conftest import launch
+
+NOISE = [  # what every run printed before (issue 11): none of it may reach the console
+    r"LOAD REPORT", r"\|\s*(UNEXPECTED|MISSING)\s*\|",  # transformers' load report table
+    r"LeafSpec", r"FLOPs", r"Total params", r"weights_only` was not set", r"loss_type=None", r"litlogger",
+    r"GPU available", r"Loading weights",
+]
+
+
+@pytest.fixture(scope="module")
+def finetune_run(tiny_corpus, tmp_path_factory):
+    """2 steps of MiniLM topic classification on the tiny corpus (its classifier is new, its pooler unused: a
+    load report), in a subprocess of main.py as a user runs it."""
+    tmp = tmp_path_factory.mktemp("console")
+    cfg = {
+        "seed_everything": 3,
+        "trainer": {"max_steps": 2, "accelerator": "cpu", "devices": 1, "precision": "32-true",
+                    "val_check_interval": 2, "limit_val_batches": 1, "log_every_n_steps": 1},
+        "model": {"class_path": "SequenceClassificationModule", "init_args": {"backbone": "minilm"}},
+        "data": {"class_path": "TaskDataModule",
+                 "init_args": {"source": str(tiny_corpus), "tokenizer": {"pretrained": "minilm"},
+                               "max_length": 32, "batch_size": 4}},
+    }
+    config = tmp / "console_run.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    runs = tmp / "runs"
+    out = launch(["fit", "--config", str(config)], runs, env={"OMP_NUM_THREADS": "1"})
+    return out.stdout + out.stderr, runs / "console_run"
+
+
+def test_the_console_shows_the_run_and_no_known_noise(finetune_run):
+    console, run = finetune_run
+    noise = [line for line in console.splitlines() if any(re.search(p, line) for p in NOISE)]
+    assert noise == []
+    assert f"run directory: {run}" in console
+    model = [line for line in console.splitlines() if line.startswith("model: SequenceClassificationModule")]
+    assert len(model) == 1 and "parameters" in model[0] and "32-true" in model[0], model
+    # the load report in one line: the new classifier and the unused pooler, counted
+    report = [line for line in console.splitlines() if "the list in" in line]
+    assert len(report) == 1 and re.search(r"\d+ missing \(newly initialised\)", report[0]), report
+    final = console[console.index("final metrics (step 2):"):].splitlines()
+    assert any(re.match(r"\s+train/loss\s+\d", line) for line in final)
+    assert any(re.match(r"\s+throughput/tokens_per_s\s+\d", line) for line in final)
+
+
+def test_console_log_holds_the_console_and_the_noise(finetune_run):
+    console, run = finetune_run
+    log = (run / "logs" / "console.log").read_text(encoding="utf-8")
+    for line in ("run directory: ", "model: SequenceClassificationModule", "final metrics (step 2):"):
+        assert line in log
+    assert "LOAD REPORT" in log and re.search(r"classifier\.\w+\s*\|\s*MISSING", log)  # the full table
+    assert "GPU available" in log and "Seed set to 3" in log  # Lightning's notices
+    assert "\x1b[" not in log  # no terminal colour codes
+
+
+def test_a_load_report_becomes_one_line():
+    report = ("\x1b[1mBertForMaskedLM LOAD REPORT\x1b[0m from: data/minilm\nKey | Status | \n---+---+-\n"
+              "pooler.dense.bias | UNEXPECTED | \npooler.dense.weight | UNEXPECTED | \n"
+              "cls.predictions.bias | MISSING | \n\nNotes:\n- UNEXPECTED:\tcan be ignored\n- MISSING:\tnewly")
+    line = load_report_line(report)
+    assert line.startswith("BertForMaskedLM from data/minilm: 1 missing (newly initialised), 2 unexpected (ignored)")
+    assert "\n" not in line
