@@ -13,7 +13,6 @@ What one row is, by level:
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import random
@@ -104,7 +103,7 @@ def load_encoder(ref: str, attention: bool = False) -> Encoder:
     import ptm_app.backbones.bilstm  # noqa: F401  (registers the ELMo BiLSTM with AutoModel)
     from transformers import AutoTokenizer
 
-    from ptm_app.backbones.build import build_backbone, model_dir
+    from ptm_app.backbones.build import build_backbone, model_dir, quiet_transformers
     from ptm_app.data.sources.references import load_error
 
     where = model_dir(ref)
@@ -122,22 +121,6 @@ def load_encoder(ref: str, attention: bool = False) -> Encoder:
         model = build_backbone("base", where, {"attn_implementation": "eager"} if attention else None).eval()
     model.requires_grad_(False)
     return Encoder(name=Path(ref).name if Path(ref).exists() else ref, model=model, tokenizer=tokenizer, where=where)
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """No loading bars or info chatter from transformers (a quiet console: only the command's result lines)."""
-    from transformers.utils import logging as hf_logging
-
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def sample_indices(total: int, limit: Optional[int], seed: int) -> list[int]:

@@ -13,8 +13,10 @@ flash-attn package) where the model declares them (``attention_choices``).
 """
 from __future__ import annotations
 
+import contextlib
+
 import difflib
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import transformers
 from huggingface_hub.errors import StrictDataclassError
@@ -133,3 +135,20 @@ def max_positions(model) -> Optional[int]:
             offset = (cfg.pad_token_id + 1) if getattr(cfg, "model_type", "") in {"roberta", "xlm-roberta", "camembert"} else 0
             return value - offset
     return None
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' weight-loading bars and info notices off the console while a model loads (a command prints only
+    its results; a training run's console filters them in ``training.console``)."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -3,13 +3,12 @@ loaded frozen and in eval mode.  It is never saved with the student: the student
 resolved path) and it is rebuilt from that name on load."""
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ptm_app.backbones.build import build_backbone, model_dir
+from ptm_app.backbones.build import build_backbone, model_dir, quiet_transformers
 from ptm_app.errors import PtmError
 from ptm_app.paths import runs_root
 
@@ -62,22 +61,6 @@ def run_teacher(where: str, head: str):
     model, unmerged = checkpoint_backbone(ckpt)
     files = ckpt[CKPT_KEY].get("tokenizer")
     return (model if model is not None else unmerged[1]), (tokenizer_from_files(files) if files else None)
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """transformers' weight-loading bar and notices off the console while the teacher loads."""
-    from transformers.utils import logging as hf_logging
-
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def teacher_tokenizer(directory: str):

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from torch import nn
 
+from ptm_app.backbones.build import quiet_transformers
 from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
 from ptm_app.backbones.heads import auto_class
 from ptm_app.checkpoints import read_checkpoint
@@ -59,17 +60,8 @@ class LoadedModel:
 def load_for_inference(ref: str, trust: bool = False) -> LoadedModel:
     """The model behind ``ref`` (see the module docstring); unknown or unreadable references raise one line.
     transformers' weight-loading bars and notices stay off the console (the command prints only its results)."""
-    from transformers.utils import logging as hf_logging
-
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_transformers():
         return _load(ref, trust)
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _load(ref: str, trust: bool) -> LoadedModel:
