@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results bench clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis bench clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,19 @@ test: data
 # Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
 results: data
 	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml
+
+# The README's "What the models learned" tables and figures: every configs/analysis recipe as shipped, into
+# checkpoints/<recipe>/ (the README's tables are pasted from their .md files).  The robustness recipe evaluates
+# checkpoints/tweets_minilm, fine-tuned first when it is not there.  Slow (most of an hour on 2 CPU cores); not
+# part of `make test`.
+analysis: data
+	$(PY) main.py probe --config configs/analysis/probe_minilm.yaml
+	$(PY) main.py probe --config configs/analysis/probe_mlp_minilm_smollm2.yaml
+	$(PY) main.py contextuality --config configs/analysis/contextuality_minilm.yaml
+	$(PY) main.py attention --config configs/analysis/attention_minilm.yaml
+	$(PY) main.py knowledge-probe --config configs/analysis/knowledge_probe_smollm2.yaml
+	test -f checkpoints/tweets_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm.yaml
+	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).

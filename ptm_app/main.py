@@ -31,6 +31,10 @@ commands:
                                      self-similarity, intra-sentence similarity, explainable variance per layer
   attention --config configs/analysis/attention_minilm.yaml [--key value ...]
                                      per-head entropy, attention to [CLS]/[SEP]/punctuation, distance; heat maps
+  knowledge-probe --config configs/analysis/knowledge_probe_smollm2.yaml [--key value ...]
+                                     LAMA cloze queries from WordNet relations: P@1, P@10, MRR per relation
+  robustness --config configs/analysis/robustness_tweets_minilm.yaml [--key value ...]
+                                     a fine-tuned classifier on typo / word-dropout / synonym-perturbed test sets
 
 'python main.py fit --help' lists every config key; see README.md for the config catalogue."""
 
@@ -38,7 +42,9 @@ commands:
 ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command"),
             "probe": ("ptm_app.analysis.probing", "probe_command"),
             "contextuality": ("ptm_app.analysis.contextuality", "contextuality_command"),
-            "attention": ("ptm_app.analysis.attention", "attention_command")}
+            "attention": ("ptm_app.analysis.attention", "attention_command"),
+            "knowledge-probe": ("ptm_app.analysis.knowledge_probe", "knowledge_probe_command"),
+            "robustness": ("ptm_app.analysis.robustness", "robustness_command")}
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,10 @@
   Hewitt & Liang 2019).
 - ``contextuality``: self-similarity, intra-sentence similarity, maximum explainable variance and anisotropy
   per layer (Ethayarajh 2019).
+- ``attention``: per-head entropy, attention to [CLS]/[SEP]/punctuation and distance (Clark et al. 2019).
+- ``knowledge_probe`` (facts from ``knowledge_facts``): LAMA cloze queries, P@1/P@10/MRR (Petroni et al. 2019).
+- ``robustness`` (text edits in ``perturbations``): a fine-tuned classifier on typo / word-dropout / synonym
+  perturbed copies of its test set.
 
 Every command is a plain typed function parsed by ``settings.run_command`` (a YAML ``--config`` or flags);
 results are tables (Markdown + CSV + JSON, ``tables``) and PNGs (``figures``) in one output directory.

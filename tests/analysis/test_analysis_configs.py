@@ -9,29 +9,68 @@ from tests.conftest import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs" / "analysis").glob("*.yaml"))
-SLOW = {"probe_mlp_minilm_smollm2"}  # loads the 135M-parameter SmolLM2: about 30 s
+SLOW = {"probe_mlp_minilm_smollm2", "knowledge_probe_smollm2",  # load the 135M-parameter SmolLM2: about 30 s
+        "robustness_tweets_minilm"}  # fine-tunes MiniLM for 2 steps first
 TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5"],
         "contextuality": ["--sentences", "30", "--baseline_pairs", "200"],
-        "attention": ["--sentences", "4"]}
+        "attention": ["--sentences", "4"],
+        "knowledge-probe": ["--facts_per_relation", "3"],
+        "robustness": ["--examples", "8"]}
+# the run a robustness recipe evaluates: its fine-tuning config, run for 2 steps
+CLASSIFIERS = {"robustness_tweets_minilm": ROOT / "configs" / "finetune" / "tweets_minilm.yaml"}
+COMMANDS = {"knowledge_probe": "knowledge-probe"}  # file-name prefix -> command, where the two differ
+
+
+def command_of(config: Path) -> str:
+    return next((c for prefix, c in COMMANDS.items() if config.stem.startswith(prefix)), config.stem.split("_")[0])
 
 
 def test_catalogue_has_the_analysis_recipes():
-    assert {p.stem.split("_")[0] for p in CONFIGS} >= {"probe", "contextuality", "attention"}
+    assert {command_of(p) for p in CONFIGS} >= {"probe", "contextuality", "attention", "knowledge-probe",
+                                                "robustness"}
+
+
+def test_make_analysis_runs_every_recipe():
+    """`make analysis` regenerates the README's analysis results: it runs each configs/analysis recipe."""
+    makefile = (ROOT / "Makefile").read_text()
+    target = makefile.split("\nanalysis:", 1)[1].split("\n\n", 1)[0]
+    for config in CONFIGS:
+        assert f"main.py {command_of(config)} --config configs/analysis/{config.name}" in target
 
 
 @pytest.mark.parametrize("config", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p
                                     for p in CONFIGS], ids=lambda p: p.stem)
-def test_recipe_runs_at_tiny_size(config, tmp_path, capsys):
-    command = config.stem.split("_")[0]
+def test_recipe_runs_at_tiny_size(config, tmp_path, capsys, monkeypatch):
+    from ptm_app import paths
+
+    command = command_of(config)
+    monkeypatch.setenv("PTM_DOWNLOAD_CACHE", str(paths.data_root() / ".cache" / "downloads"))  # WordNet's .deb
     out = tmp_path / "out"
-    assert run_main([command, "--config", str(config), *TINY[command], "--output_dir", str(out)], tmp_path) == 0
-    assert (out / f"{command}.png").stat().st_size > 1000
-    rows = json.loads((out / f"{command}.json").read_text())
-    assert rows and all(0.0 <= r["layer"] for r in rows)
+    extra = []
+    if config.stem in CLASSIFIERS:
+        fit = CLASSIFIERS[config.stem]
+        assert run_main(["fit", "--config", str(fit), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+                         "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false"], tmp_path) == 0
+        extra = ["--runs", str(tmp_path / fit.stem)]
+    assert run_main([command, "--config", str(config), *TINY[command], *extra, "--output_dir", str(out)],
+                    tmp_path) == 0
+    stem = command.replace("-", "_")
+    assert (out / f"{stem}.png").stat().st_size > 1000
+    rows = json.loads((out / f"{stem}.json").read_text())
+    if command == "robustness":
+        assert {r["perturbation"] for r in rows} == {"clean", "typo_swap", "typo_drop", "typo_insert",
+                                                      "typo_replace", "word_dropout", "synonym"}
+        assert all(0.0 <= r["accuracy"] <= 1.0 and r["examples"] == 8 for r in rows)
+    elif command == "knowledge-probe":
+        assert {r["relation"] for r in rows} >= {"hypernym", "antonym", "all"}
+        assert all(r["p_at_1"] is None or 0.0 <= r["p_at_1"] <= r["p_at_10"] <= 1.0 for r in rows)
+    else:
+        assert rows and all(0.0 <= r["layer"] for r in rows)
     assert capsys.readouterr().out.strip().endswith(f"wrote {out}")
 
 
-@pytest.mark.parametrize("command", ["probe", "contextuality", "attention", "plot"])
+@pytest.mark.parametrize("command", ["probe", "contextuality", "attention", "plot", "knowledge-probe",
+                                     "robustness"])
 def test_an_unknown_key_in_a_config_file_is_one_line(command, tmp_path, capsys):
     config = tmp_path / "typo.yaml"
     config.write_text("modles: [minilm]\n")
