@@ -58,7 +58,7 @@ def load_language_model(ref: str) -> LanguageModel:
     """The model with its LM head; one line when a masked LM's head is untrained (freshly initialised)."""
     from transformers import AutoTokenizer
 
-    from ptm_app.analysis.representations import quiet_transformers
+    from ptm_app.backbones.build import quiet_transformers
     from ptm_app.backbones.build import build_backbone, model_dir
     from ptm_app.data.sources.references import load_error
 

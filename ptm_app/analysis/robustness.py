@@ -54,7 +54,7 @@ def run_files(run: str, checkpoint: str) -> tuple[Path, Optional[Path]]:
 def load_classifier(ckpt: Path):
     """The ``SequenceClassificationModule`` of a checkpoint (checked, weights-only), in eval mode."""
     from ptm_app.adaptation.classification import SequenceClassificationModule
-    from ptm_app.analysis.representations import quiet_transformers
+    from ptm_app.backbones.build import quiet_transformers
     from ptm_app.checkpoints import CKPT_KEY, as_file, read_checkpoint
 
     state = read_checkpoint(ckpt)
