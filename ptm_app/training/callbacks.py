@@ -45,7 +45,8 @@ class LastCheckpoint(Callback):
 
     It saves every ``every_n_steps`` steps, at the last step of every epoch, and before stopping:
     on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
-    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.  With gradient accumulation it saves and stops only
+    Ctrl-C or on SIGTERM (one that arrives during a fit's validation is held until the next training step).  A second
+    Ctrl-C aborts at once.  With gradient accumulation it saves and stops only
     after an optimizer step: a checkpoint taken between micro-batches would drop the gradients accumulated so far,
     so a Ctrl-C or SIGTERM there waits for the step (at most ``accumulate_grad_batches - 1`` more micro-batches);
     ``every_n_steps`` and ``stop_at_step`` count optimizer steps.  Every rank calls ``save_checkpoint`` (the
@@ -58,7 +59,8 @@ class LastCheckpoint(Callback):
         self.path = Path(path)
         self.every_n_steps, self.stop_at_step = every_n_steps, stop_at_step
         self.requested = False
-        self.sigterm = False  # a SIGTERM held back until the accumulation's optimizer step
+        self.sigterm = False  # a SIGTERM held back until the accumulation's optimizer step (or validation's end)
+        self.stopping = False
         self._previous = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -70,6 +72,15 @@ class LastCheckpoint(Callback):
             raise KeyboardInterrupt
         self.requested = True
         print("\nstopping after this step and writing the last checkpoint (Ctrl-C again to abort)", flush=True)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """A SIGTERM during a fit's validation would stop Lightning mid-validation, with no ``last.ckpt``: hold it
+        until the next training step, which saves and stops (validation finishes first)."""
+        if self.stopping or trainer.training or not getattr(trainer, "received_sigterm", False):
+            return  # (stopping: last.ckpt is written; Lightning may stop the validation it runs on stopping)
+        if trainer.state.fn == "fit":
+            self.sigterm = True
+            trainer._signal_connector.received_sigterm = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if getattr(trainer, "received_sigterm", False):
@@ -90,7 +101,7 @@ class LastCheckpoint(Callback):
         if stop or periodic or epoch_end:
             trainer.save_checkpoint(self.path, weights_only=False)  # the full state: optimizer, loops, callbacks
         if stop:
-            trainer.should_stop = True
+            trainer.should_stop = self.stopping = True
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self._previous is not None:

@@ -6,8 +6,10 @@ import sys
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
+import yaml
 
 from tests.conftest import tiny_mlm_config
 
@@ -36,3 +38,31 @@ def test_signal_writes_last_checkpoint_then_resume_continues(tiny_corpus, tmp_pa
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = torch.load(tmp_path / "runs" / "sig" / "checkpoints" / "last.ckpt", weights_only=True)
     assert after["global_step"] == step + 2
+
+
+class SigtermDuringValidation(pl.Callback):
+    """Delivers what Lightning's SIGTERM handler does (``received_sigterm``) in the middle of the first validation
+    after ``after_step`` training steps."""
+
+    def __init__(self, after_step: int = 3):
+        self.after_step, self.sent_at = after_step, None
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self.sent_at is None and not trainer.sanity_checking and trainer.global_step >= self.after_step:
+            self.sent_at = trainer.global_step
+            trainer._signal_connector.received_sigterm = True
+
+
+def test_sigterm_during_validation_finishes_it_and_saves_after_the_next_step(tiny_corpus, tmp_path):
+    """Lightning stops mid-validation on SIGTERM, which wrote no last.ckpt: LastCheckpoint holds the signal until the
+    next training step, then saves and stops (exit 143)."""
+    from tests.conftest import run_main
+
+    cfg = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=100, val_check_interval=3, limit_val_batches=3)
+    data = yaml.safe_load(cfg.read_text())
+    data["trainer"]["callbacks"] = [{"class_path": f"{__name__}.SigtermDuringValidation"}]
+    cfg.write_text(yaml.safe_dump(data))
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(cfg), "--run_name", "val"], runs) == 143
+    ckpt = torch.load(runs / "val" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 4  # validation after step 3 finished, then one more step was saved
