@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ptm_app.data.formats import read_records
 from ptm_app.errors import DataFormatError, PtmError
 
 SLOT, SUBJECT = "[MASK]", "[X]"
@@ -79,26 +80,17 @@ def read_facts(path: str | Path, template: Optional[str] = None) -> list[Fact]:
     if template is not None:
         check_template(template, f"templates.{path.stem}")
     facts: list[Fact] = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(path, number, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise DataFormatError(path, number, "a fact is a JSON object")
-            wanted = FIELDS[1:] if template is not None else FIELDS
-            for name in wanted:
-                if not isinstance(record.get(name), str) or not record[name].strip():
-                    raise DataFormatError(path, number, f"missing or empty field '{name}'",
-                                          f"every line needs {', '.join(FIELDS)} (strings)")
-            own = template if template is not None else record["template"]
-            if template is None:
-                check_template(own, f"{path}:{number}")
-            facts.append(Fact(str(record.get("relation") or path.stem), own, record["subject"].strip(),
-                              record["object"].strip()))
+    for number, record in read_records(path):  # one JSON object a line; a malformed line is file:line
+        wanted = FIELDS[1:] if template is not None else FIELDS
+        for name in wanted:
+            if not isinstance(record.get(name), str) or not record[name].strip():
+                raise DataFormatError(path, number, f"missing or empty field '{name}'",
+                                      f"every line needs {', '.join(FIELDS)} (strings)")
+        own = template if template is not None else record["template"]
+        if template is None:
+            check_template(own, f"{path}:{number}")
+        facts.append(Fact(str(record.get("relation") or path.stem), own, record["subject"].strip(),
+                          record["object"].strip()))
     if not facts:
         raise PtmError(f"relation file {path} has no facts; add lines with {', '.join(FIELDS)}")
     return facts
