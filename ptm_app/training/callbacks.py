@@ -45,27 +45,42 @@ class LastCheckpoint(Callback):
 
     It saves every ``every_n_steps`` steps, at the last step of every epoch, and before stopping:
     on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
-    Ctrl-C or on SIGTERM (one that arrives during a fit's validation is held until the next training step).  A second
-    Ctrl-C aborts at once.  With gradient accumulation it saves and stops only
-    after an optimizer step: a checkpoint taken between micro-batches would drop the gradients accumulated so far,
-    so a Ctrl-C or SIGTERM there waits for the step (at most ``accumulate_grad_batches - 1`` more micro-batches);
-    ``every_n_steps`` and ``stop_at_step`` count optimizer steps.  Every rank calls ``save_checkpoint`` (the
-    strategy decides who writes: rank 0 for DDP, every rank its shard for FSDP and DeepSpeed, into a
-    ``last.ckpt/`` directory swapped in whole: ``strategies.AtomicShardedSave``), and a stop seen by one rank
-    stops them all.
+    Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.
+
+    SIGTERM: from the start of training this callback owns the signal (it still forwards it to the processes a
+    launcher started, as Lightning's handler does).  Lightning's own handler would stop wherever the loops next look
+    at the flag (mid-validation, or between the step's end and the next batch), with no ``last.ckpt``; here the
+    signal is noted, the next optimizer step saves ``last.ckpt`` on every rank, and only then is Lightning told,
+    so it stops with exit code 143.  A SIGTERM during validation lets the validation finish first.
+
+    With gradient accumulation it saves and stops only after an optimizer step: a checkpoint taken between
+    micro-batches would drop the gradients accumulated so far, so a Ctrl-C or SIGTERM there waits for the step
+    (at most ``accumulate_grad_batches - 1`` more micro-batches); ``every_n_steps`` and ``stop_at_step`` count
+    optimizer steps.  Every rank calls ``save_checkpoint`` (the strategy decides who writes: rank 0 for DDP, every
+    rank its shard for FSDP and DeepSpeed, into a ``last.ckpt/`` directory swapped in whole:
+    ``strategies.AtomicShardedSave``), and a stop seen by one rank stops them all.
     """
 
     def __init__(self, path: str | Path, every_n_steps: int = 0, stop_at_step: int = 0):
         self.path = Path(path)
         self.every_n_steps, self.stop_at_step = every_n_steps, stop_at_step
-        self.requested = False
-        self.sigterm = False  # a SIGTERM held back until the accumulation's optimizer step (or validation's end)
+        self.requested = False  # Ctrl-C
+        self.sigterm = False  # SIGTERM, held until the next optimizer step has saved last.ckpt
         self.stopping = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
+        self._trainer = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        self._install(signal.SIGINT, self._on_sigint)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        """Lightning registers its SIGTERM handler after ``on_fit_start``: take the signal over here."""
+        self._trainer = trainer
+        self._install(signal.SIGTERM, self._on_sigterm)
+
+    def _install(self, signum: int, handler) -> None:
+        if threading.current_thread() is threading.main_thread() and signum not in self._previous:
+            self._previous[signum] = signal.signal(signum, handler)
 
     def _on_sigint(self, signum, frame) -> None:
         if self.requested:
@@ -73,40 +88,46 @@ class LastCheckpoint(Callback):
         self.requested = True
         print("\nstopping after this step and writing the last checkpoint (Ctrl-C again to abort)", flush=True)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        """A SIGTERM during a fit's validation would stop Lightning mid-validation, with no ``last.ckpt``: hold it
-        until the next training step, which saves and stops (validation finishes first)."""
-        if self.stopping or trainer.training or not getattr(trainer, "received_sigterm", False):
-            return  # (stopping: last.ckpt is written; Lightning may stop the validation it runs on stopping)
-        if trainer.state.fn == "fit":
-            self.sigterm = True
-            trainer._signal_connector.received_sigterm = False
+    def _on_sigterm(self, signum, frame) -> None:
+        launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
+        if not self.sigterm and launcher is not None:
+            launcher.kill(signum)  # the processes this one started stop too (what Lightning's handler does)
+        self.sigterm = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if getattr(trainer, "received_sigterm", False):
+        if getattr(trainer, "received_sigterm", False):  # a SIGTERM Lightning saw before training started
             self.sigterm = True
+            trainer._signal_connector.received_sigterm = False
         if not optimizer_stepped(trainer):
-            if self.sigterm:  # Lightning would stop after this micro-batch: hold the SIGTERM until the step
-                trainer._signal_connector.received_sigterm = False
             return
-        if self.sigterm:
-            trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch (exit 143)
         step = trainer.global_step
-        stop = (self.requested or self.sigterm
-                or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step)
+        sigterm = self.sigterm
+        stop = self.requested or sigterm or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step
         if trainer.world_size > 1:  # every rank must save (sharded checkpoints) and stop together
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            flags = trainer.strategy.reduce(torch.tensor([float(stop), float(sigterm)],
+                                                         device=trainer.strategy.root_device), reduce_op="max")
+            stop, sigterm = bool(flags[0] > 0), bool(flags[1] > 0)
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
         epoch_end = batch_idx + 1 >= trainer.num_training_batches
         if stop or periodic or epoch_end:
             trainer.save_checkpoint(self.path, weights_only=False)  # the full state: optimizer, loops, callbacks
         if stop:
             trainer.should_stop = self.stopping = True
+            if sigterm:
+                trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch (exit 143)
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        self._restore()
+        if self.sigterm:  # arrived after the last step (its last.ckpt is written): what follows must not run
+            trainer._signal_connector.received_sigterm = True
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
 
 
 def optimizer_stepped(trainer) -> bool:

@@ -41,28 +41,41 @@ def test_signal_writes_last_checkpoint_then_resume_continues(tiny_corpus, tmp_pa
 
 
 class SigtermDuringValidation(pl.Callback):
-    """Delivers what Lightning's SIGTERM handler does (``received_sigterm``) in the middle of the first validation
-    after ``after_step`` training steps."""
+    """Sends this process a real SIGTERM during the first validation after ``after_step`` training steps: in the
+    middle of it (``when="batch"``) or at its very end, after the checkpoints are written (``when="end"``, the
+    moment the subprocess test above signals at: right after ``best.ckpt`` appears)."""
 
-    def __init__(self, after_step: int = 3):
-        self.after_step, self.sent_at = after_step, None
+    def __init__(self, after_step: int = 3, when: str = "batch"):
+        self.after_step, self.when, self.sent_at = after_step, when, None
 
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+    def _send(self, trainer):
         if self.sent_at is None and not trainer.sanity_checking and trainer.global_step >= self.after_step:
             self.sent_at = trainer.global_step
-            trainer._signal_connector.received_sigterm = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self.when == "batch":
+            self._send(trainer)
+
+    def on_validation_end(self, trainer, pl_module):
+        if self.when == "end":
+            self._send(trainer)
 
 
-def test_sigterm_during_validation_finishes_it_and_saves_after_the_next_step(tiny_corpus, tmp_path):
-    """Lightning stops mid-validation on SIGTERM, which wrote no last.ckpt: LastCheckpoint holds the signal until the
-    next training step, then saves and stops (exit 143)."""
+@pytest.mark.parametrize("when", ["batch", "end"])
+def test_sigterm_during_validation_finishes_it_and_saves_after_the_next_step(tiny_corpus, tmp_path, when):
+    """Lightning's own handler stops mid-validation, or right after it, with no last.ckpt: LastCheckpoint owns
+    SIGTERM during training, lets the validation finish, saves after the next step and stops (exit 143)."""
     from tests.conftest import run_main
 
     cfg = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=100, val_check_interval=3, limit_val_batches=3)
     data = yaml.safe_load(cfg.read_text())
-    data["trainer"]["callbacks"] = [{"class_path": f"{__name__}.SigtermDuringValidation"}]
+    data["trainer"]["callbacks"] = [{"class_path": f"{__name__}.SigtermDuringValidation",
+                                     "init_args": {"when": when}}]
     cfg.write_text(yaml.safe_dump(data))
     runs = tmp_path / "runs"
+    before = signal.getsignal(signal.SIGTERM)
     assert run_main(["fit", "--config", str(cfg), "--run_name", "val"], runs) == 143
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back
     ckpt = torch.load(runs / "val" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 4  # validation after step 3 finished, then one more step was saved
