@@ -52,16 +52,26 @@ def precision_dtype(precision) -> torch.dtype:
 
 
 def _device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name with its family/model/stepping (one marketing name, e.g. "AMD EPYC",
+    covers generations whose peaks differ by 2x)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model", "stepping") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break  # the first processor's block is enough
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    generation = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{fields['model name']} ({generation})"
 
 
 def matmul_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: int) -> float:
