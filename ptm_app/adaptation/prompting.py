@@ -11,120 +11,23 @@
 """
 from __future__ import annotations
 
-import string
-import zlib
-from dataclasses import dataclass, field
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal, Optional, Union
 
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from ptm_app.backbones.build import max_positions
 from ptm_app.data.contract import DataFacts
-from ptm_app.data.collators import PadCollator, pad
+from ptm_app.data.collators import ClozeCollator, InContextCollator
 from ptm_app.data.prompt_data import PromptDataset
+from ptm_app.data.prompts import PromptEncoder, Template, Verbalizer, special_affixes
 from ptm_app.errors import PtmError
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.training.optim import OptimConfig
 
-FIELDS = ("text", "text_pair")
-Fields = dict[str, Optional[Sequence[int]]]
 NO_FIT = ("InContextEvalModule takes no gradient steps (in-context learning, Brown et al. 2020 §2): "
           "run 'main.py validate' or 'main.py test' instead of fit")
-
-
-@dataclass(frozen=True)
-class Template:
-    """A pattern (PET §3): literal text around ``{text}`` (optionally ``{text_pair}``) and exactly one answer slot,
-    ``{mask}`` in cloze questions or ``{label}`` in in-context demonstrations; ``{{`` and ``}}`` are braces.
-
-    A space just before the slot belongs to the answer's words (``"It was {mask}"`` scores ``" great"``), as
-    byte-level BPE tokenizes words in running text; WordPiece ignores it."""
-
-    pattern: str
-    slot: str = "mask"
-
-    def __post_init__(self) -> None:
-        self.parts()
-
-    def parts(self) -> list[tuple[str, str]]:
-        """``("literal", text)``, ``("field", name)`` and one ``("slot", space before it)``, in order."""
-        try:
-            parsed = list(string.Formatter().parse(self.pattern))
-        except ValueError as exc:
-            raise PtmError(f"template {self.pattern!r}: {exc}; write literal braces as {{{{ and }}}}") from None
-        allowed = (*FIELDS, self.slot)
-        names = [name for _, name, _, _ in parsed if name is not None]
-        for _, name, spec, conversion in parsed:
-            if name is not None and (name not in allowed or spec or conversion):
-                shown = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
-                raise PtmError(f"template {self.pattern!r}: unknown placeholder {{{shown}}}; "
-                               f"use {{text}}, optionally {{text_pair}}, and one {{{self.slot}}}")
-        counts = {name: names.count(name) for name in allowed}
-        if counts[self.slot] != 1 or counts["text"] != 1 or counts["text_pair"] > 1:
-            raise PtmError(f"template {self.pattern!r} needs exactly one {{{self.slot}}} and one {{text}} "
-                           f"(found {counts[self.slot]} and {counts['text']}), and at most one {{text_pair}}")
-        parts = []
-        for literal, name, _, _ in parsed:
-            space = ""
-            if name == self.slot and literal.endswith(" "):
-                literal, space = literal[:-1], " "
-            if literal:
-                parts.append(("literal", literal))
-            if name is not None:
-                parts.append(("slot", space) if name == self.slot else ("field", name))
-        return parts
-
-    @property
-    def slot_space(self) -> str:
-        """The space moved from the pattern into the answer's words."""
-        return next(value for kind, value in self.parts() if kind == "slot")
-
-    def render(self, answer: str, text: str, text_pair: str = "") -> str:
-        """The filled pattern as text (``answer`` = the tokenizer's mask token for a cloze question)."""
-        return self.pattern.format(**{self.slot: answer}, text=text, text_pair=text_pair)
-
-
-@dataclass
-class Verbalizer:
-    """PET's verbalizer (§3): each label → one or more label words, each a single token of the tokenizer."""
-
-    words: dict[str, Union[str, list[str]]]
-
-    def __post_init__(self) -> None:
-        self.words = {str(k): [v] if isinstance(v, str) else list(v) for k, v in self.words.items()}
-        empty = [label for label, words in self.words.items() if not words]
-        if empty:
-            raise PtmError(f"verbalizer: label '{empty[0]}' has no label words; give it at least one")
-
-    @classmethod
-    def of(cls, words: Optional[dict], labels: Sequence[str]) -> "Verbalizer":
-        """From a ``{label: word | [words]}`` mapping; None = each label's own name."""
-        return cls(dict(words) if words is not None else {label: label for label in labels})
-
-    def token_ids(self, tokenizer, labels: Sequence[str], space: str = "") -> list[list[int]]:
-        """Per label (in ``labels`` order) its words' token ids; a word that is not exactly one known token is
-        an error naming it."""
-        if set(self.words) != set(labels):
-            raise PtmError(f"verbalizer labels {sorted(self.words)} differ from the task's labels {sorted(labels)}; "
-                           f"give every label its words (model.init_args.verbalizer)")
-        out = []
-        for label in labels:
-            ids = []
-            for word in self.words[label]:
-                pieces = tokenizer(space + word, add_special_tokens=False)["input_ids"]
-                if len(pieces) != 1:
-                    shown = " ".join(tokenizer.convert_ids_to_tokens(pieces))
-                    raise PtmError(f"verbalizer word '{word}' of label '{label}' is {len(pieces)} tokens ({shown}) for "
-                                   f"this tokenizer; a label word must be a single token: choose another word")
-                if pieces[0] == tokenizer.unk_token_id:
-                    raise PtmError(f"verbalizer word '{word}' of label '{label}' is not in the tokenizer's vocabulary "
-                                   f"(it becomes {tokenizer.unk_token}); choose another word")
-                ids.append(pieces[0])
-            out.append(ids)
-        return out
 
 
 def label_scores(mask_logits: torch.Tensor, word_ids: list[list[int]],
@@ -137,184 +40,6 @@ def label_scores(mask_logits: torch.Tensor, word_ids: list[list[int]],
     if reduce == "max":
         return picked.masked_fill(~real, float("-inf")).amax(-1)
     return (picked * real).sum(-1) / real.sum(-1)
-
-
-def special_affixes(tokenizer) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer puts before and after one sequence ([CLS] / [SEP]; a BOS; none)."""
-    plain, full = tokenizer("a", add_special_tokens=False)["input_ids"], tokenizer("a")["input_ids"]
-    start = full.index(plain[0])
-    return full[:start], full[start + len(plain):]
-
-
-def longest_first(lengths: list[int], budget: int) -> list[int]:
-    """Drop the last token of the longest field until the total fits ``budget`` (PET's truncation)."""
-    kept = list(lengths)
-    while sum(kept) > budget:
-        kept[kept.index(max(kept))] -= 1
-    return kept
-
-
-class PromptEncoder:
-    """A template compiled for one tokenizer: literal pieces tokenized once; examples come as field token ids."""
-
-    def __init__(self, template: Template, tokenizer):
-        self.template, self.tokenizer = template, tokenizer
-        self.pieces: list[Union[list[int], str, None]] = []  # literal ids, a field name, or None for the slot
-        for kind, value in template.parts():
-            if kind == "literal":
-                self.pieces.append(tokenizer(value, add_special_tokens=False)["input_ids"])
-            else:
-                self.pieces.append(value if kind == "field" else None)
-        self.prefix, self.suffix = special_affixes(tokenizer)
-
-    def encode(self, fields: Fields, answer: list[int], budget: Optional[int] = None,
-               until_slot: bool = False) -> tuple[list[int], int]:
-        """The filled template's ids (no special tokens) and the index of the slot's first token.
-
-        Fields are cut at their ends, longest first, to fit ``budget`` tokens, so the literal text and the
-        slot always stay.  ``until_slot``: stop after the answer (an in-context query)."""
-        pieces = self.pieces[: self.pieces.index(None) + 1] if until_slot else self.pieces
-        names = [p for p in pieces if isinstance(p, str)]
-        for name in names:
-            if fields.get(name) is None:
-                raise PtmError(f"template {self.template.pattern!r} uses {{{name}}} but the examples have no such "
-                               f"field; set data.init_args.text_pair_field")
-        lengths = [len(fields[name]) for name in names]
-        if budget is not None:
-            fixed = sum(len(p) for p in pieces if isinstance(p, list)) + len(answer)
-            if budget - fixed < 1:
-                raise PtmError(f"template {self.template.pattern!r} takes {fixed} tokens, leaving no room for the text "
-                               f"within {budget} (data.max_length without special tokens); shorten the template "
-                               f"or raise data.max_length")
-            lengths = longest_first(lengths, budget - fixed)
-        kept = dict(zip(names, lengths))
-        ids: list[int] = []
-        slot_at = -1
-        for piece in pieces:
-            if piece is None:
-                slot_at = len(ids)
-                ids += answer
-            elif isinstance(piece, str):
-                ids += list(fields[piece][: kept[piece]])
-            else:
-                ids += piece
-        return ids, slot_at
-
-    def cloze(self, fields: Fields, max_length: int) -> tuple[list[int], int]:
-        """A PET input, special tokens included, with the mask token in the slot: ids and the mask's index."""
-        budget = max_length - len(self.prefix) - len(self.suffix)
-        content, at = self.encode(fields, [self.tokenizer.mask_token_id], budget)
-        return self.prefix + content + self.suffix, len(self.prefix) + at
-
-
-@dataclass
-class ClozeCollator(PadCollator):
-    """PET inputs (§3): each example's pattern with one mask token, at most ``max_length`` tokens, padded;
-    ``mask_positions`` holds each row's mask index."""
-
-    encoder: Optional[PromptEncoder] = None
-    max_length: int = 512
-
-    def __call__(self, examples: list[dict]) -> dict:
-        built = [self.encoder.cloze(e["fields"], self.max_length) for e in examples]
-        batch = self.pad_batch([{"input_ids": torch.tensor(ids), "key": e["key"], "label": e["label"]}
-                                for (ids, _), e in zip(built, examples)])
-        batch["mask_positions"] = torch.tensor([at for _, at in built])
-        return batch
-
-
-@dataclass
-class InContextCollator(PadCollator):
-    """k-shot prompts (GPT-3, Brown et al. 2020 §2), one row per (example, candidate label).
-
-    An example's k demonstrations are distinct training examples drawn by a generator seeded with ``seed`` and
-    the example's own tokens (the same in every run and batch), never one with the example's text.  A row is
-    [special prefix] instruction, demonstrations (template with their gold label), the query up to the slot, and
-    a candidate label's tokens; rows are left-padded, so every row ends with its label.  Demonstrations are
-    dropped from the front while a row would exceed ``max_length`` (the model's positions; GPT-3 also uses as
-    many as fit); ``shots`` counts those used.
-
-    When every label is one token (``one_row``, the default then), an example needs one row, not one per label:
-    the labels' scores are read off the next-token distribution at the slot (same scores, C times fewer rows).
-    With ``content_free`` ids, each example gets a second query after the same demonstrations, the content-free
-    input of contextual calibration (Zhao et al. 2021 §5, "N/A").
-    """
-
-    encoder: Optional[PromptEncoder] = None
-    pool: Optional[PromptDataset] = None
-    answers: list[list[int]] = field(default_factory=list)  # each label's verbalised tokens
-    k_shot: int = 0
-    seed: int = 0
-    instruction: list[int] = field(default_factory=list)
-    max_length: Optional[int] = None
-    content_free: Optional[list[int]] = None  # calibration's content-free text, for every field of the query
-    one_row: Optional[bool] = None  # None: when every label is a single token
-
-    def __post_init__(self) -> None:
-        if self.one_row is None:
-            self.one_row = all(len(a) == 1 for a in self.answers)
-        self._by_text: dict[tuple, list[int]] = {}
-        for i in range(len(self.pool)):
-            self._by_text.setdefault(_text_key(self.pool.fields(i)), []).append(i)
-
-    def demonstrations(self, fields: Fields) -> list[int]:
-        """Pool indices of the k demonstrations for an example with these fields."""
-        key = _text_key(fields)
-        exclude = set(self._by_text.get(key, ()))
-        available = len(self.pool) - len(exclude)
-        if available < self.k_shot:
-            raise PtmError(f"k_shot={self.k_shot} but only {available} training examples differ from the evaluated "
-                           f"one; lower model.init_args.k_shot or raise data.init_args.limit_train")
-        tokens = np.asarray([*key[0], -1, *key[1]], dtype=np.int64).tobytes()
-        rng = np.random.default_rng([self.seed, zlib.crc32(tokens)])
-        drawn = rng.choice(len(self.pool), size=min(len(self.pool), self.k_shot + len(exclude)), replace=False)
-        return [int(i) for i in drawn if int(i) not in exclude][: self.k_shot]
-
-    def prompts(self, fields: Fields) -> tuple[list[list[int]], int]:
-        """The contexts before the candidate label (the query's; then, with ``content_free``, the content-free
-        query's after the same demonstrations) and the number of demonstrations in them."""
-        demos = [self.encoder.encode(self.pool.fields(d), self.answers[self.pool.labels[d]])[0]
-                 for d in self.demonstrations(fields)]
-        queries = [self.encoder.encode(fields, [], until_slot=True)[0]]
-        if self.content_free is not None:
-            blank = {name: (self.content_free if ids is not None else None) for name, ids in fields.items()}
-            queries.append(self.encoder.encode(blank, [], until_slot=True)[0])
-        head, longest = self.encoder.prefix + self.instruction, max(map(len, self.answers))
-        limit, query = self.max_length or float("inf"), max(map(len, queries))
-        while demos and len(head) + sum(map(len, demos)) + query + longest > limit:
-            demos.pop(0)
-        contexts = [head + [t for demo in demos for t in demo] + q for q in queries]
-        if not contexts[0] or len(head) + sum(map(len, demos)) + query + longest > limit:
-            raise PtmError(f"an in-context query takes {len(contexts[0])} + {longest} tokens, which does not fit the "
-                           f"model's {self.max_length} positions (or is empty); lower data.init_args.max_length")
-        return contexts, len(demos)
-
-    def prompt(self, fields: Fields) -> tuple[list[int], int]:
-        """The query's context before the candidate label and the number of demonstrations in it."""
-        contexts, shots = self.prompts(fields)
-        return contexts[0], shots
-
-    def __call__(self, examples: list[dict]) -> dict:
-        rows, shots = [], []
-        for e in examples:
-            contexts, n = self.prompts(e["fields"])
-            for context in contexts:
-                rows += [torch.tensor(context)] if self.one_row else [torch.tensor(context + a) for a in self.answers]
-            shots.append(n)
-        ids = pad([r.flip(0) for r in rows], self.pad_token_id).flip(1)  # left padding
-        mask = pad([torch.ones_like(r) for r in rows], 0).flip(1)
-        batch = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-                 "labels": torch.tensor([e["label"] for e in examples]), "keys": [e["key"] for e in examples],
-                 "shots": torch.tensor(shots, dtype=torch.float32)}
-        if self.one_row:
-            batch["answer_ids"] = torch.tensor([a[0] for a in self.answers])
-        else:
-            batch["answer_lengths"] = torch.tensor([len(a) for a in self.answers] * (len(rows) // len(self.answers)))
-        return batch
-
-
-def _text_key(fields: Fields) -> tuple:
-    return tuple(fields["text"]), tuple(fields.get("text_pair") or ())
 
 
 class _LabelScoringModule(TaskModule):

@@ -1,5 +1,6 @@
 """Collators, every batch layout in one place: pad a list of examples and apply the objective's corruption, drawn
-per batch (pre-training), or lay out a task's labels (tagging, QA windows, multiple choice, TLM pairs, multitask).
+per batch (pre-training), or lay out a task's labels (tagging, QA windows, multiple choice, TLM pairs, multitask,
+PET cloze inputs and in-context prompts).
 
 Each batch's random draws come from a generator seeded by the run seed and the batch's sample
 keys ``(epoch, index)``: dynamic masking (RoBERTa, Liu et al. 2019 §4.1) that is still exactly
@@ -7,13 +8,20 @@ reproducible when a run resumes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Literal, Optional
 
+import numpy as np
 import torch
 
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.corruption import draw_generator, draw_rng, mlm_mask
+from ptm_app.data.prompts import Fields, PromptEncoder
+from ptm_app.errors import PtmError
+
+if TYPE_CHECKING:
+    from ptm_app.data.prompt_data import PromptDataset
 
 SCALAR_FIELDS = {"label": "labels", "sentence_label": "sentence_labels"}
 
@@ -218,3 +226,113 @@ class TaggedCollator:
 
     def __call__(self, examples: list[dict]) -> dict:
         return {**self.inner(examples), "task": self.task}
+
+
+def _text_key(fields: Fields) -> tuple:
+    return tuple(fields["text"]), tuple(fields.get("text_pair") or ())
+
+
+@dataclass
+class ClozeCollator(PadCollator):
+    """PET inputs (§3): each example's pattern with one mask token, at most ``max_length`` tokens, padded;
+    ``mask_positions`` holds each row's mask index."""
+
+    encoder: Optional[PromptEncoder] = None
+    max_length: int = 512
+
+    def __call__(self, examples: list[dict]) -> dict:
+        built = [self.encoder.cloze(e["fields"], self.max_length) for e in examples]
+        batch = self.pad_batch([{"input_ids": torch.tensor(ids), "key": e["key"], "label": e["label"]}
+                                for (ids, _), e in zip(built, examples)])
+        batch["mask_positions"] = torch.tensor([at for _, at in built])
+        return batch
+
+
+@dataclass
+class InContextCollator(PadCollator):
+    """k-shot prompts (GPT-3, Brown et al. 2020 §2), one row per (example, candidate label).
+
+    An example's k demonstrations are distinct training examples drawn by a generator seeded with ``seed`` and
+    the example's own tokens (the same in every run and batch), never one with the example's text.  A row is
+    [special prefix] instruction, demonstrations (template with their gold label), the query up to the slot, and
+    a candidate label's tokens; rows are left-padded, so every row ends with its label.  Demonstrations are
+    dropped from the front while a row would exceed ``max_length`` (the model's positions; GPT-3 also uses as
+    many as fit); ``shots`` counts those used.
+
+    When every label is one token (``one_row``, the default then), an example needs one row, not one per label:
+    the labels' scores are read off the next-token distribution at the slot (same scores, C times fewer rows).
+    With ``content_free`` ids, each example gets a second query after the same demonstrations, the content-free
+    input of contextual calibration (Zhao et al. 2021 §5, "N/A").
+    """
+
+    encoder: Optional[PromptEncoder] = None
+    pool: Optional[PromptDataset] = None
+    answers: list[list[int]] = field(default_factory=list)  # each label's verbalised tokens
+    k_shot: int = 0
+    seed: int = 0
+    instruction: list[int] = field(default_factory=list)
+    max_length: Optional[int] = None
+    content_free: Optional[list[int]] = None  # calibration's content-free text, for every field of the query
+    one_row: Optional[bool] = None  # None: when every label is a single token
+
+    def __post_init__(self) -> None:
+        if self.one_row is None:
+            self.one_row = all(len(a) == 1 for a in self.answers)
+        self._by_text: dict[tuple, list[int]] = {}
+        for i in range(len(self.pool)):
+            self._by_text.setdefault(_text_key(self.pool.fields(i)), []).append(i)
+
+    def demonstrations(self, fields: Fields) -> list[int]:
+        """Pool indices of the k demonstrations for an example with these fields."""
+        key = _text_key(fields)
+        exclude = set(self._by_text.get(key, ()))
+        available = len(self.pool) - len(exclude)
+        if available < self.k_shot:
+            raise PtmError(f"k_shot={self.k_shot} but only {available} training examples differ from the evaluated "
+                           f"one; lower model.init_args.k_shot or raise data.init_args.limit_train")
+        tokens = np.asarray([*key[0], -1, *key[1]], dtype=np.int64).tobytes()
+        rng = np.random.default_rng([self.seed, zlib.crc32(tokens)])
+        drawn = rng.choice(len(self.pool), size=min(len(self.pool), self.k_shot + len(exclude)), replace=False)
+        return [int(i) for i in drawn if int(i) not in exclude][: self.k_shot]
+
+    def prompts(self, fields: Fields) -> tuple[list[list[int]], int]:
+        """The contexts before the candidate label (the query's; then, with ``content_free``, the content-free
+        query's after the same demonstrations) and the number of demonstrations in them."""
+        demos = [self.encoder.encode(self.pool.fields(d), self.answers[self.pool.labels[d]])[0]
+                 for d in self.demonstrations(fields)]
+        queries = [self.encoder.encode(fields, [], until_slot=True)[0]]
+        if self.content_free is not None:
+            blank = {name: (self.content_free if ids is not None else None) for name, ids in fields.items()}
+            queries.append(self.encoder.encode(blank, [], until_slot=True)[0])
+        head, longest = self.encoder.prefix + self.instruction, max(map(len, self.answers))
+        limit, query = self.max_length or float("inf"), max(map(len, queries))
+        while demos and len(head) + sum(map(len, demos)) + query + longest > limit:
+            demos.pop(0)
+        contexts = [head + [t for demo in demos for t in demo] + q for q in queries]
+        if not contexts[0] or len(head) + sum(map(len, demos)) + query + longest > limit:
+            raise PtmError(f"an in-context query takes {len(contexts[0])} + {longest} tokens, which does not fit the "
+                           f"model's {self.max_length} positions (or is empty); lower data.init_args.max_length")
+        return contexts, len(demos)
+
+    def prompt(self, fields: Fields) -> tuple[list[int], int]:
+        """The query's context before the candidate label and the number of demonstrations in it."""
+        contexts, shots = self.prompts(fields)
+        return contexts[0], shots
+
+    def __call__(self, examples: list[dict]) -> dict:
+        rows, shots = [], []
+        for e in examples:
+            contexts, n = self.prompts(e["fields"])
+            for context in contexts:
+                rows += [torch.tensor(context)] if self.one_row else [torch.tensor(context + a) for a in self.answers]
+            shots.append(n)
+        ids = pad([r.flip(0) for r in rows], self.pad_token_id).flip(1)  # left padding
+        mask = pad([torch.ones_like(r) for r in rows], 0).flip(1)
+        batch = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+                 "labels": torch.tensor([e["label"] for e in examples]), "keys": [e["key"] for e in examples],
+                 "shots": torch.tensor(shots, dtype=torch.float32)}
+        if self.one_row:
+            batch["answer_ids"] = torch.tensor([a[0] for a in self.answers])
+        else:
+            batch["answer_lengths"] = torch.tensor([len(a) for a in self.answers] * (len(rows) // len(self.answers)))
+        return batch

@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from ptm_app.training.trainer import PtmTrainer
-from ptm_app.adaptation.prompting import (InContextEvalModule, PromptClassifierModule, PromptEncoder, Template,
-                                          Verbalizer, longest_first)
+from ptm_app.adaptation.prompting import InContextEvalModule, PromptClassifierModule
+from ptm_app.data.prompts import PromptEncoder, Template, Verbalizer, longest_first
 from ptm_app.data.prompt_data import PromptDataModule
 from ptm_app.data.sources import prepared_dir
 from ptm_app.data.tokenizer import TokenizerSpec
