@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal, Optional
+from typing import Callable, Literal, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -20,8 +20,15 @@ from ptm_app.data.corruption import draw_generator, draw_rng, mlm_mask
 from ptm_app.data.prompts import Fields, PromptEncoder
 from ptm_app.errors import PtmError
 
-if TYPE_CHECKING:
-    from ptm_app.data.prompt_data import PromptDataset
+
+class ExamplePool(Protocol):
+    """The demonstrations an in-context prompt draws from (``data.prompt_data.PromptDataset``)."""
+
+    labels: Sequence[int]
+
+    def __len__(self) -> int: ...
+
+    def fields(self, i: int) -> Fields: ...
 
 SCALAR_FIELDS = {"label": "labels", "sentence_label": "sentence_labels"}
 
@@ -266,7 +273,7 @@ class InContextCollator(PadCollator):
     """
 
     encoder: Optional[PromptEncoder] = None
-    pool: Optional[PromptDataset] = None
+    pool: Optional[ExamplePool] = None
     answers: list[list[int]] = field(default_factory=list)  # each label's verbalised tokens
     k_shot: int = 0
     seed: int = 0
