@@ -1,10 +1,13 @@
 """``python main.py attention --config configs/analysis/attention_minilm.yaml``: what every attention head looks
-at over Brown sentences (Clark et al. 2019 §3; measures in ``attention_stats``): its entropy, its share of
-attention to [CLS], [SEP] and punctuation, and its mean attended distance.
+at over Brown sentences (Clark et al. 2019 §3-4; measures in ``attention_stats``): its entropy, its share of
+attention to [CLS], [SEP] and punctuation, its mean attended distance, and how often the word it attends to most
+is the previous / next word or, from Brown's POS tags, the noun of a determiner, adposition or adjective.
 
 The backbone runs with its own attention kernel (``attn_implementation: eager``, the one that returns weights).
-Writes ``attention.md|csv|json`` (one row per model, layer and head), ``attention.png`` (one heat map per model
-and measure, layers x heads) and the resolved ``settings.json`` to the output directory.
+Writes ``attention.md|csv|json`` (one row per model, layer and head), ``attention_by_layer.*`` (means over
+heads), ``attention_relations.*`` (per relation the best head against the best fixed-offset baseline, as Clark et
+al. §4.2), ``attention.png`` (one heat map per model and measure, layers x heads) and the resolved
+``settings.json`` to the output directory.
 """
 from __future__ import annotations
 
@@ -13,16 +16,20 @@ from typing import Literal, Optional
 
 import torch
 
-from ptm_app.analysis.attention_stats import MEASURES, add_sums, is_punctuation, means, sentence_sums
+from ptm_app.analysis.attention_stats import (MEASURES, RELATIONS, add_sums, is_punctuation, means, relation_sums,
+                                              relation_shares, sentence_sums, word_attention)
 from ptm_app.analysis.probe_tasks import PROBE_TASKS, load_examples
-from ptm_app.analysis.representations import Encoder, load_encoder, word_spans
+from ptm_app.analysis.representations import Encoder, load_encoder, token_words, word_spans
 from ptm_app.data.sources import prepared_dir
 from ptm_app.errors import PtmError
 from ptm_app.paths import runs_root, write_json
 
-COLUMNS = ["model", "layer", "head", *MEASURES]
+COLUMNS = ["model", "layer", "head", *MEASURES, *RELATIONS]
 TITLES = {"entropy": "entropy (nats)", "to_cls": "attention to [CLS]", "to_sep": "attention to [SEP]",
-          "to_punct": "attention to punctuation", "distance": "mean attended distance (tokens)"}
+          "to_punct": "attention to punctuation", "distance": "mean attended distance (tokens)",
+          "prev_word": "most-attended = previous word", "next_word": "most-attended = next word",
+          "det_noun": "determiner -> its noun", "adp_noun": "adposition -> its noun",
+          "adj_noun": "adjective -> its noun"}
 
 
 def attention_layers(encoder: Encoder) -> int:
@@ -46,24 +53,35 @@ def targets(encoder: Encoder, ids: list[int]) -> dict[str, Optional[torch.Tensor
 
 
 @torch.no_grad()
-def head_means(encoder: Encoder, sentences: list[list[str]], max_length: int) -> list[dict]:
-    """Token-weighted mean of every measure per layer (a list) and head ([H] tensors)."""
+def head_means(encoder: Encoder, sentences: list[list[str]], tags: list[list[str]],
+               max_length: int) -> tuple[list[dict], list[dict]]:
+    """Per layer (a list): the token-weighted mean of every measure per head ([H] tensors), and the word-relation
+    shares (``attention_stats.relation_shares``)."""
     layers = attention_layers(encoder)
     totals: list[Optional[dict]] = [None] * layers
+    relations: list[Optional[dict]] = [None] * layers
     max_length = encoder.fit_length(max_length)
     from ptm_app.data.sources.fetch import progress
 
-    for words in progress(sentences, f"{encoder.name}: attention maps"):
-        ids = encoder.tokenizer(word_spans(words)[0], truncation=True, max_length=max_length)["input_ids"]
+    for words, word_tags in progress(list(zip(sentences, tags)), f"{encoder.name}: attention maps"):
+        text, owner = word_spans(words)
+        enc = encoder.tokenizer(text, truncation=True, max_length=max_length, return_offsets_mapping=True,
+                                return_special_tokens_mask=True)
+        ids = enc["input_ids"]
         output = encoder.model(torch.tensor([ids]), output_attentions=True)
         attentions = getattr(output, "attentions", None)
         if not attentions:
             raise PtmError(f"{encoder.name} returned no attention weights; attention analysis needs a model whose "
                            f"eager attention returns them")
         masks = targets(encoder, ids)
+        owners = token_words(enc["offset_mapping"], enc["special_tokens_mask"], owner)
+        n_words = max(owners) + 1  # words cut off by truncation are left out
         for layer, att in enumerate(attentions):
             totals[layer] = add_sums(totals[layer], sentence_sums(att[0].float(), masks))
-    return [means(t) for t in totals]
+            if n_words > 0:
+                word_maps = word_attention(att[0].float(), owners, n_words)
+                relations[layer] = add_sums(relations[layer], relation_sums(word_maps, word_tags))
+    return [means(t) for t in totals], [relation_shares(r) if r is not None else None for r in relations]
 
 
 def draw(rows: list[dict]):
@@ -73,7 +91,7 @@ def draw(rows: list[dict]):
     from ptm_app.analysis.figures import new_figure
 
     models = list(dict.fromkeys(r["model"] for r in rows))
-    shown = [m for m in MEASURES if any(r[m] is not None for r in rows)]
+    shown = [m for m in (*MEASURES, *RELATIONS) if any(r.get(m) is not None for r in rows)]
     fig, axes = new_figure(len(models) * len(shown), width=3.4, height=3.0, columns=len(shown))
     for i, model in enumerate(models):
         mine = [r for r in rows if r["model"] == model]
@@ -82,7 +100,7 @@ def draw(rows: list[dict]):
             ax = axes[i * len(shown) + j]
             grid = torch.full((layers, heads), float("nan"))
             for r in mine:
-                if r[measure] is not None:
+                if r.get(measure) is not None:
                     grid[r["layer"] - 1, r["head"]] = r[measure]
             image = ax.imshow(grid.numpy(), aspect="auto", origin="lower", cmap="viridis",
                               extent=(-0.5, heads - 0.5, 0.5, layers + 0.5))
@@ -119,17 +137,23 @@ def attention(models: list[str] = ["minilm"], split: Literal["train", "validatio
     prepared_dir(task.name)
     out = Path(output_dir) if output_dir else runs_root() / run_name
     examples = load_examples(task, split, sentences, seed)
-    rows = []
+    rows, best = [], []
     for ref in models:
         encoder = load_encoder(ref, attention=True)
-        for layer, values in enumerate(head_means(encoder, examples.texts, max_length), start=1):
-            heads = len(values["entropy"])
-            for head in range(heads):
-                rows.append({"model": encoder.name, "layer": layer, "head": head,
-                             **{m: (float(values[m][head]) if values[m] is not None else None) for m in MEASURES}})
+        per_layer, relations = head_means(encoder, examples.texts, examples.labels, max_length)
+        for layer, (values, shares) in enumerate(zip(per_layer, relations), start=1):
+            for head in range(len(values["entropy"])):
+                row = {"model": encoder.name, "layer": layer, "head": head,
+                       **{m: (float(values[m][head]) if values[m] is not None else None) for m in MEASURES}}
+                for name in RELATIONS:
+                    heads = shares[name]["heads"] if shares is not None else None
+                    row[name] = float(heads[head]) if heads is not None else None
+                rows.append(row)
+        best += best_heads(encoder.name, [r for r in rows if r["model"] == encoder.name], relations)
         del encoder
     write_json(out / "settings.json", resolved)
-    write_table(rows, COLUMNS, out / "attention", "Attention heads (Clark et al. 2019): token-weighted means")
+    write_table(rows, COLUMNS, out / "attention", "Attention heads (Clark et al. 2019): token-weighted means, and "
+                "the share of words whose most-attended word is the relation's target")
     save_png(draw(rows), out / "attention.png")
     summary = [{"model": m, "layer": l, **{k: _mean([r[k] for r in rows if r["model"] == m and r["layer"] == l])
                                           for k in MEASURES}}
@@ -137,7 +161,27 @@ def attention(models: list[str] = ["minilm"], split: Literal["train", "validatio
                for l in sorted({r["layer"] for r in rows if r["model"] == m})]
     md = write_table(summary, ["model", "layer", *MEASURES], out / "attention_by_layer",
                      "Attention per layer (mean over heads)")
+    md_relations = write_table(best, ["model", "relation", "best_head", "accuracy", "baseline", "baseline_offset",
+                                      "words"], out / "attention_relations",
+                               "Word relations (Clark et al. 2019 §4): the best single head against the best "
+                               "fixed-offset baseline")
     print(md.read_text(encoding="utf-8"), end="")
+    print(md_relations.read_text(encoding="utf-8"), end="")
+    return out
+
+
+def best_heads(model: str, rows: list[dict], relations: list[Optional[dict]]) -> list[dict]:
+    """Per relation, the head with the highest share (``layer-head``) and the fixed-offset baseline."""
+    out = []
+    for name in RELATIONS:
+        scored = [r for r in rows if r[name] is not None]
+        info = next((shares[name] for shares in relations if shares is not None), None)
+        if not scored or info is None:
+            continue
+        top = max(scored, key=lambda r: r[name])
+        out.append({"model": model, "relation": name, "best_head": f"{top['layer']}-{top['head']}",
+                    "accuracy": top[name], "baseline": info["baseline"], "baseline_offset": info["baseline_offset"],
+                    "words": info["count"]})
     return out
 
 

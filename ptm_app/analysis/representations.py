@@ -147,14 +147,22 @@ def _batches(order: list[int], size: int):
         yield order[start:start + size]
 
 
-def first_sub_tokens(offsets: list[tuple[int, int]], special: list[int], owner: list[int]) -> dict[int, int]:
-    """``{word: position of its first sub-token}`` from a text's token character offsets (special tokens and
-    empty pieces skipped; ``owner`` from ``word_spans``); a word cut off by truncation has no entry."""
-    first: dict[int, int] = {}
+def token_words(offsets: list[tuple[int, int]], special: list[int], owner: list[int]) -> list[int]:
+    """Every token's word index (-1 for special tokens and empty pieces) from a text's token character offsets
+    (``owner`` from ``word_spans``)."""
+    words = []
     for pos, (start, end) in enumerate(offsets):
-        if special[pos] or end <= start:
-            continue
-        word = next((owner[c] for c in range(start, min(end, len(owner))) if owner[c] >= 0), -1)
+        word = -1
+        if not special[pos] and end > start:
+            word = next((owner[c] for c in range(start, min(end, len(owner))) if owner[c] >= 0), -1)
+        words.append(word)
+    return words
+
+
+def first_sub_tokens(offsets: list[tuple[int, int]], special: list[int], owner: list[int]) -> dict[int, int]:
+    """``{word: position of its first sub-token}`` (``token_words``); a word cut off by truncation has no entry."""
+    first: dict[int, int] = {}
+    for pos, word in enumerate(token_words(offsets, special, owner)):
         if word >= 0 and word not in first:
             first[word] = pos
     return first

@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from ptm_app.analysis.attention_stats import add_sums, is_punctuation, means, sentence_sums
+from ptm_app.analysis.attention_stats import (OFFSETS, add_sums, is_punctuation, means, relation_shares,
+                                              relation_sums, relation_targets, sentence_sums, word_attention)
+from ptm_app.analysis.representations import first_sub_tokens, token_words
 from tests.conftest import run_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,6 +48,59 @@ def test_punctuation_tokens():
     assert not any(is_punctuation(t) for t in ["the", "##s", "\u0120the", "", "3", "a."])
 
 
+def test_word_attention_sums_into_words_and_averages_from_them():
+    # tokens: [CLS] the dog ##s ran [SEP] -> words 0 (the), 1 (dog ##s), 2 (ran); specials left out
+    words = [-1, 0, 1, 1, 2, -1]
+    att = torch.zeros(1, 6, 6)
+    att[0, 1, 2], att[0, 1, 3], att[0, 1, 0] = 0.3, 0.5, 0.2  # "the" -> dog (0.3) + ##s (0.5) = 0.8 to word 1
+    att[0, 2, 1], att[0, 3, 4] = 1.0, 1.0  # "dog" -> the, "##s" -> ran: from word 1 = the mean, 0.5 and 0.5
+    att[0, 4, 4] = 1.0
+    maps = word_attention(att, words, 3)[0]
+    assert maps[0].tolist() == pytest.approx([0.0, 0.8, 0.0])
+    assert maps[1].tolist() == pytest.approx([0.5, 0.0, 0.5])
+    assert maps[2].tolist() == pytest.approx([0.0, 0.0, 1.0])
+
+
+def test_relation_targets_from_pos_tags():
+    tags = ["DET", "ADJ", "NOUN", "ADP", "DET", "NOUN", "VERB", "DET"]
+    t = relation_targets(tags)
+    assert t["prev_word"] == [-1, 0, 1, 2, 3, 4, 5, 6]
+    assert t["next_word"] == [1, 2, 3, 4, 5, 6, 7, -1]
+    assert t["det_noun"] == [2, -1, -1, -1, 5, -1, -1, -1]  # the last DET has no noun after it
+    assert t["adj_noun"] == [-1, 2, -1, -1, -1, -1, -1, -1]
+    assert t["adp_noun"] == [-1, -1, -1, 5, -1, -1, -1, -1]
+
+
+def test_relation_shares_of_a_next_word_head_and_the_offset_baseline():
+    tags = ["DET", "ADJ", "NOUN", "VERB"]
+    n = len(tags)
+    nxt = torch.zeros(n, n)
+    for i in range(n - 1):
+        nxt[i, i + 1] = 1.0
+    nxt[n - 1, 0] = 1.0
+    prev = torch.zeros(n, n)
+    for i in range(n):
+        prev[i, i - 1] = 1.0  # word i attends to i - 1 (word 0 to the last word)
+    total = add_sums(None, relation_sums(torch.stack([nxt, prev]), tags))
+    shares = relation_shares(total)
+    assert shares["next_word"]["heads"].tolist() == pytest.approx([1.0, 0.0]) and shares["next_word"]["count"] == 3
+    assert shares["prev_word"]["heads"].tolist() == pytest.approx([0.0, 1.0])
+    # det -> noun: DET at 0, its noun at 2; the next-word head picks 1 (wrong); ADJ at 1 -> noun 2 (right)
+    assert shares["det_noun"]["heads"].tolist() == pytest.approx([0.0, 0.0]) and shares["det_noun"]["count"] == 1
+    assert shares["adj_noun"]["heads"].tolist() == pytest.approx([1.0, 0.0])
+    assert shares["det_noun"]["baseline_offset"] == 2 and shares["det_noun"]["baseline"] == 1.0
+    assert shares["adp_noun"]["count"] == 0 and shares["adp_noun"]["heads"] is None
+    assert len(total["next_word_offset"]) == len(OFFSETS)
+
+
+def test_token_words_and_first_sub_tokens_agree():
+    offsets = [(0, 0), (0, 3), (4, 7), (7, 8), (9, 12), (0, 0)]  # [CLS] the dog ##s ran [SEP]
+    special = [1, 0, 0, 0, 0, 1]
+    owner = [0, 0, 0, -1, 1, 1, 1, 1, -1, 2, 2, 2]  # "the dogs ran"
+    assert token_words(offsets, special, owner) == [-1, 0, 1, 1, 2, -1]
+    assert first_sub_tokens(offsets, special, owner) == {0: 1, 1: 2, 2: 4}
+
+
 def test_attention_command_on_a_tiny_model(tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "att"
     assert run_main(["attention", "--models", str(tiny_bert_dir), "--sentences", "5", "--output_dir", str(out)],
@@ -55,7 +110,13 @@ def test_attention_command_on_a_tiny_model(tiny_bert_dir, tmp_path, capsys):
     for r in rows:
         assert 0 < r["entropy"] <= math.log(128) and 0 <= r["to_cls"] <= 1 and 0 <= r["to_punct"] <= 1
         assert r["distance"] > 0
+        assert all(r[k] is None or 0 <= r[k] <= 1 for k in ("prev_word", "next_word", "det_noun"))
     assert (out / "attention.png").stat().st_size > 1000 and (out / "attention_by_layer.md").is_file()
+    best = json.loads((out / "attention_relations.json").read_text())
+    assert {b["relation"] for b in best} >= {"prev_word", "next_word"}
+    for b in best:
+        share = max(r[b["relation"]] for r in rows)
+        assert b["accuracy"] == pytest.approx(share) and b["words"] > 0 and 0 <= b["baseline"] <= 1
     capsys.readouterr()
 
 
