@@ -20,6 +20,8 @@ refused in one line rather than scored at chance.  Writes ``knowledge_probe.md|c
 """
 from __future__ import annotations
 
+import copy
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,17 +181,31 @@ def next_token_scores(lm: LanguageModel, prefixes: list[list[int]], batch_size: 
 @torch.no_grad()
 def sequence_log_likelihoods(lm: LanguageModel, prefix: list[int], continuations: list[list[int]],
                              batch_size: int) -> torch.Tensor:
-    """``sum_t log p(c_t | prefix, c_<t)`` of each continuation, ``[C]``."""
+    """``sum_t log p(c_t | prefix, c_<t)`` of each continuation, ``[C]``.
+
+    The prefix runs once: its last position scores every continuation's first token, and its key/value cache,
+    repeated over a batch, carries the continuations' other tokens (each fed but its last, right-padded)."""
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    start_out = lm.model(input_ids=torch.tensor([prefix]), use_cache=True)
+    first = torch.log_softmax(start_out.logits[0, -1].float(), dim=-1)
+    cache = start_out.past_key_values
     out = []
     for start in range(0, len(continuations), batch_size):
         chunk = continuations[start:start + batch_size]
-        ids, mask = _padded([prefix + c for c in chunk], pad)
-        logp = torch.log_softmax(lm.model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
-        for row, cont in enumerate(chunk):
-            positions = torch.arange(len(prefix) - 1, len(prefix) - 1 + len(cont))
-            out.append(logp[row, positions, torch.tensor(cont)].sum())
-    return torch.stack(out)
+        totals = first[torch.tensor([c[0] for c in chunk])]
+        longest = max(len(c) for c in chunk)
+        if longest > 1:
+            ids, mask = _padded([c[:-1] if len(c) > 1 else [pad] for c in chunk], pad)
+            mask = torch.cat([torch.ones(len(chunk), len(prefix), dtype=mask.dtype), mask], dim=1)
+            past = copy.deepcopy(cache)
+            past.batch_repeat_interleave(len(chunk))
+            logp = torch.log_softmax(lm.model(input_ids=ids, attention_mask=mask, past_key_values=past,
+                                              use_cache=True).logits.float(), dim=-1)
+            for row, cont in enumerate(chunk):
+                if len(cont) > 1:
+                    totals[row] += logp[row, torch.arange(len(cont) - 1), torch.tensor(cont[1:])].sum()
+        out.append(totals)
+    return torch.cat(out)
 
 
 # ---------------------------------------------------------------------------------------------- scoring
