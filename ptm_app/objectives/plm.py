@@ -56,6 +56,11 @@ class PermutationLMModule(LanguageModelModule):
                            max_span_length=self.hparams.max_span_length)
 
     def model_inputs(self, batch: dict) -> dict:
+        """With ``perm_mask`` and ``target_mapping``; one segment's ``token_type_ids`` when the data has none, so
+        XLNet's relative segment encodings (§2.5: ``seg_embed``, ``r_s_bias``) take part as they do in XLNet's
+        pre-training (and DDP finds no parameter without a gradient)."""
         inputs = super().model_inputs(batch)
         inputs.update(perm_mask=batch["perm_mask"], target_mapping=batch["target_mapping"])
+        if inputs.get("token_type_ids") is None:
+            inputs["token_type_ids"] = torch.zeros_like(batch["input_ids"])
         return inputs

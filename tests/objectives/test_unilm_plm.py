@@ -69,3 +69,16 @@ def test_xlnet_collator_targets_never_see_themselves():
         a = module.backbone(**module.model_inputs(b)).logits
         c = module.backbone(**module.model_inputs(dict(b, input_ids=changed))).logits
     assert torch.allclose(a[row, k], c[row, k], atol=1e-5)
+
+
+def test_xlnet_gives_every_parameter_a_gradient():
+    """DDP (without find_unused_parameters) fails on a parameter that takes no part in the loss: XLNet's relative
+    segment encodings (seg_embed, r_s_bias) need token_type_ids, which the module supplies for one segment."""
+    module = PermutationLMModule(backbone_config={"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2,
+                                                  "d_inner": 64, "vocab_size": 40})
+    batch = module.make_collator(Tok(), seed=1)(examples(0, n=2, length=20))
+    inputs = module.model_inputs(batch)
+    assert torch.equal(inputs["token_type_ids"], torch.zeros_like(batch["input_ids"]))
+    module.backbone(**inputs).logits.float().sum().backward()
+    missing = [n for n, p in module.backbone.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == []
