@@ -50,6 +50,19 @@ class PermutationLMModule(LanguageModelModule):
                  plm_probability: float = 1 / 6, max_span_length: int = 5):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
+    def build_model(self):
+        """transformers' XLNet builds its relative positional encoding in float32 whatever the weights' dtype:
+        under an engine that casts the weights (DeepSpeed bf16, no autocast) the encoding follows them."""
+        model = super().build_model()
+        transformer = model.transformer
+        encode = transformer.relative_positional_encoding
+
+        def relative_positional_encoding(*args, **kwargs):
+            return encode(*args, **kwargs).to(transformer.word_embedding.weight.dtype)
+
+        transformer.relative_positional_encoding = relative_positional_encoding
+        return model
+
     def make_collator(self, tokenizer, seed: int = 0) -> PLMCollator:
         return PLMCollator(pad_token_id=tokenizer.pad_token_id, special_ids=tuple(tokenizer.all_special_ids),
                            seed=seed, plm_probability=self.hparams.plm_probability,

@@ -82,3 +82,15 @@ def test_xlnet_gives_every_parameter_a_gradient():
     module.backbone(**inputs).logits.float().sum().backward()
     missing = [n for n, p in module.backbone.named_parameters() if p.requires_grad and p.grad is None]
     assert missing == []
+
+
+def test_xlnet_runs_with_its_weights_cast_to_bf16():
+    """DeepSpeed's bf16 casts the weights and the batch's float tensors and runs without autocast: the float32
+    positional encoding XLNet makes inside must follow."""
+    module = PermutationLMModule(backbone_config={"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2,
+                                                  "d_inner": 64, "vocab_size": 40})
+    batch = module.make_collator(Tok(), seed=1)(examples(0, n=2, length=20))
+    batch = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
+    module.backbone.to(torch.bfloat16)
+    logits = module.backbone(**module.model_inputs(batch)).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
