@@ -268,3 +268,81 @@ def test_recipe_resumes_exactly_and_exports(recipe, tmp_path):
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     assert AutoModelForMaskedLM.from_pretrained(out).config.hidden_size == 32
     assert sorted(losses(runs / "full")) == list(range(6))
+
+
+# -- LIBERT ---------------------------------------------------------------------------------------------------------
+def pair_files(root: Path) -> Path:
+    from tests.conftest import WORDS
+
+    rng = random.Random(0)
+    rows = [{"id": f"p{i}", "text": rng.choice(WORDS), "text_pair": rng.choice(WORDS),
+             "label": ("related", "unrelated")[i % 2], "relation": ("synonym", "none")[i % 2]} for i in range(40)]
+    write_jsonl(root / "train.jsonl", rows[:32])
+    write_jsonl(root / "validation.jsonl", rows[32:])
+    return root
+
+
+def libert_args(tiny_corpus: Path, pairs: Path, combine: str, steps: int) -> list[str]:
+    return ["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_brown.yaml"),
+            "--model.init_args.backbone_config", json.dumps(TINY_BERT),
+            "--data.init_args.tokenizer", json.dumps({"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}),
+            "--data.init_args.corpus", json.dumps({"source": str(tiny_corpus), "max_length": 32}),
+            "--data.init_args.pairs", json.dumps({"source": str(pairs), "text_pair_field": "text_pair",
+                                                   "max_length": 16}),
+            "--data.init_args.combine", combine, "--data.init_args.batch_size", "4",
+            "--trainer.precision", "32-true", "--trainer.max_steps", str(steps), "--trainer.val_check_interval", "3",
+            "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def test_libert_pair_format_golden(tiny_corpus, tmp_path):
+    from ptm_app.data.contract import connect
+    from ptm_app.data.mlm_pairs import MLMPairsDataModule
+    from ptm_app.data.tokenizer import TokenizerSpec
+    from ptm_app.objectives.libert import LexicalRelationMLMModule
+
+    pairs = tmp_path / "pairs"
+    write_jsonl(pairs / "train.jsonl", [{"id": "a", "text": "cat", "text_pair": "animal", "label": "related"},
+                                        {"id": "b", "text": "sat", "text_pair": "songs", "label": "unrelated"}])
+    write_jsonl(pairs / "validation.jsonl", [{"id": "c", "text": "cat", "text_pair": "mat", "label": "unrelated"}])
+    dm = MLMPairsDataModule(TokenizerSpec(train="wordpiece", vocab_size=200, min_frequency=1),
+                            corpus={"source": str(tiny_corpus), "max_length": 32},
+                            pairs={"source": str(pairs), "text_pair_field": "text_pair"}, batch_size=2)
+    model = LexicalRelationMLMModule(backbone_config=TINY_BERT)
+    connect(model, dm)
+    dm.prepare_data()
+    dm.setup("fit")
+    tok = dm.tokenizer
+    collate = model.task_collator("sequence", tok)
+    batch = collate([dm.pairs.datasets["train"][k] for k in range(2)])
+    rows = [tok.convert_ids_to_tokens(r) for r in batch["input_ids"].tolist()]
+    assert rows[0] == ["[CLS]", "cat", "[SEP]", "[UNK]", "[SEP]"]  # 'animal' is not in the tiny corpus
+    assert " ".join(rows[1]) == "[CLS] sat [SEP] songs [SEP]"
+    assert batch["token_type_ids"][1].tolist() == [0, 0, 0, 1, 1]  # segment B is the second word
+    assert batch["labels"].tolist() == [dm.pairs.label_set().index("related"), dm.pairs.label_set().index("unrelated")]
+    assert dm.pairs.label_set() == ["related", "unrelated"]
+
+
+@pytest.mark.parametrize("combine", ["alternate", "sum"])
+def test_libert_streams_alternate_or_sum_and_resume_exactly(combine, tiny_corpus, tmp_path):
+    import csv
+
+    pairs = pair_files(tmp_path / "pairs")
+    runs = tmp_path / "runs"
+    assert_resumes_exactly(libert_args(tiny_corpus, pairs, combine, 6), runs, stop=3, steps=6)
+    rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
+    steps = {int(r["step"]): r for r in rows if r.get("train/loss")}
+    value = lambda step, key: float(steps[step][f"train/{key}"])  # noqa: E731
+    if combine == "alternate":  # mlm, pairs, mlm, pairs ...: the step's loss is that stream's
+        assert [value(s, "loss") == value(s, "mlm") for s in range(6)] == [True, False] * 3
+        assert all(value(s, "loss") == value(s, "lexrel") for s in (1, 3, 5))
+    else:  # both in every step, the loss their sum
+        for s in range(6):
+            assert value(s, "loss") == pytest.approx(value(s, "mlm") + value(s, "lexrel"), rel=1e-5)
+    assert any(r.get("val/lexrel_acc") for r in rows) and any(r.get("val/loss") for r in rows)
+    if combine == "alternate":
+        from transformers import AutoModelForMaskedLM
+
+        out = tmp_path / "export"
+        assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
+        assert AutoModelForMaskedLM.from_pretrained(out).config.hidden_size == TINY_BERT["hidden_size"]
