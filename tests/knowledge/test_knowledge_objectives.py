@@ -215,6 +215,17 @@ def test_char_spans_become_token_units_and_masks_keep_them_whole(tmp_path):
                 assert chosen.all() or not chosen.any()
     assert torch.equal(batch["input_ids"], batch["knowledge_views"]["word"]["input_ids"])
 
+    model.knowledge_levels = "mixed"  # one draw with entities, phrases and words as units
+    mixed = model.make_collator(tok, seed=3)([dm.datasets["train"][(0, k)] for k in range(4)])
+    assert "knowledge_views" not in mixed
+    for row in range(4):
+        chosen = mixed["labels"][row] != IGNORE_INDEX
+        for kind in ("entity_ids", "phrase_ids"):
+            for u in set(mixed[kind][row].tolist()) - {-1}:
+                inside = chosen[mixed[kind][row] == u]
+                assert inside.all() or not inside.any() or kind == "phrase_ids" and (mixed["entity_ids"][row][
+                    mixed[kind][row] == u] >= 0).any()  # a phrase overlapping an entity follows the entity
+
 
 def test_staged_levels_follow_the_step_fractions():
     from ptm_app.objectives.mlm import MaskedLMModule
