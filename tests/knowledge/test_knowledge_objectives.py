@@ -357,3 +357,24 @@ def test_libert_streams_alternate_or_sum_and_resume_exactly(combine, tiny_corpus
         out = tmp_path / "export"
         assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
         assert AutoModelForMaskedLM.from_pretrained(out).config.hidden_size == TINY_BERT["hidden_size"]
+
+
+def test_knowledge_recipe_without_brown_spans_prepared_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PTM_DATA_DIR", str(tmp_path / "empty_data"))
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_brown.yaml"),
+                     "--trainer.max_steps", "1"], capsys)
+    assert "'brown_spans' is not prepared" in line and "python main.py data prepare brown_spans" in line
+
+
+def test_bad_knowledge_settings_are_one_line(tiny_corpus, tmp_path, capsys):
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_brown.yaml"),
+                     "--model.init_args.knowledge_stages", "[0.7, 0.2]", "--trainer.max_steps", "1"], capsys)
+    assert "knowledge_stages must be two step fractions" in line
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_brown.yaml"),
+                     "--data.init_args.pairs", json.dumps({"source": "wordnet_lexrel", "text_pair_fieldd": "x"}),
+                     "--trainer.max_steps", "1"], capsys)
+    assert "unknown option 'text_pair_fieldd' for TaskDataModule" in line
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_brown.yaml"),
+                     "--data.init_args.pairs", json.dumps({"source": "wordnet_lexrel"}),
+                     "--trainer.max_steps", "1"], capsys)
+    assert "pairs needs text_pair_field" in line
