@@ -3,7 +3,7 @@
 A sentence is cut into *units*: at the basic level every word (all its sub-tokens) is a unit, as in
 whole-word masking; at the phrase level every phrase is one unit and the other words stay units of their own;
 at the entity level the same with named entities.  Units are drawn in random order and selected while they
-fit in the 15 % token budget (Google's whole-word rule, ``spans.whole_word_mask``), so a phrase or an entity
+fit in the 15 % token budget (``spans.unit_mask``, the rule of whole-word masking), so a phrase or an entity
 is masked as a whole or not at all; each selected token then gets BERT's 80 % ``[MASK]`` / 10 % random /
 10 % unchanged (Devlin et al. 2019 §3.1).  ERNIE trains the three levels as successive stages; ``mixed``
 (entities, then phrases that do not overlap one, then words) puts all three kinds of unit in one draw.
@@ -16,8 +16,7 @@ from __future__ import annotations
 import random
 from typing import Literal, Sequence
 
-from ptm_app.constants import IGNORE_INDEX
-from ptm_app.data.corruption.spans import Span, _check_ratios, _replacement, whole_word_spans
+from ptm_app.data.corruption.spans import Span, unit_mask, whole_word_spans
 
 Level = Literal["word", "phrase", "entity", "mixed"]
 LEVELS: tuple[str, ...] = ("word", "phrase", "entity")  # ERNIE's three stages, in order
@@ -59,30 +58,6 @@ def knowledge_units(word_starts: Sequence[bool], phrase_ids: Sequence[int], enti
             units.append((words[first][0], words[last][1]))
     units += [w for k, w in enumerate(words) if not taken[k]]
     return sorted(units)
-
-
-def unit_mask(ids: Sequence[int], units: Sequence[Span], rng: random.Random, *, mask_token_id: int,
-              vocab_size: int, rate: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
-              random_ids: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
-    """Select whole units in random order while they fit in ``max(1, round(rate * len(ids)))`` tokens, then
-    80/10/10 per selected token; returns ``(corrupted, labels)`` (labels ``IGNORE_INDEX`` where unselected)."""
-    _check_ratios(mask_ratio, random_ratio)
-    order = list(units)
-    rng.shuffle(order)
-    budget = max(1, round(rate * len(ids))) if rate > 0 and ids else 0
-    selected: list[int] = []
-    for start, end in order:
-        if len(selected) + end - start <= budget:
-            selected.extend(range(start, end))
-    corrupted, labels = list(ids), [IGNORE_INDEX] * len(ids)
-    for i in sorted(selected):
-        labels[i] = ids[i]
-        action = rng.random()
-        if action < mask_ratio:
-            corrupted[i] = mask_token_id
-        elif action < mask_ratio + random_ratio:
-            corrupted[i] = _replacement(rng, vocab_size, random_ids)
-    return corrupted, labels
 
 
 def knowledge_mask(ids: Sequence[int], word_starts: Sequence[bool], phrase_ids: Sequence[int],
