@@ -274,6 +274,12 @@ def test_recipe_resumes_exactly_and_exports(recipe, tmp_path):
     assert_resumes_exactly(args, runs, stop=3, steps=6)  # ERNIE: stages change at steps 2 and 4
     rows = (runs / "full" / "logs" / "metrics.csv").read_text()
     assert ("train/knowledge_stage" in rows) == (recipe == "ernie_brown")
+    if recipe == "ernie_brown":  # stages [0.33, 0.66] of 6 steps: word, word, phrase, phrase, entity, entity
+        import csv
+
+        stages = {int(r["step"]): float(r["train/knowledge_stage"])
+                  for r in csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")) if r.get("train/knowledge_stage")}
+        assert [stages[s] for s in range(6)] == [0, 0, 1, 1, 2, 2]
     assert ("val/supersense_acc" in rows) == (recipe == "sensebert_brown")
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
