@@ -384,3 +384,29 @@ def test_bad_knowledge_settings_are_one_line(tiny_corpus, tmp_path, capsys):
                      "--data.init_args.pairs", json.dumps({"source": "wordnet_lexrel"}),
                      "--trainer.max_steps", "1"], capsys)
     assert "pairs needs text_pair_field" in line
+
+
+def test_brown_spans_rules_longest_phrase_first_and_proper_noun_runs():
+    from ptm_app.data.sources.brown_spans import entity_runs, entity_tag, phrase_matches, word_offsets
+
+    phrases = {("new", "york"): "New York", ("new", "york", "city"): "New York City", ("ice", "cream"): "ice cream",
+               ("cream", "cheese"): "cream cheese"}
+    words = "In New York City ice cream cheese sells".split()
+    assert phrase_matches(words, phrases, 3) == [(1, 4), (4, 6)]  # the longest at a position; no overlap
+    assert word_offsets(["New", "York", "."]) == [(0, 3), (4, 8), (9, 10)]
+    assert [entity_tag(t) for t in ("np", "np-tl", "np$", "nps-hl", "fw-np", "nn-tl", "np+bez")] == [
+        True, True, True, True, False, False, True]
+    assert entity_runs(["at", "np-tl", "np-tl", "nn", "np$", "."]) == [(1, 3), (4, 5)]
+
+
+def test_span_blocks_pack_whole_sentences_of_one_document():
+    import numpy as np
+
+    from ptm_app.data.knowledge_spans import SpanCorpus
+
+    lengths = [3, 4, 9, 2, 2]  # sentences; documents: [0, 1, 2] and [3, 4]
+    n = sum(lengths)
+    corpus = SpanCorpus(np.arange(n), np.full(n, -1), np.full(n, -1), np.zeros(n, np.int64),
+                        np.concatenate([[0], np.cumsum(lengths)]), np.array([0, 3, 5]))
+    # content 8: 3+4 fit, the 9-token sentence is cut 8 + 1, the second document's 2+2 fit
+    assert corpus.blocks(8, [0, 1]) == [(0, 7), (7, 15), (15, 16), (16, 20)]
