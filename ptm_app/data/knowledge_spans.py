@@ -223,6 +223,9 @@ class KnowledgeMLMCollator(MLMCollator):
     def __call__(self, examples: list[dict]) -> dict:
         if self.masking != "knowledge":
             return super().__call__(examples)
+        if "phrase_ids" not in examples[0]:
+            raise PtmError("masking: knowledge needs sentence blocks with phrase and entity spans, but the data "
+                           "module built other examples; remove data.init_args.examples")
         batch = self.pad_batch(examples)
         ids = batch["input_ids"]
         maskable = batch["attention_mask"].bool() & ~torch.isin(ids, self._special)

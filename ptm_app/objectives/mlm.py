@@ -155,6 +155,9 @@ class MaskedLMModule(LanguageModelModule):
 
     def _supersense_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
         """SenseBERT at the masked words that are in WordNet (their first sub-token carries A(w))."""
+        if "senses" not in batch:
+            raise PtmError("supersense_objective needs sentence blocks with WordNet senses (source: brown_spans), "
+                           "but the data module built other examples; remove data.init_args.examples")
         where = (batch["labels"] != IGNORE_INDEX) & (batch["senses"] != 0)
         if not where.any():  # no masked WordNet word in the batch: a zero that keeps the graph
             zero = hidden.sum() * 0.0

@@ -410,3 +410,13 @@ def test_span_blocks_pack_whole_sentences_of_one_document():
                         np.concatenate([[0], np.cumsum(lengths)]), np.array([0, 3, 5]))
     # content 8: 3+4 fit, the 9-token sentence is cut 8 + 1, the second document's 2+2 fit
     assert corpus.blocks(8, [0, 1]) == [(0, 7), (7, 15), (15, 16), (16, 20)]
+
+
+def test_knowledge_objectives_on_other_examples_are_one_line(tmp_path, capsys):
+    corpus = span_corpus(tmp_path / "corpus")
+    for recipe, word in (("ernie_brown", "masking: knowledge"), ("sensebert_brown", "supersense_objective")):
+        line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / f"{recipe}.yaml"),
+                         "--data.init_args.source", str(corpus), "--data.init_args.examples", "blocks",
+                         "--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.max_length",
+                         "32", "--trainer.max_steps", "1", "--trainer.precision", "32-true"], capsys)
+        assert word in line and "remove data.init_args.examples" in line
