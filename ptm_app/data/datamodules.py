@@ -278,7 +278,7 @@ class PretrainDataModule(_Base):
         if self.document_attention or self.use_streaming():
             raise PtmError(f"{self.example_format()} examples are sentence blocks read in memory; set "
                            f"data.init_args.document_attention: false and streaming: false")
-        datasets = span_datasets(self, self._span_kinds(), progress)
+        datasets = span_datasets(self, self._span_kinds(), holdout_split, progress)
         if not progress:
             self.datasets = datasets
 

@@ -26,7 +26,7 @@ from ptm_app.data.corruption import draw_rng
 from ptm_app.data.corruption.knowledge import LEVELS, knowledge_mask
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records
-from ptm_app.data.tokenizer import tokenizer_fingerprint
+from ptm_app.data.tokenizer import is_bert_style, tokenizer_fingerprint
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root, sha256_file
 
@@ -181,11 +181,9 @@ class SpanBlockDataset(Dataset):
                 "entity_ids": framed(c.entity, -1, -1), "senses": framed(c.senses, 0, 0), "key": key}
 
 
-def span_datasets(dm, required: tuple[str, ...], progress: bool = False) -> dict[str, SpanBlockDataset]:
-    """The splits of ``dm`` (a ``PretrainDataModule``) as span blocks of ``dm.max_length`` tokens."""
-    from ptm_app.data.datamodules import holdout_split
-    from ptm_app.data.tokenizer import is_bert_style
-
+def span_datasets(dm, required: tuple[str, ...], holdout_split, progress: bool = False) -> dict[str, SpanBlockDataset]:
+    """The splits of ``dm`` (a ``PretrainDataModule``) as span blocks of ``dm.max_length`` tokens; without a
+    validation file, ``holdout_split(n, fraction, seed)`` holds documents out of train."""
     tok = dm.load_tokenizer()
     if not is_bert_style(tok):
         raise PtmError("knowledge spans need a BERT-style tokenizer ([CLS]/[SEP]); use train: wordpiece")
