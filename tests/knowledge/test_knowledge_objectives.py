@@ -420,3 +420,14 @@ def test_knowledge_objectives_on_other_examples_are_one_line(tmp_path, capsys):
                          "--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.max_length",
                          "32", "--trainer.max_steps", "1", "--trainer.precision", "32-true"], capsys)
         assert word in line and "remove data.init_args.examples" in line
+
+
+def test_bbc_spans_keep_bbc_articles_splits_and_find_phrases():
+    root = needs("bbc_spans")
+    bbc = needs("bbc")
+    for split in ("train", "validation", "test"):
+        articles = {json.loads(line)["id"] for line in (bbc / f"{split}.jsonl").open()}
+        rows = [json.loads(line) for line in (root / f"{split}.jsonl").open()]
+        assert {r["doc"] for r in rows} == articles  # the paragraphs of bbc's split, article by article
+    found = Counter(r["text"][a:b].lower() for r in rows for a, b in r["phrases"])
+    assert found["prime minister"] > 0 and all(r["entities"] == [] for r in rows)
