@@ -19,6 +19,7 @@ import ptm_app.compression  # noqa: F401
 import ptm_app.data.choice_data  # noqa: F401
 import ptm_app.data.datamodules  # noqa: F401
 import ptm_app.data.generation_data  # noqa: F401
+import ptm_app.data.mlm_pairs  # noqa: F401
 import ptm_app.data.multitask  # noqa: F401
 import ptm_app.data.parallel  # noqa: F401
 import ptm_app.data.prompt_data  # noqa: F401

@@ -261,12 +261,32 @@ class PretrainDataModule(_Base):
         return load_shards(prepare_shards(files, self.text_field, tok, self.prepare_workers, target, progress=progress))
 
     def prepare_data(self) -> None:
+        if self._span_kinds():
+            return self._span_setup(progress=True)
         for split, path in self.files.items():
             self._tokenized(split, path, progress=True)
+
+    def _span_kinds(self) -> tuple[str, ...]:
+        """ERNIE / SenseBERT examples: sentences with phrase, entity or supersense spans (data.knowledge_spans)."""
+        from ptm_app.data.knowledge_spans import span_format
+
+        return span_format(self.example_format())
+
+    def _span_setup(self, progress: bool = False) -> None:
+        from ptm_app.data.knowledge_spans import span_datasets
+
+        if self.document_attention or self.use_streaming():
+            raise PtmError(f"{self.example_format()} examples are sentence blocks read in memory; set "
+                           f"data.init_args.document_attention: false and streaming: false")
+        datasets = span_datasets(self, self._span_kinds(), holdout_split, progress)
+        if not progress:
+            self.datasets = datasets
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
+        if self._span_kinds():
+            return self._span_setup()
         tok = self.load_tokenizer()
         files = self.files
         streaming = self.use_streaming()

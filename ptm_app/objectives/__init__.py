@@ -2,6 +2,7 @@
 from ptm_app.objectives.bilm import BiLMModule
 from ptm_app.objectives.clm import CausalLMModule
 from ptm_app.objectives.contrastive import ContrastiveModule
+from ptm_app.objectives.libert import LexicalRelationMLMModule
 from ptm_app.objectives.mlm import MaskedLMModule
 from ptm_app.objectives.plm import PermutationLMModule
 from ptm_app.objectives.rtd import ReplacedTokenDetectionModule
@@ -9,5 +10,5 @@ from ptm_app.objectives.seq2seq import Seq2SeqDenoisingModule
 from ptm_app.objectives.tlm import TranslationLMModule
 from ptm_app.objectives.unilm import UnifiedLMModule
 
-__all__ = ["BiLMModule", "CausalLMModule", "ContrastiveModule", "MaskedLMModule", "PermutationLMModule", "ReplacedTokenDetectionModule",
+__all__ = ["BiLMModule", "CausalLMModule", "ContrastiveModule", "LexicalRelationMLMModule", "MaskedLMModule", "PermutationLMModule", "ReplacedTokenDetectionModule",
            "Seq2SeqDenoisingModule", "TranslationLMModule", "UnifiedLMModule"]

@@ -2,11 +2,13 @@
 
 BERT (Devlin et al. 2019 §3.1): 15 %, 80/10/10, + NSP.  RoBERTa (Liu et al. 2019 §4): dynamic
 masking, no NSP.  ALBERT (Lan et al. 2020 §4.1): + SOP.  SpanBERT (Joshi et al. 2020 §3): span
-masking + span boundary objective.  BERT-wwm: whole-word masking.  These are configs of one module.
+masking + span boundary objective.  BERT-wwm: whole-word masking.  ERNIE (Baidu; Sun et al. 2019 §3.2):
+knowledge (phrase / entity) masking.  SenseBERT (Levine et al. 2020 §3): + supersense prediction.  These are
+configs of one module.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 import torch
 from torch import nn
@@ -15,6 +17,7 @@ from torchmetrics import MeanMetric
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.errors import PtmError
+from ptm_app.objectives.knowledge import SupersenseHead, allowed_from_masks, allowed_senses_losses
 from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.training.module import weighted_mean_update
@@ -27,12 +30,19 @@ class MaskedLMModule(LanguageModelModule):
     Args:
         backbone / backbone_config / optim / gradient_checkpointing: see ``PtmModule``.
         mlm_probability / mask_ratio / random_ratio: the masking recipe (0.15 / 0.8 / 0.1).
-        masking: ``token``, ``whole_word`` or ``span`` (SpanBERT geometric spans, ``span_p``, ``max_span_length``).
+        masking: ``token``, ``whole_word``, ``span`` (SpanBERT geometric spans, ``span_p``, ``max_span_length``) or
+            ``knowledge`` (ERNIE: words, phrases and entities masked as whole units; needs a span-annotated corpus
+            such as ``brown_spans``, see ``data.knowledge_spans``).
+        knowledge_levels: ``staged`` (ERNIE's three stages: basic word masking, then phrase-level from
+            ``knowledge_stages[0]`` of the run's steps, then entity-level from ``knowledge_stages[1]``) or
+            ``mixed`` (entities, phrases and words are units of one draw throughout).
+        supersense_objective: add SenseBERT's supersense target at the masked words that are in WordNet
+            (allowed-senses loss + regulariser, ``objectives.knowledge``); needs a corpus with ``senses``.
         static_masking: one mask per sample for the whole run instead of a fresh one every epoch.
         sentence_objective: ``nsp`` (random next segment from another document) or ``sop`` (swapped order);
             the data module then builds sentence-pair examples from document boundaries.
         span_boundary_objective: add SpanBERT's SBO target (needs ``masking: span``).
-        loss_weights: weights of ``mlm``, ``sentence`` and ``sbo`` in the summed loss.
+        loss_weights: weights of ``mlm``, ``sentence``, ``sbo`` and ``supersense`` in the summed loss.
         sparse_prediction: compute vocabulary logits only at the masked positions (the default; same loss,
             see ``heads.masked_lm_forward``); ``false`` projects every position, as ``*ForMaskedLM`` does.
     """
@@ -42,12 +52,22 @@ class MaskedLMModule(LanguageModelModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False,
                  mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
-                 masking: Literal["token", "whole_word", "span"] = "token", static_masking: bool = False,
+                 masking: Literal["token", "whole_word", "span", "knowledge"] = "token", static_masking: bool = False,
                  span_p: float = 0.2, max_span_length: int = 10,
                  sentence_objective: Optional[Literal["nsp", "sop"]] = None, span_boundary_objective: bool = False,
-                 loss_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True):
+                 loss_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True,
+                 knowledge_levels: Literal["staged", "mixed"] = "staged",
+                 knowledge_stages: Sequence[float] = (1 / 3, 2 / 3), supersense_objective: bool = False):
         if span_boundary_objective and masking != "span":
             raise PtmError("span_boundary_objective needs masking: span (SpanBERT §3.2)")
+        if len(knowledge_stages) != 2 or not 0.0 <= knowledge_stages[0] <= knowledge_stages[1] <= 1.0:
+            raise PtmError(f"knowledge_stages must be two step fractions 0 <= phrase <= entity <= 1 "
+                           f"(got {list(knowledge_stages)})")
+        if sentence_objective and (masking == "knowledge" or supersense_objective):
+            raise PtmError("knowledge masking and the supersense objective train on sentence blocks; "
+                           "remove sentence_objective")
+        self.knowledge_levels, self.knowledge_stages = knowledge_levels, tuple(knowledge_stages)
+        self.supersense_objective = supersense_objective
         self.heads = None
         # kept as attributes, not only hparams: a subclass's CLI hparams hold just its own arguments
         self.masking_cfg = dict(mlm_probability=mlm_probability, mask_ratio=mask_ratio, random_ratio=random_ratio,
@@ -55,13 +75,17 @@ class MaskedLMModule(LanguageModelModule):
         self.sentence_objective, self.span_boundary_objective = sentence_objective, span_boundary_objective
         self.sparse_prediction = sparse_prediction
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
-        self.weights = {"mlm": 1.0, "sentence": 1.0, "sbo": 1.0, **(loss_weights or {})}
-        self.val_parts = nn.ModuleDict({"sentence": MeanMetric(), "sentence_acc": MeanMetric(), "sbo": MeanMetric()})
+        self.weights = {"mlm": 1.0, "sentence": 1.0, "sbo": 1.0, "supersense": 1.0, **(loss_weights or {})}
+        self.val_parts = nn.ModuleDict({"sentence": MeanMetric(), "sentence_acc": MeanMetric(), "sbo": MeanMetric(),
+                                        "supersense": MeanMetric(), "supersense_acc": MeanMetric()})
 
     @property
     def example_format(self) -> str:
-        """What the data module must build: token blocks, or NSP/SOP sentence pairs."""
-        return self.sentence_objective or "blocks"
+        """What the data module must build: token blocks, NSP/SOP sentence pairs, or sentence blocks with
+        knowledge spans and / or supersenses (``data.knowledge_spans``)."""
+        spans = (["knowledge_spans"] if self.masking_cfg["masking"] == "knowledge" else []) + \
+            (["supersenses"] if self.supersense_objective else [])
+        return "+".join(spans) or self.sentence_objective or "blocks"
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -72,6 +96,8 @@ class MaskedLMModule(LanguageModelModule):
                 heads["sentence"] = SentenceRelationHead(hidden)
             if self.span_boundary_objective:
                 heads["sbo"] = SpanBoundaryHead(hidden, self.masking_cfg["max_span_length"])
+            if self.supersense_objective:
+                heads["supersense"] = SupersenseHead(hidden)
             self.heads = nn.ModuleDict(heads)
 
     def make_collator(self, tokenizer, seed: int = 0) -> MLMCollator:
@@ -79,11 +105,34 @@ class MaskedLMModule(LanguageModelModule):
             raise PtmError("MaskedLMModule needs a tokenizer with a [MASK] token; use a BERT-style (wordpiece) tokenizer")
         vocab = min(len(tokenizer), self.backbone.config.vocab_size) if self.backbone is not None else len(tokenizer)
         cfg = self.masking_cfg
-        return MLMCollator(
-            pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id,
-            special_ids=tuple(i for i in tokenizer.all_special_ids if i < vocab), vocab_size=vocab, seed=seed,
-            word_start=word_start_table(tokenizer, vocab) if cfg["masking"] != "token" else None, **cfg,
-        )
+        common = dict(pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id,
+                      special_ids=tuple(i for i in tokenizer.all_special_ids if i < vocab), vocab_size=vocab,
+                      seed=seed, word_start=word_start_table(tokenizer, vocab) if cfg["masking"] != "token" else None,
+                      **cfg)
+        if "+" in self.example_format or self.example_format in ("knowledge_spans", "supersenses"):
+            from ptm_app.data.knowledge_spans import KnowledgeMLMCollator
+
+            return KnowledgeMLMCollator(**common, knowledge_levels=self.knowledge_levels)
+        return MLMCollator(**common)
+
+    def knowledge_stage(self) -> int:
+        """ERNIE's current stage (0 word, 1 phrase, 2 entity): how many of ``knowledge_stages`` the run's
+        progress (global step / total steps) has reached.  A function of the step, so a resumed run agrees."""
+        trainer = self._trainer
+        if trainer is None:
+            return 0
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        progress = self.global_step / max(total, 1)
+        return sum(progress >= f for f in self.knowledge_stages)
+
+    def _stage_view(self, batch: dict) -> dict:
+        """Staged knowledge masking: the batch's inputs and labels of the current stage's level."""
+        views = batch.get("knowledge_views")
+        if views is None:
+            return batch
+        from ptm_app.data.corruption.knowledge import LEVELS
+
+        return {**batch, **views[LEVELS[self.knowledge_stage()]]}
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
         out = masked_lm_forward(self.backbone, self.model_inputs(batch), batch["labels"],
@@ -100,17 +149,39 @@ class MaskedLMModule(LanguageModelModule):
             logits = self.heads["sbo"](out.hidden, sbo["rows"], sbo["left"], sbo["right"], sbo["offset"],
                                        decoder).float()
             losses["sbo"] = nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
+        if "supersense" in self.heads:
+            losses.update(self._supersense_losses(out.hidden, batch))
         return losses
+
+    def _supersense_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
+        """SenseBERT at the masked words that are in WordNet (their first sub-token carries A(w))."""
+        if "senses" not in batch:
+            raise PtmError("supersense_objective needs sentence blocks with WordNet senses (source: brown_spans), "
+                           "but the data module built other examples; remove data.init_args.examples")
+        where = (batch["labels"] != IGNORE_INDEX) & (batch["senses"] != 0)
+        if not where.any():  # no masked WordNet word in the batch: a zero that keeps the graph
+            zero = hidden.sum() * 0.0
+            return {"supersense": zero}
+        allowed = allowed_from_masks(batch["senses"][where])
+        logits = self.heads["supersense"](hidden[where]).float()
+        allowed_loss, regulariser = allowed_senses_losses(logits, allowed)
+        correct = allowed.gather(1, logits.argmax(-1, keepdim=True)).float().mean()
+        return {"supersense": allowed_loss + regulariser, "supersense_allowed": allowed_loss,
+                "supersense_reg": regulariser, "supersense_acc": correct}
 
     def _total(self, losses: dict[str, torch.Tensor]) -> torch.Tensor:
         return sum(self.weights[k] * v for k, v in losses.items() if k in self.weights)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        batch = self._stage_view(batch)
+        if "knowledge_views" in batch:
+            self.log("train/knowledge_stage", float(self.knowledge_stage()), batch_size=len(batch["input_ids"]))
         losses = self._losses(batch)
         n = self.count_targets(batch["labels"])
         return self.log_train_losses(self._total(losses), losses if len(losses) > 1 else {}, n)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
+        batch = self._stage_view(batch)
         losses = self._losses(batch)
         weighted_mean_update(self.val_loss, losses["mlm"], self.count_targets(batch["labels"]))
         for name, value in losses.items():
@@ -125,4 +196,5 @@ class MaskedLMModule(LanguageModelModule):
                 metric.reset()
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
+        batch = self._stage_view(batch)
         weighted_mean_update(self.test_loss, self._losses(batch)["mlm"], self.count_targets(batch["labels"]))

@@ -61,14 +61,24 @@ def whole_word_mask(
     selected token gets BERT's 80 % ``[MASK]`` / 10 % random / 10 % unchanged (Devlin et al. 2019
     §3.1).  ``random_ids`` optionally restricts random replacements (default: ``range(vocab_size)``).
     """
-    _check_ratios(mask_ratio, random_ratio)
     if len(word_starts) != len(ids):
         raise ValueError(f"word_starts has {len(word_starts)} entries for {len(ids)} ids")
-    words = whole_word_spans(word_starts)
-    rng.shuffle(words)
+    return unit_mask(ids, whole_word_spans(word_starts), rng, mask_token_id=mask_token_id, vocab_size=vocab_size,
+                     rate=rate, mask_ratio=mask_ratio, random_ratio=random_ratio, random_ids=random_ids)
+
+
+def unit_mask(ids: Sequence[int], units: Sequence[Span], rng: random.Random, *, mask_token_id: int,
+              vocab_size: int, rate: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
+              random_ids: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+    """Whole-unit masking: ``units`` (token spans: words, or ERNIE's phrases and entities) are visited in random
+    order and selected while they fit in ``max(1, round(rate * len(ids)))`` tokens, then each selected token gets
+    80 % ``[MASK]`` / 10 % random / 10 % unchanged; returns ``(corrupted, labels)``."""
+    _check_ratios(mask_ratio, random_ratio)
+    order = list(units)
+    rng.shuffle(order)
     budget = max(1, round(rate * len(ids))) if rate > 0 and ids else 0
     selected: list[int] = []
-    for start, end in words:
+    for start, end in order:
         if len(selected) + end - start <= budget:
             selected.extend(range(start, end))
     corrupted, labels = list(ids), [IGNORE_INDEX] * len(ids)

@@ -1,0 +1,45 @@
+"""Knowledge targets on top of MLM: SenseBERT's supersense prediction (Levine et al. 2020 §3).
+
+SenseBERT predicts, at every masked word, its WordNet supersense (one of the 45 lexicographer files).  The
+word's sense in context is unknown, only the set ``A(w)`` of supersenses of all its senses, so the loss is
+the *allowed-senses* loss ``-log Σ_{s ∈ A(w)} p(s | context)`` plus the regulariser
+``-(1/|A(w)|) Σ_{s ∈ A(w)} log p(s | context)`` that spreads probability over the allowed senses (§3.1, eq. 3-4);
+words not in WordNet (``A(w)`` empty) take no part.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ptm_app.data.sources.wordnet import LEXNAMES
+
+NUM_SUPERSENSES = len(LEXNAMES)  # 45: 26 noun, 15 verb, 3 adjective and 1 adverb files
+
+
+class SupersenseHead(nn.Module):
+    """A transform (dense + GELU + LayerNorm, as BERT's MLM head) and a 45-way supersense classifier."""
+
+    def __init__(self, hidden_size: int, num_supersenses: int = NUM_SUPERSENSES):
+        super().__init__()
+        self.transform = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size))
+        self.classifier = nn.Linear(hidden_size, num_supersenses)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.transform(hidden))
+
+
+def allowed_from_masks(masks: torch.Tensor, num_supersenses: int = NUM_SUPERSENSES) -> torch.Tensor:
+    """``[N]`` int64 bit masks (bit k = supersense k) -> ``[N, num_supersenses]`` bool."""
+    bits = torch.arange(num_supersenses, device=masks.device)
+    return ((masks.unsqueeze(-1) >> bits) & 1).bool()
+
+
+def allowed_senses_losses(logits: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SenseBERT's (allowed-senses loss, regulariser), each averaged over the ``N`` words.
+
+    ``logits``: ``[N, S]``; ``allowed``: ``[N, S]`` bool, every row with at least one allowed supersense.
+    """
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    allowed_loss = -torch.logsumexp(log_p.masked_fill(~allowed, float("-inf")), dim=-1)
+    regulariser = -(log_p * allowed).sum(-1) / allowed.sum(-1)
+    return allowed_loss.mean(), regulariser.mean()
