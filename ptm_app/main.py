@@ -17,8 +17,10 @@ commands:
   generate --ckpt_path REF --prompt "..." [--max_new_tokens N] [--do_sample --temperature T --top_k K --top_p P]
         [--num_beams B] [--seed S] [--chat]
                                      text from a causal LM or seq2seq run, export or prepared model (smollm2)
-  predict --ckpt_path REF (--text "..." ... | --input FILE) [--output FILE.jsonl]
-                                     labels and probabilities from a sequence classification run or export
+  predict --ckpt_path REF (--text "..." ... | --input FILE | --question "..." --context "...")
+        [--output FILE.jsonl] [--too_long truncate|refuse]
+                                     labels + probabilities, values, word tags, answer spans or generated text
+                                     from a fine-tuned run or export
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -100,4 +102,5 @@ def _dispatch(argv: list[str]) -> int:
 def _labels_texts(argv: list[str]) -> bool:
     """``predict`` given texts (``--text`` / ``--input``): ptm_app's own command, not LightningCLI's
     ``predict --config`` (which labels the data's test split)."""
-    return any(a in ("--text", "--input") or a.startswith(("--text=", "--input=")) for a in argv)
+    return any(a in ("--text", "--input", "--question") or a.startswith(("--text=", "--input=", "--question="))
+               for a in argv)
