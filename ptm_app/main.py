@@ -8,7 +8,7 @@ USAGE = """usage: python main.py COMMAND [options]
 commands:
   fit | validate | test | predict   LightningCLI runs: --config FILE.yaml [--key value ...] [--ckpt_path last|best|FILE]
   data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
-  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--push_to_hub REPO]
+  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--format transformers|onnx] [--push_to_hub REPO]
                                      write a transformers save_pretrained directory with the tokenizer and a
                                      model card (README.md); --push_to_hub uploads it (online only)
   embed --ckpt_path REF (--text "..." ... | --input FILE) [--pooling cls|mean|scalar_mix] [--normalize]
@@ -18,7 +18,7 @@ commands:
         [--num_beams B] [--seed S] [--chat]
                                      text from a causal LM or seq2seq run, export or prepared model (smollm2)
   predict --ckpt_path REF (--text "..." ... | --input FILE | --question "..." --context "...")
-        [--output FILE.jsonl] [--too_long truncate|refuse]
+        [--output FILE.jsonl] [--too_long truncate|refuse] [--backend torch|onnxruntime]
                                      labels + probabilities, values, word tags, answer spans or generated text
                                      from a fine-tuned run or export
   report RUN_DIR_OR_GLOB ... [--output results]

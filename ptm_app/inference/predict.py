@@ -18,37 +18,11 @@ from typing import Optional
 
 import torch
 
-from ptm_app.adaptation.classification import SequenceClassificationModule
-from ptm_app.backbones.delta import transformers_model
-from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
 from ptm_app.inference.inputs import read_inputs, read_questions, read_words
 from ptm_app.inference.loading import LoadedModel, load_for_inference
 from ptm_app.inference.predictors import TOO_LONG, Settings, predictor_for
 from ptm_app.paths import atomic_file
-
-
-def scorer(loaded: LoadedModel):
-    """``(collate, score, labels)``: the run's own collator and ``predict_step``; for a plain transformers export
-    (no module: full fine-tuning or an unmerged delta) the same computation from the model itself, softmax of
-    ``SequenceClassificationModule.forward``'s logits, labels from the config's ``id2label``."""
-    module = loaded.module
-    if isinstance(module, SequenceClassificationModule):
-        return module.make_collator(loaded.tokenizer), module.predict_step, list(module.hparams.get("labels") or [])
-    if module is None and loaded.head == "sequence_classification":
-        config = transformers_model(loaded.model).config
-        regression = config.problem_type == "regression" or config.num_labels == 1
-
-        def score(batch: dict, batch_idx: int) -> dict:
-            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-            logits = loaded.model(**inputs).logits.float()
-            return {"values": logits.squeeze(-1)} if regression else {"probs": torch.softmax(logits, dim=-1)}
-
-        labels = [config.id2label[i] for i in range(config.num_labels)]
-        return PadCollator(pad_token_id=loaded.tokenizer.pad_token_id), score, labels
-    raise PtmError(f"predict --text/--input labels texts with a sequence classification or regression run; "
-                   f"{loaded.ref} is a {loaded.kind}; for other runs use: python main.py predict --config ... "
-                   f"--ckpt_path ...")
 
 
 @torch.no_grad()
@@ -87,9 +61,14 @@ def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[s
             id_field: str = "id", output: Optional[str] = None, batch_size: int = 32,
             max_length: Optional[int] = None, trust_checkpoint: bool = False, questions: Optional[list[str]] = None,
             contexts: Optional[list[str]] = None, words_field: str = "words", question_field: str = "question",
-            context_field: str = "context", too_long: str = "truncate") -> list[dict]:
-    """Predict for the examples; write the rows as JSONL to ``output``, or print them."""
+            context_field: str = "context", too_long: str = "truncate", backend: str = "torch") -> list[dict]:
+    """Predict for the examples; write the rows as JSONL to ``output``, or print them.  ``backend="onnxruntime"``
+    runs the export's ``model.onnx`` (``inference.onnx_export``) instead of PyTorch."""
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
+    if backend == "onnxruntime":
+        from ptm_app.inference.onnx_export import open_session
+
+        loaded.session = open_session(loaded)
     examples, ids, shown = read_examples(loaded, texts, input, questions, contexts, text_field, words_field,
                                          question_field, context_field, id_field)
     rows = predict_rows(loaded, examples, ids, batch_size, max_length, too_long, shown)
@@ -125,6 +104,8 @@ def predict_command(argv: list[str]) -> int:
     parser.add_argument("--context_field", default="context", help="extractive QA: the context field of records")
     parser.add_argument("--too_long", choices=TOO_LONG, default="truncate",
                         help="inputs longer than the run's limit: truncate them (with a warning) or refuse")
+    parser.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
+                        help="onnxruntime: run the export directory's model.onnx (export --format onnx)")
     parser.add_argument("--trust_checkpoint", action="store_true",
                         help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
     args = parser.parse_args(argv)

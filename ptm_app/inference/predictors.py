@@ -51,9 +51,10 @@ class Settings:
 
 @dataclass(frozen=True)
 class Predictor:
-    """``inputs``: what one example is (``text``: a string, ``words``: a word list, ``qa``: a (question, context)
+    """``name``: the registry key; ``inputs``: what one example is (``text``: a string, ``words``: a word list, ``qa``: a (question, context)
     pair); ``rows``: (model, examples, settings) -> one row per example, in order."""
 
+    name: str
     inputs: str
     rows: Callable[[LoadedModel, list, Settings], list[dict]]
 
@@ -103,6 +104,32 @@ def plain_inputs(batch: dict) -> dict:
     return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 
 
+def is_regression(loaded: LoadedModel) -> bool:
+    from ptm_app.adaptation.classification import SequenceRegressionModule
+
+    if loaded.module is not None:
+        return isinstance(loaded.module, SequenceRegressionModule)
+    config = transformers_model(loaded.model).config
+    return config.problem_type == "regression" or config.num_labels == 1
+
+
+def head_outputs(loaded: LoadedModel, batch: dict, head: str):
+    """The head's raw outputs for a batch, as the run's module computes them (its ``forward``: deltas, frozen
+    features, virtual tokens dropped) or a plain export's model: label scores [B, C] (values [B] for regression),
+    tag scores [B, T, C], or (start, end) logits [B, T].  With an ONNX Runtime session attached
+    (``predict --backend onnxruntime``) the exported graph computes them instead."""
+    if loaded.session is not None:
+        from ptm_app.inference.onnx_export import session_outputs
+
+        return session_outputs(loaded.session, batch)
+    if loaded.module is not None:
+        return loaded.module(batch)
+    out = loaded.model(**plain_inputs(batch))
+    if head == "question_answering":
+        return out.start_logits.float(), out.end_logits.float()
+    return out.logits.squeeze(-1) if head == "sequence_classification" and is_regression(loaded) else out.logits
+
+
 def refuse(loaded: LoadedModel, what: str) -> PtmError:
     return PtmError(f"predict --text/--input {what}; {loaded.ref} is a {loaded.kind} ({loaded.head} head); for "
                     f"other runs use: python main.py predict --config ... --ckpt_path ... (generate / embed for "
@@ -111,20 +138,33 @@ def refuse(loaded: LoadedModel, what: str) -> PtmError:
 
 # -- classification and regression ---------------------------------------------------------------
 def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
-    """The label and every label's probability, or the value (``score_rows``)."""
+    """The label and every label's probability (softmax of the scores), or the value (``score_rows``, as the
+    modules' ``predict_step``)."""
+    from ptm_app.adaptation.classification import SequenceClassificationModule
+    from ptm_app.data.collators import PadCollator
     from ptm_app.data.datasets import EncodedDataset
-    from ptm_app.inference.predict import scorer
     from ptm_app.training.callbacks import score_rows
 
-    collate, score, labels = scorer(loaded)
+    module = loaded.module
+    if module is not None and not isinstance(module, SequenceClassificationModule):
+        raise refuse(loaded, "labels texts with a sequence classification or regression run")
+    regression = is_regression(loaded)
+    if module is not None:
+        collate, labels = module.make_collator(loaded.tokenizer), list(module.hparams.get("labels") or [])
+    else:
+        config = transformers_model(loaded.model).config
+        collate = PadCollator(pad_token_id=loaded.tokenizer.pad_token_id)
+        labels = [] if regression else [config.id2label[i] for i in range(config.num_labels)]
     limit = settings.max_length or run_data_args(loaded.ref).get("max_length") or model_limit(loaded)
     if limit is not None:
         check_lengths([len(ids) for ids in loaded.tokenizer(texts)["input_ids"]], limit, settings, "max_length")
     enc = loaded.tokenizer(texts, truncation=limit is not None, max_length=limit)
     dataset = EncodedDataset(enc["input_ids"], None, enc.get("token_type_ids"))
     rows: list[Optional[dict]] = [None] * len(texts)
-    for n, index in enumerate(length_batches(dataset.lengths(), settings.batch_size)):
-        for i, row in zip(index, score_rows(score(collate([dataset[i] for i in index]), n), labels)):
+    for index in length_batches(dataset.lengths(), settings.batch_size):
+        out = head_outputs(loaded, collate([dataset[i] for i in index]), "sequence_classification").float()
+        scores = {"values": out} if regression else {"probs": torch.softmax(out, dim=-1)}
+        for i, row in zip(index, score_rows(scores, labels)):
             rows[i] = row
     return rows
 
@@ -155,7 +195,7 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
     rows: list[Optional[dict]] = [None] * len(sentences)
     for index in length_batches(dataset.lengths(), settings.batch_size):
         batch = collate([dataset[i] for i in index])
-        logits = module(batch) if module is not None else loaded.model(**plain_inputs(batch)).logits
+        logits = head_outputs(loaded, batch, "token_classification")
         for r, i in enumerate(index):
             tags = tags_by_word(labels, logits[r].argmax(-1), batch["word_index"][r], len(sentences[i]))
             rows[i] = {"words": sentences[i], "tags": tags}
@@ -196,12 +236,7 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     spans, kind = BestSpans(sync_on_compute=False), task_type("qa")
     for index in length_batches(dataset.lengths(), settings.batch_size):
         batch = collate([dataset[i] for i in index])
-        if module is not None:
-            out = module(batch)
-        else:
-            raw = loaded.model(**plain_inputs(batch))
-            out = raw.start_logits.float(), raw.end_logits.float()
-        kind.update(spans, out, batch, span_settings)
+        kind.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
     answers = epoch_answers(spans, SimpleNamespace(contexts=contexts))
     return [{"question": q, "context": c, "answer": answers[e][3], "answer_start": answers[e][1],
              "answer_end": answers[e][2], "score": round(answers[e][0], 4) if answers[e][1] >= 0 else None}
@@ -230,10 +265,10 @@ def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -
 
 
 PREDICTORS: dict[str, Predictor] = {
-    "sequence_classification": Predictor("text", label_rows),
-    "token_classification": Predictor("words", tag_rows),
-    "question_answering": Predictor("qa", answer_rows),
-    "generation": Predictor("text", generation_rows),
+    "sequence_classification": Predictor("sequence_classification", "text", label_rows),
+    "token_classification": Predictor("token_classification", "words", tag_rows),
+    "question_answering": Predictor("question_answering", "qa", answer_rows),
+    "generation": Predictor("generation", "text", generation_rows),
 }
 
 
@@ -245,16 +280,23 @@ MODULE_HEADS = (("ptm_app.adaptation.classification", "SequenceClassificationMod
                 ("ptm_app.adaptation.generation", "GenerationModule", "generation"))
 
 
-def predictor_for(loaded: LoadedModel) -> Predictor:
-    """The registry entry for the loaded run's module class, or a plain export's head; else one line."""
+def predictor_key(loaded: LoadedModel) -> Optional[str]:
+    """The registry key for the loaded run's module class, or a plain export's head (None: no entry)."""
     import importlib
 
     module = loaded.module
     if module is not None:
         for where, name, entry in MODULE_HEADS:
             if isinstance(module, getattr(importlib.import_module(where), name)):
-                return PREDICTORS[entry]
-    elif loaded.head in PREDICTORS:
-        return PREDICTORS[loaded.head]
-    raise refuse(loaded, "labels texts (classification, regression), tags words, answers questions or generates "
-                         "with a fine-tuned run")
+                return entry
+        return None
+    return loaded.head if loaded.head in PREDICTORS else None
+
+
+def predictor_for(loaded: LoadedModel) -> Predictor:
+    """The registry entry for the loaded model (``predictor_key``); else one line."""
+    key = predictor_key(loaded)
+    if key is None:
+        raise refuse(loaded, "labels texts (classification, regression), tags words, answers questions or "
+                             "generates with a fine-tuned run")
+    return PREDICTORS[key]
