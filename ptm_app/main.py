@@ -21,6 +21,9 @@ commands:
         [--output FILE.jsonl] [--too_long truncate|refuse] [--backend torch|onnxruntime]
                                      labels + probabilities, values, word tags, answer spans or generated text
                                      from a fine-tuned run or export
+  serve --ckpt_path REF [--task predict|embed|generate] [--port 8000] [--workers 1] [--max_batch_size 8]
+        [--batch_timeout 0.01] [--too_long truncate|refuse]
+                                     an HTTP endpoint (LitServe): POST /predict with JSON, GET /health
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -60,6 +63,8 @@ def main(argv: list[str]) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
+    from ptm_app.errors import PtmError
+
     command = argv[0]
     if command == "data":
         from ptm_app.data.prepare import data_command
@@ -77,6 +82,14 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.inference.generate import generate_command
 
         return generate_command(argv[1:])
+    if command == "serve":
+        import importlib.util
+
+        if importlib.util.find_spec("litserve") is None:
+            raise PtmError("serve needs the serve extra: pip install -c constraints-cpu.txt -e '.[serve]'")
+        from ptm_app.inference.serve import serve_command
+
+        return serve_command(argv[1:])
     if command == "predict" and _labels_texts(argv[1:]):
         from ptm_app.inference.predict import predict_command
 
