@@ -45,12 +45,20 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
         save_module_weights(ckpt, tmp)
         provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt[CKPT_KEY]["head"],
                       "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
-                      "epoch": ckpt.get("epoch")}
+                      "epoch": ckpt.get("epoch"), "data": exported_data_args(ckpt_path)}
         (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
         (tmp / "README.md").write_text(model_card(ckpt, ckpt_path, output_dir.name), encoding="utf-8")
         if also is not None:
             also(tmp)
     return output_dir
+
+
+def exported_data_args(ckpt_path) -> dict:
+    """The run's plain data settings (lengths, windows, fields: JSON scalars only), so ``predict`` on the export
+    cuts and windows inputs as the run did (``inference.predictors.run_data_args``)."""
+    from ptm_app.inference.predictors import recorded_data_args
+
+    return {k: v for k, v in recorded_data_args(ckpt_path).items() if isinstance(v, (str, int, float, bool))}
 
 
 MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.json"

@@ -27,7 +27,7 @@ import yaml
 from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import transformers_model
 from ptm_app.errors import PtmError
-from ptm_app.inference.loading import LoadedModel
+from ptm_app.inference.loading import EXPORT_INFO, LoadedModel
 
 TOO_LONG = ("truncate", "refuse")
 
@@ -61,21 +61,35 @@ class Predictor:
 
 # -- shared helpers ---------------------------------------------------------------------------------
 def run_data_args(ref: str, data_class=None) -> dict:
-    """The data module's ``init_args`` of the run a checkpoint belongs to, over ``data_class``'s own defaults
-    (just the defaults for exports and prepared models, which keep no config)."""
+    """The data module's ``init_args`` of the run a checkpoint belongs to (its ``config.yaml``), or those an export
+    recorded (``ptm_app_export.json``'s ``data``), over ``data_class``'s own defaults (just the defaults for
+    prepared models and other directories)."""
     from ptm_app.data.sources.references import resolve_pretrained
-    from ptm_app.model_card import run_directory
 
     args = {}
     if data_class is not None:
         args = {name: p.default for name, p in inspect.signature(data_class).parameters.items()
                 if p.default is not inspect.Parameter.empty}
-    run = run_directory(resolve_pretrained(ref))
+    args.update({k: v for k, v in recorded_data_args(resolve_pretrained(ref)).items() if v is not None})
+    return args
+
+
+def recorded_data_args(where) -> dict:
+    """The run's data settings for a checkpoint / run directory, or an export's record of them ({} if none)."""
+    import json
+    from pathlib import Path
+
+    from ptm_app.model_card import run_directory
+
+    run = run_directory(where)
     config = run / "config.yaml" if run is not None else None
     if config is not None and config.is_file():
         data = yaml.safe_load(config.read_text()).get("data") or {}
-        args.update({k: v for k, v in (data.get("init_args") or {}).items() if v is not None})
-    return args
+        return dict(data.get("init_args") or {})
+    info = Path(where) / EXPORT_INFO
+    if info.is_file():
+        return dict(json.loads(info.read_text()).get("data") or {})
+    return {}
 
 
 def model_limit(loaded: LoadedModel) -> Optional[int]:

@@ -132,6 +132,19 @@ def test_qa_answer_spans_equal_lightning_predict(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--question" in err[0] and "--context" in err[0]
 
+    # the ONNX graph of a two-output head (start, end logits) gives the same spans under ONNX Runtime
+    pytest.importorskip("onnxruntime")
+    onnx_dir = tmp_path / "qa_onnx"
+    assert run_main(["export", "--format", "onnx", "--ckpt_path", str(run), "--output_dir", str(onnx_dir)],
+                    run.parent) == 0
+    info = json.loads((onnx_dir / "onnx.json").read_text())
+    assert info["outputs"] == ["start_logits", "end_logits"] and info["check"]["max_abs_diff"] <= 1e-4
+    ort_rows = predicted(["--ckpt_path", str(onnx_dir), "--input", str(root / "test.jsonl"), "--batch_size", "3",
+                          "--backend", "onnxruntime"], tmp_path / "ort_answers.jsonl")
+    for mine, theirs in zip(ort_rows, rows):
+        assert {k: v for k, v in mine.items() if k != "score"} == {k: v for k, v in theirs.items() if k != "score"}
+        assert mine["score"] == pytest.approx(theirs["score"], abs=1e-3)
+
 
 def copy_pairs(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
