@@ -106,3 +106,36 @@ def test_served_classifier_answers_concurrent_requests_as_predict_and_survives_b
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def test_the_embed_and_generate_tasks_answer_as_their_commands_in_a_batch(classifier_run, clm_run):
+    """The worker side without HTTP: a batch of decoded requests gives what embed / generate give, and a request
+    with bad decoding settings is refused alone (400) while the rest of its batch is answered."""
+    import numpy as np
+
+    from ptm_app.inference.embed import embed_texts
+    from ptm_app.inference.generate import generate
+    from ptm_app.inference.loading import load_for_inference
+    from ptm_app.inference.serve import (PromptAPI, PromptRequest, Refused, ServeSettings, TextAPI, TextRequest,
+                                         choose_task)
+
+    texts = ["the cat sat on a mat", "markets rose as shares fell", "birds sang"]
+    loaded = load_for_inference(str(classifier_run))
+    assert choose_task(loaded, None) == ("predict", "text") and choose_task(loaded, "embed") == ("embed", "text")
+    api = TextAPI(ServeSettings(str(classifier_run), "embed", "text"), max_batch_size=4)
+    api.setup("cpu")
+    rows = [api.encode_response(r) for r in api.predict([api.decode_request(TextRequest(text=t)) for t in texts])]
+    np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), embed_texts(loaded, texts), atol=1e-5)
+    assert [r["text"] for r in rows] == texts
+
+    assert choose_task(load_for_inference(str(clm_run)), None) == ("generate", "prompt")
+    api = PromptAPI(ServeSettings(str(clm_run), "generate", "prompt"), max_batch_size=4)
+    api.setup("cpu")
+    requests = [PromptRequest(prompt="the cat", max_new_tokens=6), PromptRequest(prompt="dogs ran", temperature=0.5),
+                PromptRequest(prompt="markets", max_new_tokens=6, do_sample=True, seed=3)]
+    out = api.predict([api.decode_request(r) for r in requests])
+    assert out[0] == {"prompt": "the cat", "generated": generate(str(clm_run), "the cat", 6, stream=False)}
+    assert isinstance(out[1], Refused) and out[1].status == 400 and "--do_sample" in out[1].message
+    assert out[2]["generated"] == generate(str(clm_run), "markets", 6, do_sample=True, seed=3, stream=False)
+    response = api.encode_response(out[1])
+    assert response.status_code == 400 and b'"error"' in response.body
