@@ -27,11 +27,11 @@ from ptm_app.paths import atomic_file
 
 @torch.no_grad()
 def predict_rows(loaded: LoadedModel, examples: list, ids: Optional[list] = None, batch_size: int = 32,
-                 max_length: Optional[int] = None, too_long: str = "truncate", texts: Optional[list[str]] = None
-                 ) -> list[dict]:
+                 max_length: Optional[int] = None, too_long: str = "truncate", texts: Optional[list[str]] = None,
+                 progress: bool = False) -> list[dict]:
     """One row per example: ``id`` (when given), ``text`` (when the examples came as texts), then the head's
     fields (``inference.predictors``)."""
-    rows = predictor_for(loaded).rows(loaded, examples, Settings(batch_size, max_length, too_long))
+    rows = predictor_for(loaded).rows(loaded, examples, Settings(batch_size, max_length, too_long, progress))
     heads = [{} if ids is None else {"id": i} for i in (ids or [None] * len(rows))]
     if texts is not None:
         heads = [{**h, "text": t} for h, t in zip(heads, texts)]
@@ -71,7 +71,7 @@ def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[s
         loaded.session = open_session(loaded)
     examples, ids, shown = read_examples(loaded, texts, input, questions, contexts, text_field, words_field,
                                          question_field, context_field, id_field)
-    rows = predict_rows(loaded, examples, ids, batch_size, max_length, too_long, shown)
+    rows = predict_rows(loaded, examples, ids, batch_size, max_length, too_long, shown, progress=input is not None)
     lines = [json.dumps(row, ensure_ascii=False) for row in rows]
     if output is None:
         print("\n".join(lines))

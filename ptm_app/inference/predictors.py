@@ -34,11 +34,13 @@ TOO_LONG = ("truncate", "refuse")
 
 @dataclass(frozen=True)
 class Settings:
-    """``batch_size``; ``max_length`` overrides the run's input limit; ``too_long``: truncate or refuse."""
+    """``batch_size``; ``max_length`` overrides the run's input limit; ``too_long``: truncate or refuse;
+    ``progress``: show a progress bar."""
 
     batch_size: int = 32
     max_length: Optional[int] = None
     too_long: str = "truncate"
+    progress: bool = False  # a transient bar over the batches (on a terminal): files, not single texts
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -114,6 +116,17 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+def batches(lengths: list[int], settings: Settings):
+    """``length_batches``, behind a transient progress bar when ``settings.progress`` (``data.sources.fetch``'s:
+    stderr, only on a terminal)."""
+    groups = length_batches(lengths, settings.batch_size)
+    if not settings.progress or len(groups) < 2:
+        return groups
+    from ptm_app.data.sources.fetch import progress
+
+    return progress(groups, f"predicting {len(lengths)} inputs")
+
+
 def plain_inputs(batch: dict) -> dict:
     return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 
@@ -175,7 +188,7 @@ def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> lis
     enc = loaded.tokenizer(texts, truncation=limit is not None, max_length=limit)
     dataset = EncodedDataset(enc["input_ids"], None, enc.get("token_type_ids"))
     rows: list[Optional[dict]] = [None] * len(texts)
-    for index in length_batches(dataset.lengths(), settings.batch_size):
+    for index in batches(dataset.lengths(), settings):
         out = head_outputs(loaded, collate([dataset[i] for i in index]), "sequence_classification").float()
         scores = {"values": out} if regression else {"probs": torch.softmax(out, dim=-1)}
         for i, row in zip(index, score_rows(scores, labels)):
@@ -207,7 +220,7 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
     dataset = TaggedDataset(input_ids, first, [[0] * len(words) for words in sentences])
     collate = TokenLabelCollator(pad_token_id=tok.pad_token_id)
     rows: list[Optional[dict]] = [None] * len(sentences)
-    for index in length_batches(dataset.lengths(), settings.batch_size):
+    for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
         logits = head_outputs(loaded, batch, "token_classification")
         for r, i in enumerate(index):
@@ -248,7 +261,7 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     hp = module.hparams if module is not None else {}
     span_settings = {"n_best": hp.get("n_best", 20), "max_answer_length": hp.get("max_answer_length", 30)}
     spans, kind = BestSpans(sync_on_compute=False), task_type("qa")
-    for index in length_batches(dataset.lengths(), settings.batch_size):
+    for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
         kind.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
     answers = epoch_answers(spans, SimpleNamespace(contexts=contexts))
@@ -271,7 +284,7 @@ def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -
               "target": "", "key": i} for i, ids in enumerate(sources)]
     collate = module.make_collator(tok)
     rows: list[Optional[dict]] = [None] * len(texts)
-    for index in length_batches([len(item["source_ids"]) for item in items], settings.batch_size):
+    for index in batches([len(item["source_ids"]) for item in items], settings):
         generated = module.generate(collate([items[i] for i in index]), target_length=args["max_target_length"])
         for i, text in zip(index, generated):
             rows[i] = {"generated": text}
