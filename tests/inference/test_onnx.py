@@ -40,6 +40,18 @@ def test_onnx_export_matches_pytorch_and_predict_runs_on_onnxruntime(fixture, re
             assert mine["probs"][label] == pytest.approx(p, abs=TOLERANCE)
     assert len({round(r["probs"]["pos"], 4) for r in ort_rows}) > 1
 
+    # the server's worker on the same graph (serve --backend onnxruntime): a batch of requests, the same rows
+    pytest.importorskip("litserve")
+    from ptm_app.inference.serve import ServeSettings, TextAPI, TextRequest
+
+    api = TextAPI(ServeSettings(str(out), "predict", "text", backend="onnxruntime"), max_batch_size=4)
+    api.setup("cpu")
+    assert api.loaded.session is not None
+    served = api.predict([api.decode_request(TextRequest(text=r["text"])) for r in torch_rows[:4]])
+    for mine, theirs in zip(served, torch_rows[:4]):
+        assert mine["label"] == theirs["label"]
+        assert mine["probs"] == pytest.approx(theirs["probs"], abs=TOLERANCE)
+
 
 def rows_of_predict(argv: list[str], out) -> list[dict]:
     assert main(["predict", *argv, "--output", str(out)]) == 0
