@@ -45,7 +45,8 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
         save_module_weights(ckpt, tmp)
         provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt[CKPT_KEY]["head"],
                       "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
-                      "epoch": ckpt.get("epoch"), "data": exported_data_args(ckpt_path)}
+                      "epoch": ckpt.get("epoch"), "data": exported_data_args(ckpt_path),
+                      "precision": exported_precision(ckpt_path)}
         (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
         (tmp / "README.md").write_text(model_card(ckpt, ckpt_path, output_dir.name), encoding="utf-8")
         if also is not None:
@@ -59,6 +60,13 @@ def exported_data_args(ckpt_path) -> dict:
     from ptm_app.inference.predictors import recorded_data_args
 
     return {k: v for k, v in recorded_data_args(ckpt_path).items() if isinstance(v, (str, int, float, bool))}
+
+
+def exported_precision(ckpt_path) -> Optional[str]:
+    """The run's ``trainer.precision``, so ``predict`` on the export computes as the run's ``predict`` did."""
+    from ptm_app.inference.predictors import recorded_precision
+
+    return recorded_precision(ckpt_path)
 
 
 MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.json"

@@ -18,7 +18,7 @@ commands:
         [--num_beams B] [--seed S] [--chat]
                                      text from a causal LM or seq2seq run, export or prepared model (smollm2)
   predict --ckpt_path REF (--text "..." ... | --input FILE | --question "..." --context "...")
-        [--output FILE.jsonl] [--too_long truncate|refuse] [--backend torch|onnxruntime]
+        [--output FILE.jsonl] [--too_long truncate|refuse] [--precision run|32|bf16] [--backend torch|onnxruntime]
                                      labels + probabilities, values, word tags, answer spans or generated text
                                      from a fine-tuned run or export
   serve --ckpt_path REF [--task predict|embed|generate] [--port 8000] [--workers 1] [--max_batch_size 8]

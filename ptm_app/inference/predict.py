@@ -21,17 +21,19 @@ import torch
 from ptm_app.errors import PtmError
 from ptm_app.inference.inputs import read_inputs, read_questions, read_words
 from ptm_app.inference.loading import LoadedModel, load_for_inference
-from ptm_app.inference.predictors import TOO_LONG, Settings, predictor_for
+from ptm_app.inference.predictors import PRECISIONS, TOO_LONG, Settings, precision_context, predictor_for
 from ptm_app.paths import atomic_file
 
 
 @torch.no_grad()
 def predict_rows(loaded: LoadedModel, examples: list, ids: Optional[list] = None, batch_size: int = 32,
                  max_length: Optional[int] = None, too_long: str = "truncate", texts: Optional[list[str]] = None,
-                 progress: bool = False) -> list[dict]:
+                 progress: bool = False, precision: str = "run") -> list[dict]:
     """One row per example: ``id`` (when given), ``text`` (when the examples came as texts), then the head's
     fields (``inference.predictors``)."""
-    rows = predictor_for(loaded).rows(loaded, examples, Settings(batch_size, max_length, too_long, progress))
+    settings = Settings(batch_size, max_length, too_long, progress, precision)
+    with precision_context(loaded, settings):
+        rows = predictor_for(loaded).rows(loaded, examples, settings)
     heads = [{} if ids is None else {"id": i} for i in (ids or [None] * len(rows))]
     if texts is not None:
         heads = [{**h, "text": t} for h, t in zip(heads, texts)]
@@ -61,7 +63,8 @@ def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[s
             id_field: str = "id", output: Optional[str] = None, batch_size: int = 32,
             max_length: Optional[int] = None, trust_checkpoint: bool = False, questions: Optional[list[str]] = None,
             contexts: Optional[list[str]] = None, words_field: str = "words", question_field: str = "question",
-            context_field: str = "context", too_long: str = "truncate", backend: str = "torch") -> list[dict]:
+            context_field: str = "context", too_long: str = "truncate", backend: str = "torch",
+            precision: str = "run") -> list[dict]:
     """Predict for the examples; write the rows as JSONL to ``output``, or print them.  ``backend="onnxruntime"``
     runs the export's ``model.onnx`` (``inference.onnx_export``) instead of PyTorch."""
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
@@ -71,7 +74,8 @@ def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[s
         loaded.session = open_session(loaded)
     examples, ids, shown = read_examples(loaded, texts, input, questions, contexts, text_field, words_field,
                                          question_field, context_field, id_field)
-    rows = predict_rows(loaded, examples, ids, batch_size, max_length, too_long, shown, progress=input is not None)
+    rows = predict_rows(loaded, examples, ids, batch_size, max_length, too_long, shown, progress=input is not None,
+                        precision=precision)
     lines = [json.dumps(row, ensure_ascii=False) for row in rows]
     if output is None:
         print("\n".join(lines))
@@ -104,6 +108,9 @@ def predict_command(argv: list[str]) -> int:
     parser.add_argument("--context_field", default="context", help="extractive QA: the context field of records")
     parser.add_argument("--too_long", choices=TOO_LONG, default="truncate",
                         help="inputs longer than the run's limit: truncate them (with a warning) or refuse")
+    parser.add_argument("--precision", choices=PRECISIONS, default="run",
+                        help="run: bf16 autocast when the run predicted in bf16 (precision auto on a CPU with native "
+                             "bf16, or bf16-mixed), else fp32; 32 / bf16: force one")
     parser.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
                         help="onnxruntime: run the export directory's model.onnx (export --format onnx)")
     parser.add_argument("--trust_checkpoint", action="store_true",

@@ -30,6 +30,7 @@ from ptm_app.errors import PtmError
 from ptm_app.inference.loading import EXPORT_INFO, LoadedModel
 
 TOO_LONG = ("truncate", "refuse")
+PRECISIONS = ("run", "32", "bf16")  # run: bf16 autocast when the run predicted in bf16 (precision auto / bf16-mixed)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Settings:
     max_length: Optional[int] = None
     too_long: str = "truncate"
     progress: bool = False  # a transient bar over the batches (on a terminal): files, not single texts
+    precision: str = "run"
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -49,6 +51,8 @@ class Settings:
             raise PtmError("--max_length must be at least 4 tokens")
         if self.too_long not in TOO_LONG:
             raise PtmError(f"--too_long {self.too_long}: use one of {', '.join(TOO_LONG)}")
+        if self.precision not in PRECISIONS:
+            raise PtmError(f"--precision {self.precision}: use one of {', '.join(PRECISIONS)}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,43 @@ def recorded_data_args(where) -> dict:
     if info.is_file():
         return dict(json.loads(info.read_text()).get("data") or {})
     return {}
+
+
+def recorded_precision(where) -> Optional[str]:
+    """The run's ``trainer.precision`` (its ``config.yaml``), or the one an export recorded (None if neither)."""
+    import json
+    from pathlib import Path
+
+    from ptm_app.model_card import run_directory
+
+    run = run_directory(where)
+    config = run / "config.yaml" if run is not None else None
+    if config is not None and config.is_file():
+        value = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("precision")
+        return None if value is None else str(value)
+    info = Path(where) / EXPORT_INFO
+    if info.is_file():
+        return json.loads(info.read_text()).get("precision")
+    return None
+
+
+def precision_context(loaded: LoadedModel, settings: Settings):
+    """bf16 autocast on the CPU, as Lightning's ``bf16-mixed`` runs ``predict_step``, when asked (``bf16``) or
+    when the run itself predicted so (``run``: ``trainer.precision`` bf16-mixed, or ``auto`` on a CPU with native
+    bf16, ``training.precision.auto_precision``); else fp32.  An ONNX Runtime session always runs its fp32 graph."""
+    from contextlib import nullcontext
+
+    from ptm_app.data.sources.references import resolve_pretrained
+    from ptm_app.training.precision import auto_precision
+
+    wanted = settings.precision
+    if wanted == "run":
+        value = recorded_precision(resolve_pretrained(loaded.ref)) or "32-true"
+        value = auto_precision("cpu") if value == "auto" else value
+        wanted = "bf16" if value.startswith("bf16") else "32"
+    if wanted == "bf16" and loaded.session is None:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def model_limit(loaded: LoadedModel) -> Optional[int]:

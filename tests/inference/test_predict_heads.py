@@ -16,9 +16,10 @@ WORDPIECE = {"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}
 TAGS = {w: ("DET" if w in ("the", "a") else "VERB" if w.endswith(("ed", "s", "ng")) else "NOUN") for w in WORDS}
 
 
-def fit_and_predict(tmp: Path, name: str, model: dict, data: dict, steps: int = 6) -> tuple[Path, list[dict]]:
+def fit_and_predict(tmp: Path, name: str, model: dict, data: dict, steps: int = 6,
+                    **trainer) -> tuple[Path, list[dict]]:
     """Fit a tiny run, then LightningCLI's ``predict --config`` on its test split: the run and its rows."""
-    cfg = {"seed_everything": 5, "trainer": {"max_steps": steps, "val_check_interval": steps, **QUIET},
+    cfg = {"seed_everything": 5, "trainer": {"max_steps": steps, "val_check_interval": steps, **QUIET, **trainer},
            "model": model, "data": data}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -183,3 +184,19 @@ def test_too_long_inputs_are_refused_in_one_line_or_truncated_with_a_warning(cla
     warning = out.err.strip().splitlines()
     assert len(warning) == 1 and "1 of 2 inputs" in warning[0] and "truncated" in warning[0]
     assert len(out.out.strip().splitlines()) == 2
+
+
+def test_a_bf16_run_predicts_under_bf16_autocast_as_predict_config_does(tiny_corpus, tmp_path):
+    model = {"class_path": "SequenceClassificationModule", "init_args": {"backbone_config": TINY_BERT,
+                                                                         "optim": {"lr": 1e-2, "warmup": 0}}}
+    data = {"class_path": "TaskDataModule", "init_args": {"source": str(tiny_corpus), "max_length": 32,
+                                                          "batch_size": 8, "tokenizer": WORDPIECE}}
+    run, cli = fit_and_predict(tmp_path, "bf16", model, data, precision="bf16-mixed")
+    test = str(tiny_corpus / "test.jsonl")
+    rows = predicted(["--ckpt_path", str(run), "--input", test, "--batch_size", "8"], tmp_path / "run.jsonl")
+    fp32 = predicted(["--ckpt_path", str(run), "--input", test, "--batch_size", "8", "--precision", "32"],
+                     tmp_path / "fp32.jsonl")
+    bf16_gap = max(abs(a["probs"]["pos"] - b["probs"]["pos"]) for a, b in zip(rows, cli))
+    fp32_gap = max(abs(a["probs"]["pos"] - b["probs"]["pos"]) for a, b in zip(fp32, cli))
+    assert [r["label"] for r in rows] == [r["label"] for r in cli]
+    assert bf16_gap < 1e-6 < fp32_gap, (bf16_gap, fp32_gap)  # the run's precision, not fp32
