@@ -155,7 +155,10 @@ def export_command(argv: list[str]) -> int:
 
         loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
         also = lambda directory: write_onnx(loaded, directory)  # noqa: E731
-    out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint, also=also)
+    from ptm_app.backbones.build import quiet_transformers
+
+    with quiet_transformers():  # no "Writing model shards" bar: the command prints its one result line
+        out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint, also=also)
     print(f"exported {args.ckpt_path} -> {out}" + (f" (with {out / 'model.onnx'})" if also else ""))
     if args.push_to_hub:
         push_to_hub(out, args.push_to_hub)

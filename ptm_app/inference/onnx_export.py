@@ -80,15 +80,15 @@ def example_inputs(loaded: LoadedModel, batch: int, length: int, seed: int) -> d
 
 
 @contextmanager
-def quiet_logger(name: str):
-    """The exporter's notices (e.g. "torchvision is not installed") stay off the console; errors still show."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+def quiet_logging():
+    """The exporter's notices (e.g. "torchvision is not installed", DeepSpeed's accelerator line when tracing
+    imports it, with a logger created on the spot) stay off the console; errors still show."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logging.disable(before)
 
 
 def as_tuple(out) -> tuple[torch.Tensor, ...]:
@@ -116,7 +116,7 @@ def write_onnx(loaded: LoadedModel, directory: Path) -> dict:
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     axes = {name: {0: batch, 1: sequence} for name in names}
     path = directory / ONNX_FILE
-    with warnings.catch_warnings(), torch.no_grad(), quiet_logger("torch.onnx"):
+    with warnings.catch_warnings(), torch.no_grad(), quiet_logging():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(graph, (), kwargs=traced, dynamo=True, input_names=names,
