@@ -38,7 +38,7 @@ def test_onnx_export_matches_pytorch_and_predict_runs_on_onnxruntime(fixture, re
         assert (mine["id"], mine["label"]) == (theirs["id"], theirs["label"])
         for label, p in theirs["probs"].items():
             assert mine["probs"][label] == pytest.approx(p, abs=TOLERANCE)
-    assert len({round(r["probs"]["pos"], 4) for r in ort_rows}) > 1
+    assert len({r["probs"]["pos"] for r in ort_rows}) > 1  # the texts differ to the model (rows keep 6 decimals)
 
     # the server's worker on the same graph (serve --backend onnxruntime): a batch of requests, the same rows
     pytest.importorskip("litserve")
