@@ -62,11 +62,12 @@ analysis: data
 # Writes benchmarks/results.{md,json} and the table in benchmarks/README.md.  Not part of `make test`.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[bench]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[bench,onnx]"
 	touch $(BENCH_STAMP)
 
 bench: data $(BENCH_STAMP)
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks --only inference
 
 test-slow: data
 	$(PYTEST) -m slow

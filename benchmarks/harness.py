@@ -429,7 +429,7 @@ def _strip(value):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny model, 3 steps, 1 repeat (a check, not a measurement)")
-    parser.add_argument("--only", nargs="+", choices=("pretrain", "finetune", "resume", "data"),
+    parser.add_argument("--only", nargs="+", choices=("pretrain", "finetune", "resume", "data", "inference"),
                         default=["pretrain", "finetune", "resume"])
     parser.add_argument("--repeats", type=int, help="repeats of every part (default 3; fine-tuning 2)")
     parser.add_argument("--work", type=Path, default=ROOT / "checkpoints" / "bench",
@@ -441,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.data_prep import main as data_main
 
         return data_main([str(ROOT / "data" / "bbc" / "train.jsonl")])
+    if args.only == ["inference"]:  # CPU latency: PyTorch fp32 / bf16 against ONNX Runtime (inference_latency.py)
+        from benchmarks.inference_latency import main as inference_main
+
+        return inference_main([] if args.repeats is None else ["--repeats", str(args.repeats)])
     settings = SMOKE if args.smoke else FULL
     if args.repeats:
         settings = Settings(**{**asdict(settings), "repeats": args.repeats, "finetune_repeats": args.repeats})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Callable, Optional
 
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone
 from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint
@@ -15,7 +16,8 @@ from ptm_app.errors import PtmError
 from ptm_app.model_card import model_card
 from ptm_app.paths import atomic_dir
 
-def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool = False) -> Path:
+def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool = False,
+                      also: Optional[Callable[[Path], object]] = None) -> Path:
     """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance, a model card
     (``README.md``, ``model_card.model_card``).
 
@@ -24,7 +26,8 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
     ``delta_config.json`` (load with ``backbones.delta.load_delta``).
     Weights the module keeps outside the transformers model (a soft prompt, a scalar mix and feature head,
     multitask heads) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
-    rebuilds the whole module from the directory."""
+    rebuilds the whole module from the directory.  ``also(directory)`` adds more files before the directory
+    appears (``--format onnx``: ``inference.onnx_export.write_onnx``)."""
     ckpt = read_checkpoint(ckpt_path, trust)
     model, delta = checkpoint_backbone(ckpt)
     output_dir = Path(output_dir)
@@ -42,10 +45,28 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
         save_module_weights(ckpt, tmp)
         provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt[CKPT_KEY]["head"],
                       "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
-                      "epoch": ckpt.get("epoch")}
+                      "epoch": ckpt.get("epoch"), "data": exported_data_args(ckpt_path),
+                      "precision": exported_precision(ckpt_path)}
         (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
         (tmp / "README.md").write_text(model_card(ckpt, ckpt_path, output_dir.name), encoding="utf-8")
+        if also is not None:
+            also(tmp)
     return output_dir
+
+
+def exported_data_args(ckpt_path) -> dict:
+    """The run's plain data settings (lengths, windows, fields: JSON scalars only), so ``predict`` on the export
+    cuts and windows inputs as the run did (``inference.predictors.run_data_args``)."""
+    from ptm_app.inference.predictors import recorded_data_args
+
+    return {k: v for k, v in recorded_data_args(ckpt_path).items() if isinstance(v, (str, int, float, bool))}
+
+
+def exported_precision(ckpt_path) -> Optional[str]:
+    """The run's ``trainer.precision``, so ``predict`` on the export computes as the run's ``predict`` did."""
+    from ptm_app.inference.predictors import recorded_precision
+
+    return recorded_precision(ckpt_path)
 
 
 MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.json"
@@ -118,14 +139,27 @@ def export_command(argv: list[str]) -> int:
     parser.add_argument("--output_dir", required=True, help="where to write the save_pretrained directory")
     parser.add_argument("--trust_checkpoint", action="store_true",
                         help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
+    parser.add_argument("--format", choices=("transformers", "onnx"), default="transformers",
+                        help="onnx: also write model.onnx (the model with its head, dynamic batch and sequence axes), "
+                             "checked against PyTorch with ONNX Runtime (tolerance in onnx.json)")
     parser.add_argument("--push_to_hub", metavar="REPO",
                         help="also upload the directory to the Hugging Face Hub repository REPO (online only: needs a "
                              "network, a login, and HF_HUB_OFFLINE unset)")
     args = parser.parse_args(argv)
     if args.push_to_hub:
         check_online(args.push_to_hub)
-    out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint)
-    print(f"exported {args.ckpt_path} -> {out}")
+    also = None
+    if args.format == "onnx":
+        from ptm_app.inference.loading import load_for_inference
+        from ptm_app.inference.onnx_export import write_onnx
+
+        loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
+        also = lambda directory: write_onnx(loaded, directory)  # noqa: E731
+    from ptm_app.backbones.build import quiet_transformers
+
+    with quiet_transformers():  # no "Writing model shards" bar: the command prints its one result line
+        out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint, also=also)
+    print(f"exported {args.ckpt_path} -> {out}" + (f" (with {out / 'model.onnx'})" if also else ""))
     if args.push_to_hub:
         push_to_hub(out, args.push_to_hub)
     return 0

@@ -8,7 +8,7 @@ USAGE = """usage: python main.py COMMAND [options]
 commands:
   fit | validate | test | predict   LightningCLI runs: --config FILE.yaml [--key value ...] [--ckpt_path last|best|FILE]
   data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
-  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--push_to_hub REPO]
+  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--format transformers|onnx] [--push_to_hub REPO]
                                      write a transformers save_pretrained directory with the tokenizer and a
                                      model card (README.md); --push_to_hub uploads it (online only)
   embed --ckpt_path REF (--text "..." ... | --input FILE) [--pooling cls|mean|scalar_mix] [--normalize]
@@ -17,8 +17,13 @@ commands:
   generate --ckpt_path REF --prompt "..." [--max_new_tokens N] [--do_sample --temperature T --top_k K --top_p P]
         [--num_beams B] [--seed S] [--chat]
                                      text from a causal LM or seq2seq run, export or prepared model (smollm2)
-  predict --ckpt_path REF (--text "..." ... | --input FILE) [--output FILE.jsonl]
-                                     labels and probabilities from a sequence classification run or export
+  predict --ckpt_path REF (--text "..." ... | --input FILE | --question "..." --context "...")
+        [--output FILE.jsonl] [--too_long truncate|refuse] [--precision run|32|bf16] [--backend torch|onnxruntime]
+                                     labels + probabilities, values, word tags, answer spans or generated text
+                                     from a fine-tuned run or export
+  serve --ckpt_path REF [--task predict|embed|generate] [--port 8000] [--workers 1] [--max_batch_size 8]
+        [--batch_timeout 0.01] [--too_long truncate|refuse]
+                                     an HTTP endpoint (LitServe): POST /predict with JSON, GET /health
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -58,6 +63,8 @@ def main(argv: list[str]) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
+    from ptm_app.errors import PtmError
+
     command = argv[0]
     if command == "data":
         from ptm_app.data.prepare import data_command
@@ -75,6 +82,14 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.inference.generate import generate_command
 
         return generate_command(argv[1:])
+    if command == "serve":
+        import importlib.util
+
+        if importlib.util.find_spec("litserve") is None:
+            raise PtmError("serve needs the serve extra: pip install -c constraints-cpu.txt -e '.[serve]'")
+        from ptm_app.inference.serve import serve_command
+
+        return serve_command(argv[1:])
     if command == "predict" and _labels_texts(argv[1:]):
         from ptm_app.inference.predict import predict_command
 
@@ -100,4 +115,5 @@ def _dispatch(argv: list[str]) -> int:
 def _labels_texts(argv: list[str]) -> bool:
     """``predict`` given texts (``--text`` / ``--input``): ptm_app's own command, not LightningCLI's
     ``predict --config`` (which labels the data's test split)."""
-    return any(a in ("--text", "--input") or a.startswith(("--text=", "--input=")) for a in argv)
+    return any(a in ("--text", "--input", "--question") or a.startswith(("--text=", "--input=", "--question="))
+               for a in argv)

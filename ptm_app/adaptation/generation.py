@@ -305,10 +305,12 @@ class GenerationModule(PtmModule):
         return loss
 
     @torch.no_grad()
-    def generate(self, batch: dict) -> list[str]:
-        """Greedy or beam-search generations, decoded without special tokens."""
+    def generate(self, batch: dict, target_length: Optional[int] = None) -> list[str]:
+        """Greedy or beam-search generations, decoded without special tokens; at most ``max_new_tokens``, else
+        the data's ``max_target_length`` + 1 (``target_length`` when no data module is connected)."""
         hp, ids = self.hparams, self.token_ids()
-        target_length = self.data_facts.max_target_length if self.data_facts is not None else None
+        if self.data_facts is not None:
+            target_length = self.data_facts.max_target_length
         new = hp.max_new_tokens or ((target_length or 31) + 1)
         settings = dict(num_beams=hp.num_beams, max_new_tokens=new, do_sample=False, pad_token_id=ids["pad_token_id"],
                         eos_token_id=ids["eos_token_id"])

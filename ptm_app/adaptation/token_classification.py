@@ -18,7 +18,7 @@ from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.datasets import _index
 from ptm_app.data.collators import TokenLabelCollator
 from ptm_app.errors import PtmError
-from ptm_app.tasks.tagging import word_tags
+from ptm_app.tasks.tagging import tags_by_word, word_tags
 from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.optim import OptimConfig
 
@@ -83,9 +83,7 @@ class TokenClassificationModule(TaskModule):
         rows = []
         for key, row, words in zip(batch["keys"], preds, batch["word_index"].cpu()):
             i = _index(key)
-            tags: list[Optional[str]] = [None] * len(records["words"][i])
-            for pos in (words >= 0).nonzero().squeeze(1).tolist():
-                tags[int(words[pos])] = labels[int(row[pos])]
+            tags = tags_by_word(labels, row, words, len(records["words"][i]))
             rows.append({"id": records["ids"][i], "words": records["words"][i], "tags": tags})
         self.predictions.extend(rows)
         return {"keys": batch["keys"], "tags": [r["tags"] for r in rows]}

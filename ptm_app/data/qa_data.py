@@ -69,6 +69,22 @@ def _cut_question(tokenizer, question: str, limit: int) -> str:
     return question if len(offsets) <= limit else question[: offsets[limit - 1][1]]
 
 
+def qa_windows(tokenizer, questions: list[str], contexts: list[str], max_length: int, doc_stride: int,
+               max_question_length: int) -> dict:
+    """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``:
+    ``input_ids``, ``token_type_ids``, ``example``, ``offsets`` and ``truncated_questions`` as in ``QAFeatures``."""
+    cut = [_cut_question(tokenizer, q, max_question_length) for q in questions]
+    enc = tokenizer(cut, contexts, truncation="only_second", max_length=max_length, stride=doc_stride,
+                    return_overflowing_tokens=True, return_offsets_mapping=True, verbose=False)
+    offsets = []
+    for i in range(len(enc["input_ids"])):
+        in_context = [s == 1 for s in enc.sequence_ids(i)]
+        offsets.append([list(o) if c else [-1, -1] for o, c in zip(enc["offset_mapping"][i], in_context)])
+    return {"input_ids": enc["input_ids"], "token_type_ids": enc.get("token_type_ids"),
+            "example": list(enc["overflow_to_sample_mapping"]), "offsets": offsets,
+            "truncated_questions": sum(c != q for c, q in zip(cut, questions))}
+
+
 def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str, answers_field: str, id_field: str,
               max_length: int, doc_stride: int, max_question_length: int) -> QAFeatures:
     """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``."""
@@ -79,14 +95,10 @@ def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str,
         contexts = [str(r[context_field]) for _, r in rows]
         golds = [_answers(path, line, r, answers_field, c) for (line, r), c in zip(rows, contexts)]
         questions = [str(r[question_field]) for _, r in rows]
-        cut = [_cut_question(tokenizer, q, max_question_length) for q in questions]
-        enc = tokenizer(cut, contexts, truncation="only_second", max_length=max_length, stride=doc_stride,
-                        return_overflowing_tokens=True, return_offsets_mapping=True, verbose=False)
-        offsets, starts, ends = [], [], []
-        for i, example in enumerate(enc["overflow_to_sample_mapping"]):
-            in_context = [s == 1 for s in enc.sequence_ids(i)]
-            window = [list(o) if c else [-1, -1] for o, c in zip(enc["offset_mapping"][i], in_context)]
-            offsets.append(window)
+        windows = qa_windows(tokenizer, questions, contexts, max_length, doc_stride, max_question_length)
+        starts, ends = [], []
+        for example, window in zip(windows["example"], windows["offsets"]):
+            in_context = [o != [-1, -1] for o in window]
             start_char = golds[example][1]
             end_char = start_char + len(golds[example][0][0])
             start = end = 0
@@ -97,11 +109,10 @@ def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str,
             starts.append(start)
             ends.append(end)
         return QAFeatures(
-            input_ids=enc["input_ids"], token_type_ids=enc.get("token_type_ids"),
-            example=list(enc["overflow_to_sample_mapping"]), offsets=offsets, start=starts, end=ends,
+            **windows, start=starts, end=ends,
             ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows], questions=questions,
-            contexts=contexts, answers=[g[0] for g in golds], lines=[line for line, _ in rows], path=str(path),
-            truncated_questions=sum(c != q for c, q in zip(cut, questions))).__dict__
+            contexts=contexts, answers=[g[0] for g in golds], lines=[line for line, _ in rows],
+            path=str(path)).__dict__
 
     key = [sha256_file(path), "qa", question_field, context_field, answers_field, id_field, max_length, doc_stride,
            max_question_length, fast_tokenizer_fingerprint(tokenizer)]

@@ -42,6 +42,24 @@ class TaggedSplit:
     empty_words: int  # words the tokenizer turns into nothing (e.g. control characters only)
 
 
+def align_words(tokenizer, words: list[list[str]], max_length: int) -> tuple[list, list, int, int]:
+    """Tokenize pre-split words (``is_split_into_words``, cut at ``max_length``) and locate each word's first
+    sub-token: ``(input_ids, first_token, truncated_words, empty_words)`` as in ``TaggedSplit``."""
+    enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length, verbose=False)
+    first, truncated, empty = [], 0, 0
+    for i, sentence in enumerate(words):
+        positions = [-1] * len(sentence)
+        for pos, w in enumerate(enc.word_ids(i)):
+            if w is not None and positions[w] < 0:
+                positions[w] = pos
+        cut = len(enc["input_ids"][i]) >= max_length
+        last = max((w for w, p in enumerate(positions) if p >= 0), default=-1) if cut else len(sentence) - 1
+        truncated += len(sentence) - 1 - last
+        empty += sum(p < 0 for p in positions[: last + 1])
+        first.append(positions)
+    return enc["input_ids"], first, truncated, empty
+
+
 def encode_tagged(path: Path, tokenizer, *, words_field: str, tags_field: str, id_field: str,
                   max_length: int) -> TaggedSplit:
     """Tokenize pre-split words once (``is_split_into_words``) and locate each word's first sub-token."""
@@ -55,20 +73,9 @@ def encode_tagged(path: Path, tokenizer, *, words_field: str, tags_field: str, i
                 raise DataFormatError(path, line, f"'{words_field}' and '{tags_field}' must be lists of equal length",
                                       "give one tag per word")
         words = [[str(w) for w in r[words_field]] for _, r in rows]
-        enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length, verbose=False)
-        first, truncated, empty = [], 0, 0
-        for i, sentence in enumerate(words):
-            positions = [-1] * len(sentence)
-            for pos, w in enumerate(enc.word_ids(i)):
-                if w is not None and positions[w] < 0:
-                    positions[w] = pos
-            cut = len(enc["input_ids"][i]) >= max_length
-            last = max((w for w, p in enumerate(positions) if p >= 0), default=-1) if cut else len(sentence) - 1
-            truncated += len(sentence) - 1 - last
-            empty += sum(p < 0 for p in positions[: last + 1])
-            first.append(positions)
+        input_ids, first, truncated, empty = align_words(tokenizer, words, max_length)
         return TaggedSplit(
-            input_ids=enc["input_ids"], first_token=first, words=words,
+            input_ids=input_ids, first_token=first, words=words,
             tags=[[str(t) for t in r[tags_field]] for _, r in rows], lines=[line for line, _ in rows],
             ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows], path=str(path),
             truncated_words=truncated, empty_words=empty).__dict__

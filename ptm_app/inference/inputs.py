@@ -62,3 +62,61 @@ def _records(path: Path, field: str, id_field: str) -> tuple[list[str], Optional
         found.append(value)
         ids.append(record.get(id_field))
     return found, (ids if all(i is not None for i in ids) else None)
+
+
+def read_words(texts: Optional[list[str]], input_path: Optional[str], text_field: str = "text",
+               words_field: str = "words", id_field: str = "id") -> tuple[list[list[str]], Optional[list]]:
+    """Pre-split sentences for a tagger: a record's ``words`` list when it has one (as the tagging data), else its
+    text (or a ``--text`` value, or a .txt line) split on whitespace."""
+    if input_path and input_path != "-" and Path(input_path).suffix.lower() in RECORD_SUFFIXES \
+            and Path(input_path).is_file():
+        sentences, ids = [], []
+        for line, record in read_records(input_path):
+            words = record.get(words_field)
+            if words is None and isinstance(record.get(text_field), str):
+                words = record[text_field].split()
+            if not isinstance(words, list) or not words:
+                raise DataFormatError(input_path, line, f"no '{words_field}' list nor '{text_field}' text",
+                                      "give the words (a list) or the text, or name them with --words_field / "
+                                      "--text_field")
+            sentences.append([str(w) for w in words])
+            ids.append(record.get(id_field))
+        if not sentences:
+            raise PtmError(f"{input_path}: no records in it (it is empty); give one record per line")
+        return sentences, (ids if all(i is not None for i in ids) else None)
+    found, ids = read_inputs(texts, input_path, text_field, id_field)
+    return [text.split() for text in found], ids
+
+
+def read_questions(questions: Optional[list[str]], contexts: Optional[list[str]], input_path: Optional[str],
+                   question_field: str = "question", context_field: str = "context",
+                   id_field: str = "id") -> tuple[list[tuple[str, str]], Optional[list]]:
+    """(question, context) pairs for extractive QA: ``--question`` / ``--context`` values (one context for all
+    questions, or one per question), or the two fields of each .jsonl / .csv record."""
+    if (questions or contexts) and input_path:
+        raise PtmError("give the questions either with --question/--context or with --input FILE, not both")
+    if questions or contexts:
+        if not questions or not contexts or len(contexts) not in (1, len(questions)):
+            raise PtmError("extractive QA needs --question \"...\" and --context \"...\" (one context, or one per "
+                           "question)")
+        return [(q, contexts[0 if len(contexts) == 1 else i]) for i, q in enumerate(questions)], None
+    if not input_path:
+        raise PtmError("no input: give --question \"...\" --context \"...\" or --input FILE (.jsonl, .csv records "
+                       f"with '{question_field}' and '{context_field}' fields)")
+    path = Path(input_path)
+    if input_path == "-" or path.suffix.lower() not in RECORD_SUFFIXES:
+        raise PtmError(f"--input {input_path}: extractive QA reads .jsonl / .csv records with '{question_field}' and "
+                       f"'{context_field}' fields; give such a file")
+    if not path.is_file():
+        raise PtmError(f"--input {path} does not exist; check the path")
+    pairs, ids = [], []
+    for line, record in read_records(path):
+        values = [record.get(question_field), record.get(context_field)]
+        if not all(isinstance(v, str) for v in values):
+            raise DataFormatError(path, line, f"'{question_field}' and '{context_field}' must both be strings",
+                                  "add them, or name the fields with --question_field / --context_field")
+        pairs.append((values[0], values[1]))
+        ids.append(record.get(id_field))
+    if not pairs:
+        raise PtmError(f"{path}: no records in it (it is empty); give one record per line")
+    return pairs, (ids if all(i is not None for i in ids) else None)

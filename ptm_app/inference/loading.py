@@ -50,6 +50,7 @@ class LoadedModel:
     head: str
     module: Optional[nn.Module] = None
     directory: Optional[Path] = None
+    session: Any = None  # an ONNX Runtime session that computes the head instead (predict --backend onnxruntime)
 
     @property
     def kind(self) -> str:

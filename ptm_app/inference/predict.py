@@ -1,12 +1,13 @@
-"""Labels for new texts from a sequence classification (or regression) run:
-``python main.py predict --ckpt_path REF (--text ... | --input FILE) [--output FILE]``.
+"""Predictions for new inputs from any fine-tuned run:
+``python main.py predict --ckpt_path REF (--text ... | --input FILE | --question ... --context ...) [--output FILE]``.
 
-The run's own module scores the texts (its ``predict_step``: deltas, frozen features and heads as trained), fed by
-its own collator (a plain transformers export: its model's logits), so the rows equal those ``predict --config``
-writes for the same texts
-(``training.callbacks.score_rows``): the predicted label with every label's probability, or the predicted value.
-Texts are truncated to the run's ``data.max_length`` (its ``config.yaml``; the model's limit for an export).
-Without ``--text`` / ``--input``, ``predict`` stays LightningCLI's (``predict --config ...``: the data's test split).
+The run's own module scores the inputs (deltas, frozen features and heads as trained), fed by its own collator
+(a plain transformers export: its model's outputs), so the rows equal those ``predict --config`` writes for the
+same examples: labels with probabilities (classification), values (regression), one tag per word (tagging),
+answer spans (extractive QA) or generated text (a ``GenerationModule`` run); see ``inference.predictors``.
+Inputs are cut to the run's own limits (its ``config.yaml``; the model's limit for an export) with a warning, or
+refused with ``--too_long refuse``.  Without ``--text`` / ``--input`` / ``--question``, ``predict`` stays
+LightningCLI's (``predict --config ...``: the data's test split).
 """
 from __future__ import annotations
 
@@ -16,80 +17,65 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import yaml
 
-from ptm_app.adaptation.classification import SequenceClassificationModule
-from ptm_app.backbones.build import max_positions
-from ptm_app.backbones.delta import transformers_model
-from ptm_app.data.collators import PadCollator
-from ptm_app.data.datasets import EncodedDataset
 from ptm_app.errors import PtmError
-from ptm_app.inference.inputs import read_inputs
+from ptm_app.inference.inputs import read_inputs, read_questions, read_words
 from ptm_app.inference.loading import LoadedModel, load_for_inference
-from ptm_app.model_card import run_directory
+from ptm_app.inference.predictors import PRECISIONS, TOO_LONG, Settings, precision_context, predictor_for
 from ptm_app.paths import atomic_file
-from ptm_app.training.callbacks import score_rows
-
-
-def scorer(loaded: LoadedModel):
-    """``(collate, score, labels)``: the run's own collator and ``predict_step``; for a plain transformers export
-    (no module: full fine-tuning or an unmerged delta) the same computation from the model itself, softmax of
-    ``SequenceClassificationModule.forward``'s logits, labels from the config's ``id2label``."""
-    module = loaded.module
-    if isinstance(module, SequenceClassificationModule):
-        return module.make_collator(loaded.tokenizer), module.predict_step, list(module.hparams.get("labels") or [])
-    if module is None and loaded.head == "sequence_classification":
-        config = transformers_model(loaded.model).config
-        regression = config.problem_type == "regression" or config.num_labels == 1
-
-        def score(batch: dict, batch_idx: int) -> dict:
-            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-            logits = loaded.model(**inputs).logits.float()
-            return {"values": logits.squeeze(-1)} if regression else {"probs": torch.softmax(logits, dim=-1)}
-
-        labels = [config.id2label[i] for i in range(config.num_labels)]
-        return PadCollator(pad_token_id=loaded.tokenizer.pad_token_id), score, labels
-    raise PtmError(f"predict --text/--input labels texts with a sequence classification or regression run; "
-                   f"{loaded.ref} is a {loaded.kind}; for other runs use: python main.py predict --config ... "
-                   f"--ckpt_path ...")
-
-
-def run_max_length(ref: str) -> Optional[int]:
-    """``data.init_args.max_length`` of the run a checkpoint belongs to (None for exports and prepared models)."""
-    from ptm_app.data.sources.references import resolve_pretrained
-
-    run = run_directory(resolve_pretrained(ref))
-    config = run / "config.yaml" if run is not None else None
-    if config is None or not config.is_file():
-        return None
-    data = yaml.safe_load(config.read_text()).get("data") or {}
-    return (data.get("init_args") or {}).get("max_length")
 
 
 @torch.no_grad()
-def predict_rows(loaded: LoadedModel, texts: list[str], ids: Optional[list] = None, batch_size: int = 32,
-                 max_length: Optional[int] = None) -> list[dict]:
-    """One row per text: ``id`` (when given), ``text``, then ``label`` + ``probs`` or ``value``."""
-    collate, score, labels = scorer(loaded)
-    if batch_size < 1:
-        raise PtmError("--batch_size must be at least 1")
-    limit = max_length or run_max_length(loaded.ref) or max_positions(transformers_model(loaded.model))
-    enc = loaded.tokenizer(texts, truncation=limit is not None, max_length=limit)
-    dataset = EncodedDataset(enc["input_ids"], None, enc.get("token_type_ids"))
-    rows = []
-    for start in range(0, len(texts), batch_size):
-        batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(texts)))])
-        rows += score_rows(score(batch, start // batch_size), labels)
-    head = [{"text": t} if ids is None else {"id": i, "text": t} for i, t in zip(ids or [None] * len(texts), texts)]
-    return [{**h, **row} for h, row in zip(head, rows)]
+def predict_rows(loaded: LoadedModel, examples: list, ids: Optional[list] = None, batch_size: int = 32,
+                 max_length: Optional[int] = None, too_long: str = "truncate", texts: Optional[list[str]] = None,
+                 progress: bool = False, precision: str = "run") -> list[dict]:
+    """One row per example: ``id`` (when given), ``text`` (when the examples came as texts), then the head's
+    fields (``inference.predictors``)."""
+    settings = Settings(batch_size, max_length, too_long, progress, precision)
+    with precision_context(loaded, settings):
+        rows = predictor_for(loaded).rows(loaded, examples, settings)
+    heads = [{} if ids is None else {"id": i} for i in (ids or [None] * len(rows))]
+    if texts is not None:
+        heads = [{**h, "text": t} for h, t in zip(heads, texts)]
+    return [{**h, **row} for h, row in zip(heads, rows)]
+
+
+def read_examples(loaded: LoadedModel, texts, input, questions, contexts, text_field, words_field, question_field,
+                  context_field, id_field) -> tuple[list, Optional[list], Optional[list[str]]]:
+    """``(examples, ids, texts)`` in the form the model's predictor takes (``Predictor.inputs``)."""
+    kind = predictor_for(loaded).inputs
+    if kind == "qa":
+        if texts:
+            raise PtmError(f"{loaded.ref} answers questions: give --question \"...\" --context \"...\" (not --text), "
+                           f"or --input FILE with '{question_field}' and '{context_field}' fields")
+        pairs, ids = read_questions(questions, contexts, input, question_field, context_field, id_field)
+        return pairs, ids, None
+    if questions or contexts:
+        raise PtmError(f"--question / --context are for extractive QA runs; {loaded.ref} takes --text or --input")
+    if kind == "words":
+        sentences, ids = read_words(texts, input, text_field, words_field, id_field)
+        return sentences, ids, list(texts) if texts else None
+    found, ids = read_inputs(texts, input, text_field, id_field)
+    return found, ids, found
 
 
 def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[str] = None, text_field: str = "text",
             id_field: str = "id", output: Optional[str] = None, batch_size: int = 32,
-            max_length: Optional[int] = None, trust_checkpoint: bool = False) -> list[dict]:
-    """Label the texts; write the rows as JSONL to ``output``, or print them."""
-    texts, ids = read_inputs(texts, input, text_field, id_field)
-    rows = predict_rows(load_for_inference(ckpt_path, trust_checkpoint), texts, ids, batch_size, max_length)
+            max_length: Optional[int] = None, trust_checkpoint: bool = False, questions: Optional[list[str]] = None,
+            contexts: Optional[list[str]] = None, words_field: str = "words", question_field: str = "question",
+            context_field: str = "context", too_long: str = "truncate", backend: str = "torch",
+            precision: str = "run") -> list[dict]:
+    """Predict for the examples; write the rows as JSONL to ``output``, or print them.  ``backend="onnxruntime"``
+    runs the export's ``model.onnx`` (``inference.onnx_export``) instead of PyTorch."""
+    loaded = load_for_inference(ckpt_path, trust_checkpoint)
+    if backend == "onnxruntime":
+        from ptm_app.inference.onnx_export import open_session
+
+        loaded.session = open_session(loaded)
+    examples, ids, shown = read_examples(loaded, texts, input, questions, contexts, text_field, words_field,
+                                         question_field, context_field, id_field)
+    rows = predict_rows(loaded, examples, ids, batch_size, max_length, too_long, shown, progress=input is not None,
+                        precision=precision)
     lines = [json.dumps(row, ensure_ascii=False) for row in rows]
     if output is None:
         print("\n".join(lines))
@@ -102,8 +88,8 @@ def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[s
 
 def predict_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="main.py predict", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True,
-                        help="a sequence classification run directory, .ckpt or export directory")
+    parser.add_argument("--ckpt_path", required=True, help="a classification, regression, tagging, extractive QA "
+                        "or generation run directory, .ckpt or export directory")
     parser.add_argument("--text", action="append", dest="texts", help="a text to label (repeatable)")
     parser.add_argument("--input", help="a .txt (one text per line), .jsonl or .csv file; - reads standard input")
     parser.add_argument("--text_field", default="text", help="the text field of .jsonl / .csv records")
@@ -112,6 +98,21 @@ def predict_command(argv: list[str]) -> int:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_length", type=int, help="truncate texts to this many tokens (default: the run's "
                         "data.max_length, else the model's limit)")
+    parser.add_argument("--question", action="append", dest="questions",
+                        help="extractive QA: a question (repeatable) about --context")
+    parser.add_argument("--context", action="append", dest="contexts",
+                        help="extractive QA: the passage the answer is cut from (one, or one per --question)")
+    parser.add_argument("--words_field", default="words", help="tagging: the word-list field of .jsonl records "
+                        "(else the text field is split on whitespace)")
+    parser.add_argument("--question_field", default="question", help="extractive QA: the question field of records")
+    parser.add_argument("--context_field", default="context", help="extractive QA: the context field of records")
+    parser.add_argument("--too_long", choices=TOO_LONG, default="truncate",
+                        help="inputs longer than the run's limit: truncate them (with a warning) or refuse")
+    parser.add_argument("--precision", choices=PRECISIONS, default="run",
+                        help="run: bf16 autocast when the run predicted in bf16 (precision auto on a CPU with native "
+                             "bf16, or bf16-mixed), else fp32; 32 / bf16: force one")
+    parser.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
+                        help="onnxruntime: run the export directory's model.onnx (export --format onnx)")
     parser.add_argument("--trust_checkpoint", action="store_true",
                         help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
     args = parser.parse_args(argv)

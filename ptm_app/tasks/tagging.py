@@ -2,6 +2,8 @@
 entity-level F1 for BIO tag sets."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -12,6 +14,15 @@ from ptm_app.tasks.metrics import EntityF1, is_bio, token_accuracy
 def word_tags(labels: list[str], ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
     """Tag names at the labelled (first sub-token) positions of each row, in word order."""
     return [[labels[i] for i in row[keep].tolist()] for row, keep in zip(ids, where)]
+
+
+def tags_by_word(labels: list[str], preds: torch.Tensor, word_index: torch.Tensor, n_words: int) -> list[Optional[str]]:
+    """One predicted tag per word, read at its first sub-token (``word_index >= 0``); ``None`` for words
+    without one (cut by ``max_length``)."""
+    tags: list[Optional[str]] = [None] * n_words
+    for pos in (word_index >= 0).nonzero().squeeze(1).tolist():
+        tags[int(word_index[pos])] = labels[int(preds[pos])]
+    return tags
 
 
 def tagging_metrics(labels: list[str]) -> nn.ModuleDict:

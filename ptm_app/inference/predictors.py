@@ -1,0 +1,370 @@
+"""What ``predict --text/--input`` computes for each kind of run: one registry entry per head (docs/design.md
+principle 10), each reusing the run's own collator, alignment and post-processing so its rows equal those
+``predict --config`` writes for the same examples:
+
+- ``sequence_classification``: the label with every label's probability, or the value for regression
+  (``SequenceClassificationModule`` / ``SequenceRegressionModule``, ``training.callbacks.score_rows``);
+- ``token_classification``: one tag per word from its first sub-token (BERT, Devlin et al. 2019 §4.3;
+  ``data.tagging_data.align_words``, ``tasks.tagging.tags_by_word``);
+- ``question_answering``: the best span over a context's overlapping windows (BERT §4.2; ``data.qa_data.qa_windows``,
+  ``tasks.spans``): its text, start and end characters and score;
+- ``generation``: a ``GenerationModule`` run's own greedy / beam decoding of each source text.
+
+Batches are grouped by length (fewer pad tokens); the rows come back in input order.  Inputs longer than the
+run's limit are truncated with one warning line, or refused (``too_long="refuse"``).
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import torch
+import yaml
+
+from ptm_app.backbones.build import max_positions
+from ptm_app.backbones.delta import transformers_model
+from ptm_app.errors import PtmError
+from ptm_app.inference.loading import EXPORT_INFO, LoadedModel
+
+TOO_LONG = ("truncate", "refuse")
+PRECISIONS = ("run", "32", "bf16")  # run: bf16 autocast when the run predicted in bf16 (precision auto / bf16-mixed)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``batch_size``; ``max_length`` overrides the run's input limit; ``too_long``: truncate or refuse;
+    ``progress``: show a progress bar."""
+
+    batch_size: int = 32
+    max_length: Optional[int] = None
+    too_long: str = "truncate"
+    progress: bool = False  # a transient bar over the batches (on a terminal): files, not single texts
+    precision: str = "run"
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise PtmError("--batch_size must be at least 1")
+        if self.max_length is not None and self.max_length < 4:
+            raise PtmError("--max_length must be at least 4 tokens")
+        if self.too_long not in TOO_LONG:
+            raise PtmError(f"--too_long {self.too_long}: use one of {', '.join(TOO_LONG)}")
+        if self.precision not in PRECISIONS:
+            raise PtmError(f"--precision {self.precision}: use one of {', '.join(PRECISIONS)}")
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """``name``: the registry key; ``inputs``: what one example is (``text``: a string, ``words``: a word list, ``qa``: a (question, context)
+    pair); ``rows``: (model, examples, settings) -> one row per example, in order."""
+
+    name: str
+    inputs: str
+    rows: Callable[[LoadedModel, list, Settings], list[dict]]
+
+
+# -- shared helpers ---------------------------------------------------------------------------------
+def run_data_args(ref: str, data_class=None) -> dict:
+    """The data module's ``init_args`` of the run a checkpoint belongs to (its ``config.yaml``), or those an export
+    recorded (``ptm_app_export.json``'s ``data``), over ``data_class``'s own defaults (just the defaults for
+    prepared models and other directories)."""
+    from ptm_app.data.sources.references import resolve_pretrained
+
+    args = {}
+    if data_class is not None:
+        args = {name: p.default for name, p in inspect.signature(data_class).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    args.update({k: v for k, v in recorded_data_args(resolve_pretrained(ref)).items() if v is not None})
+    return args
+
+
+def recorded_data_args(where) -> dict:
+    """The run's data settings for a checkpoint / run directory, or an export's record of them ({} if none)."""
+    import json
+    from pathlib import Path
+
+    from ptm_app.model_card import run_directory
+
+    run = run_directory(where)
+    config = run / "config.yaml" if run is not None else None
+    if config is not None and config.is_file():
+        data = yaml.safe_load(config.read_text()).get("data") or {}
+        return dict(data.get("init_args") or {})
+    info = Path(where) / EXPORT_INFO
+    if info.is_file():
+        return dict(json.loads(info.read_text()).get("data") or {})
+    return {}
+
+
+def recorded_precision(where) -> Optional[str]:
+    """The run's ``trainer.precision`` (its ``config.yaml``), or the one an export recorded (None if neither)."""
+    import json
+    from pathlib import Path
+
+    from ptm_app.model_card import run_directory
+
+    run = run_directory(where)
+    config = run / "config.yaml" if run is not None else None
+    if config is not None and config.is_file():
+        value = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("precision")
+        return None if value is None else str(value)
+    info = Path(where) / EXPORT_INFO
+    if info.is_file():
+        return json.loads(info.read_text()).get("precision")
+    return None
+
+
+def precision_context(loaded: LoadedModel, settings: Settings):
+    """bf16 autocast on the CPU, as Lightning's ``bf16-mixed`` runs ``predict_step``, when asked (``bf16``) or
+    when the run itself predicted so (``run``: ``trainer.precision`` bf16-mixed, or ``auto`` on a CPU with native
+    bf16, ``training.precision.auto_precision``); else fp32.  An ONNX Runtime session always runs its fp32 graph."""
+    from contextlib import nullcontext
+
+    from ptm_app.data.sources.references import resolve_pretrained
+    from ptm_app.training.precision import auto_precision
+
+    wanted = settings.precision
+    if wanted == "run":
+        value = recorded_precision(resolve_pretrained(loaded.ref)) or "32-true"
+        value = auto_precision("cpu") if value == "auto" else value
+        wanted = "bf16" if value.startswith("bf16") else "32"
+    if wanted == "bf16" and loaded.session is None:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def model_limit(loaded: LoadedModel) -> Optional[int]:
+    return max_positions(transformers_model(loaded.model))
+
+
+def check_lengths(lengths: list[int], limit: int, settings: Settings, what: str) -> None:
+    """Refuse (one line) or warn once (one stderr line) about inputs longer than ``limit`` tokens."""
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    if not over:
+        return
+    if settings.too_long == "refuse":
+        raise PtmError(f"input {over[0] + 1} is {lengths[over[0]]} tokens, longer than {what}={limit}; shorten it, "
+                       f"or pass --too_long truncate")
+    print(f"warning: {len(over)} of {len(lengths)} inputs are longer than {what}={limit} tokens and were truncated "
+          f"(--too_long refuse rejects them instead)", file=sys.stderr)
+
+
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (longest first)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def batches(lengths: list[int], settings: Settings):
+    """``length_batches``, behind a transient progress bar when ``settings.progress`` (``data.sources.fetch``'s:
+    stderr, only on a terminal)."""
+    groups = length_batches(lengths, settings.batch_size)
+    if not settings.progress or len(groups) < 2:
+        return groups
+    from ptm_app.data.sources.fetch import progress
+
+    return progress(groups, f"predicting {len(lengths)} inputs")
+
+
+def plain_inputs(batch: dict) -> dict:
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+
+
+def is_regression(loaded: LoadedModel) -> bool:
+    from ptm_app.adaptation.classification import SequenceRegressionModule
+
+    if loaded.module is not None:
+        return isinstance(loaded.module, SequenceRegressionModule)
+    config = transformers_model(loaded.model).config
+    return config.problem_type == "regression" or config.num_labels == 1
+
+
+def head_outputs(loaded: LoadedModel, batch: dict, head: str):
+    """The head's raw outputs for a batch, as the run's module computes them (its ``forward``: deltas, frozen
+    features, virtual tokens dropped) or a plain export's model: label scores [B, C] (values [B] for regression),
+    tag scores [B, T, C], or (start, end) logits [B, T].  With an ONNX Runtime session attached
+    (``predict --backend onnxruntime``) the exported graph computes them instead."""
+    if loaded.session is not None:
+        from ptm_app.inference.onnx_export import session_outputs
+
+        return session_outputs(loaded.session, batch)
+    if loaded.module is not None:
+        return loaded.module(batch)
+    out = loaded.model(**plain_inputs(batch))
+    if head == "question_answering":
+        return out.start_logits.float(), out.end_logits.float()
+    return out.logits.squeeze(-1) if head == "sequence_classification" and is_regression(loaded) else out.logits
+
+
+def refuse(loaded: LoadedModel, what: str) -> PtmError:
+    return PtmError(f"predict --text/--input {what}; {loaded.ref} is a {loaded.kind} ({loaded.head} head); for "
+                    f"other runs use: python main.py predict --config ... --ckpt_path ... (generate / embed for "
+                    f"language models and encoders)")
+
+
+# -- classification and regression ---------------------------------------------------------------
+def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
+    """The label and every label's probability (softmax of the scores), or the value (``score_rows``, as the
+    modules' ``predict_step``)."""
+    from ptm_app.adaptation.classification import SequenceClassificationModule
+    from ptm_app.data.collators import PadCollator
+    from ptm_app.data.datasets import EncodedDataset
+    from ptm_app.training.callbacks import score_rows
+
+    module = loaded.module
+    if module is not None and not isinstance(module, SequenceClassificationModule):
+        raise refuse(loaded, "labels texts with a sequence classification or regression run")
+    regression = is_regression(loaded)
+    if module is not None:
+        collate, labels = module.make_collator(loaded.tokenizer), list(module.hparams.get("labels") or [])
+    else:
+        config = transformers_model(loaded.model).config
+        collate = PadCollator(pad_token_id=loaded.tokenizer.pad_token_id)
+        labels = [] if regression else [config.id2label[i] for i in range(config.num_labels)]
+    limit = settings.max_length or run_data_args(loaded.ref).get("max_length") or model_limit(loaded)
+    if limit is not None:
+        check_lengths([len(ids) for ids in loaded.tokenizer(texts)["input_ids"]], limit, settings, "max_length")
+    enc = loaded.tokenizer(texts, truncation=limit is not None, max_length=limit)
+    dataset = EncodedDataset(enc["input_ids"], None, enc.get("token_type_ids"))
+    rows: list[Optional[dict]] = [None] * len(texts)
+    for index in batches(dataset.lengths(), settings):
+        out = head_outputs(loaded, collate([dataset[i] for i in index]), "sequence_classification").float()
+        scores = {"values": out} if regression else {"probs": torch.softmax(out, dim=-1)}
+        for i, row in zip(index, score_rows(scores, labels)):
+            rows[i] = row
+    return rows
+
+
+# -- token tagging ------------------------------------------------------------------------------------
+def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings) -> list[dict]:
+    """One tag per word, from its first sub-token; ``None`` for words beyond the length limit."""
+    from ptm_app.adaptation.token_classification import TokenClassificationModule
+    from ptm_app.data.collators import TokenLabelCollator
+    from ptm_app.data.tagging_data import TaggedDataset, TokenTaskDataModule, align_words
+    from ptm_app.tasks.tagging import tags_by_word
+
+    module = loaded.module
+    if module is not None and not isinstance(module, TokenClassificationModule):
+        raise refuse(loaded, "tags words with a token classification run")
+    if module is not None:
+        labels = list(module.hparams.labels)
+    else:
+        config = transformers_model(loaded.model).config
+        labels = [config.id2label[i] for i in range(config.num_labels)]
+    limit = settings.max_length or run_data_args(loaded.ref, TokenTaskDataModule)["max_length"]
+    tok = loaded.tokenizer
+    full = tok(sentences, is_split_into_words=True)["input_ids"]
+    check_lengths([len(ids) for ids in full], limit, settings, "max_length")
+    input_ids, first, _, _ = align_words(tok, sentences, limit)
+    dataset = TaggedDataset(input_ids, first, [[0] * len(words) for words in sentences])
+    collate = TokenLabelCollator(pad_token_id=tok.pad_token_id)
+    rows: list[Optional[dict]] = [None] * len(sentences)
+    for index in batches(dataset.lengths(), settings):
+        batch = collate([dataset[i] for i in index])
+        logits = head_outputs(loaded, batch, "token_classification")
+        for r, i in enumerate(index):
+            tags = tags_by_word(labels, logits[r].argmax(-1), batch["word_index"][r], len(sentences[i]))
+            rows[i] = {"words": sentences[i], "tags": tags}
+    return rows
+
+
+# -- extractive QA ------------------------------------------------------------------------------------
+def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Settings) -> list[dict]:
+    """Each question's best answer span in its context (``answer``, ``answer_start``, ``answer_end``, ``score``)."""
+    from ptm_app.adaptation.qa import QuestionAnsweringModule
+    from ptm_app.data.collators import QACollator
+    from ptm_app.data.qa_data import QADataModule, QADataset, QAFeatures, qa_windows
+    from ptm_app.tasks.spans import BestSpans, epoch_answers
+    from ptm_app.tasks.types import task_type
+
+    module = loaded.module
+    if module is not None and not isinstance(module, QuestionAnsweringModule):
+        raise refuse(loaded, "answers questions with an extractive QA run")
+    args = run_data_args(loaded.ref, QADataModule)
+    length = settings.max_length or args["max_length"]
+    if model_limit(loaded) is not None:
+        length = min(length, model_limit(loaded))
+    own = length == args["max_length"]  # the run's windows: its own stride and question limit
+    stride = args["doc_stride"] if own and args.get("doc_stride") is not None else length // 4
+    question_limit = args["max_question_length"] if own and args.get("max_question_length") else length // 2
+    questions, contexts = [q for q, _ in pairs], [c for _, c in pairs]
+    tok = loaded.tokenizer
+    check_lengths([len(ids) for ids in tok(questions, add_special_tokens=False)["input_ids"]], question_limit,
+                  settings, "max_question_length")
+    windows = qa_windows(tok, questions, contexts, length, stride, question_limit)
+    n = len(windows["input_ids"])
+    features = QAFeatures(**windows, start=[0] * n, end=[0] * n, ids=[str(i) for i in range(len(pairs))],
+                          questions=questions, contexts=contexts, answers=[[] for _ in pairs], lines=[0] * len(pairs),
+                          path="")
+    dataset, collate = QADataset(features, list(range(n))), QACollator(pad_token_id=tok.pad_token_id)
+    hp = module.hparams if module is not None else {}
+    span_settings = {"n_best": hp.get("n_best", 20), "max_answer_length": hp.get("max_answer_length", 30)}
+    spans, kind = BestSpans(sync_on_compute=False), task_type("qa")
+    for index in batches(dataset.lengths(), settings):
+        batch = collate([dataset[i] for i in index])
+        kind.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
+    answers = epoch_answers(spans, SimpleNamespace(contexts=contexts))
+    return [{"question": q, "context": c, "answer": answers[e][3], "answer_start": answers[e][1],
+             "answer_end": answers[e][2], "score": round(answers[e][0], 4) if answers[e][1] >= 0 else None}
+            for e, (q, c) in enumerate(pairs)]
+
+
+# -- generation ---------------------------------------------------------------------------------------
+def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
+    """The run's own decoding (greedy or its beam search) of each source text, laid out by its collator."""
+    from ptm_app.data.generation_data import Seq2SeqDataModule
+
+    module, tok = loaded.module, loaded.tokenizer
+    args = run_data_args(loaded.ref, Seq2SeqDataModule)
+    limit = settings.max_length or args["max_source_length"]
+    sources = tok(texts, add_special_tokens=False)["input_ids"]
+    check_lengths([len(ids) for ids in sources], limit, settings, "max_source_length")
+    items = [{"source_ids": torch.tensor(ids[:limit], dtype=torch.long), "target_ids": torch.tensor([], dtype=torch.long),
+              "target": "", "key": i} for i, ids in enumerate(sources)]
+    collate = module.make_collator(tok)
+    rows: list[Optional[dict]] = [None] * len(texts)
+    for index in batches([len(item["source_ids"]) for item in items], settings):
+        generated = module.generate(collate([items[i] for i in index]), target_length=args["max_target_length"])
+        for i, text in zip(index, generated):
+            rows[i] = {"generated": text}
+    return rows
+
+
+PREDICTORS: dict[str, Predictor] = {
+    "sequence_classification": Predictor("sequence_classification", "text", label_rows),
+    "token_classification": Predictor("token_classification", "words", tag_rows),
+    "question_answering": Predictor("question_answering", "qa", answer_rows),
+    "generation": Predictor("generation", "text", generation_rows),
+}
+
+
+# the module classes whose runs each entry serves (subclasses too: frozen-features and delta-tuned variants),
+# by head name for plain transformers exports
+MODULE_HEADS = (("ptm_app.adaptation.classification", "SequenceClassificationModule", "sequence_classification"),
+                ("ptm_app.adaptation.token_classification", "TokenClassificationModule", "token_classification"),
+                ("ptm_app.adaptation.qa", "QuestionAnsweringModule", "question_answering"),
+                ("ptm_app.adaptation.generation", "GenerationModule", "generation"))
+
+
+def predictor_key(loaded: LoadedModel) -> Optional[str]:
+    """The registry key for the loaded run's module class, or a plain export's head (None: no entry)."""
+    import importlib
+
+    module = loaded.module
+    if module is not None:
+        for where, name, entry in MODULE_HEADS:
+            if isinstance(module, getattr(importlib.import_module(where), name)):
+                return entry
+        return None
+    return loaded.head if loaded.head in PREDICTORS else None
+
+
+def predictor_for(loaded: LoadedModel) -> Predictor:
+    """The registry entry for the loaded model (``predictor_key``); else one line."""
+    key = predictor_key(loaded)
+    if key is None:
+        raise refuse(loaded, "labels texts (classification, regression), tags words, answers questions or "
+                             "generates with a fine-tuned run")
+    return PREDICTORS[key]

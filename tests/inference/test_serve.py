@@ -1,0 +1,141 @@
+"""``main.py serve`` (LitServe): started on a free port in a subprocess, concurrent requests from several threads
+get the rows ``predict`` computes, bad requests get a 4xx with one line and the next good request is served, and
+a port in use is one line."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("litserve")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(port: int, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited ({proc.returncode}): {proc.stdout.read()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200 and response.read() == b"ok":
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the server did not become healthy")
+
+
+def main_py(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "main.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_served_classifier_answers_concurrent_requests_as_predict_and_survives_bad_ones(classifier_run, tiny_corpus):
+    from ptm_app.inference.loading import load_for_inference
+    from ptm_app.inference.predict import predict_rows
+
+    docs = [json.loads(line) for line in (tiny_corpus / "test.jsonl").read_text().splitlines()]
+    texts = [" ".join(d["text"].split()[:8]) for d in docs] + [" ".join(d["text"].split()[-6:]) for d in docs[:2]]
+    expected = predict_rows(load_for_inference(str(classifier_run)), texts, texts=texts, too_long="refuse")
+    assert len({round(r["probs"]["pos"], 4) for r in expected}) > 1  # the texts really differ to the model
+
+    port = free_port()
+    server = main_py("serve", "--ckpt_path", str(classifier_run), "--port", str(port), "--max_batch_size", "4",
+                     "--batch_timeout", "0.05", "--too_long", "refuse")
+    try:
+        wait_healthy(port, server)
+        with ThreadPoolExecutor(max_workers=4) as pool:  # 12 requests from 4 threads: batches of up to 4
+            answers = list(pool.map(lambda t: post(port, json.dumps({"text": t}).encode()), texts))
+        for (status, row), want in zip(answers, expected):
+            assert status == 200 and row["text"] == want["text"] and row["label"] == want["label"]
+            assert row["probs"] == pytest.approx(want["probs"], abs=1e-5)
+
+        bad = {b'{"text": "the cat': 400, b'{"txt": "the cat"}': 422, b'[1, 2]': 422, b'{"text": 5}': 422,
+               json.dumps({"text": "the cat sat on a mat " * 20}).encode(): 413}
+        for body, code in bad.items():
+            status, answer = post(port, body)
+            assert status == code and set(answer) == {"error"} and "\n" not in answer["error"], (body, answer)
+            assert "Traceback" not in answer["error"]
+        assert "valid JSON" in post(port, b'{"text": "the cat')[1]["error"]
+        assert "'text'" in post(port, b'{"txt": "the cat"}')[1]["error"]
+        assert "max_length=32" in post(port, bad_long := json.dumps({"text": "a cat " * 40}).encode())[1]["error"]
+        # a too-long text batched with good ones: only it is refused
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            mixed = list(pool.map(lambda b: post(port, b), [json.dumps({"text": texts[0]}).encode(), bad_long,
+                                                            json.dumps({"text": texts[1]}).encode()]))
+        assert [status for status, _ in mixed] == [200, 413, 200]
+        assert mixed[2][1]["label"] == expected[1]["label"]
+        status, row = post(port, json.dumps({"text": texts[5]}).encode())  # still serving
+        assert status == 200 and row["probs"] == pytest.approx(expected[5]["probs"], abs=1e-5)
+
+        second = main_py("serve", "--ckpt_path", str(classifier_run), "--port", str(port))
+        out, _ = second.communicate(timeout=120)
+        lines = out.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1 and f"port {port} is in use" in lines[0], out
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and the workers it started (its own session)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_the_embed_and_generate_tasks_answer_as_their_commands_in_a_batch(classifier_run, clm_run):
+    """The worker side without HTTP: a batch of decoded requests gives what embed / generate give, and a request
+    with bad decoding settings is refused alone (400) while the rest of its batch is answered."""
+    import numpy as np
+
+    from ptm_app.inference.embed import embed_texts
+    from ptm_app.inference.generate import generate
+    from ptm_app.inference.loading import load_for_inference
+    from ptm_app.inference.serve import (PromptAPI, PromptRequest, Refused, ServeSettings, TextAPI, TextRequest,
+                                         choose_task)
+
+    texts = ["the cat sat on a mat", "markets rose as shares fell", "birds sang"]
+    loaded = load_for_inference(str(classifier_run))
+    assert choose_task(loaded, None) == ("predict", "text") and choose_task(loaded, "embed") == ("embed", "text")
+    api = TextAPI(ServeSettings(str(classifier_run), "embed", "text"), max_batch_size=4)
+    api.setup("cpu")
+    rows = [api.encode_response(r) for r in api.predict([api.decode_request(TextRequest(text=t)) for t in texts])]
+    np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), embed_texts(loaded, texts), atol=1e-5)
+    assert [r["text"] for r in rows] == texts
+
+    assert choose_task(load_for_inference(str(clm_run)), None) == ("generate", "prompt")
+    api = PromptAPI(ServeSettings(str(clm_run), "generate", "prompt"), max_batch_size=4)
+    api.setup("cpu")
+    requests = [PromptRequest(prompt="the cat", max_new_tokens=6), PromptRequest(prompt="dogs ran", temperature=0.5),
+                PromptRequest(prompt="markets", max_new_tokens=6, do_sample=True, seed=3)]
+    out = api.predict([api.decode_request(r) for r in requests])
+    assert out[0] == {"prompt": "the cat", "generated": generate(str(clm_run), "the cat", 6, stream=False)}
+    assert isinstance(out[1], Refused) and out[1].status == 400 and "--do_sample" in out[1].message
+    assert out[2]["generated"] == generate(str(clm_run), "markets", 6, do_sample=True, seed=3, stream=False)
+    response = api.encode_response(out[1])
+    assert response.status_code == 400 and b'"error"' in response.body
