@@ -3,8 +3,6 @@ import json
 
 import pytest
 
-pytest.importorskip("onnxruntime")
-
 
 @pytest.mark.slow
 def test_inference_latency_times_every_candidate_at_every_batch_size(tmp_path):

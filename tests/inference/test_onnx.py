@@ -2,13 +2,12 @@
 matches PyTorch within the tolerance written into its metadata, for a classifier and a delta-tuned run."""
 import json
 
+import onnxruntime  # noqa: F401  (the `onnx` extra, installed by make setup: a missing one fails, never skips)
 import pytest
 
-pytest.importorskip("onnxruntime")
-
-from ptm_app.inference.onnx_export import TOLERANCE  # noqa: E402
-from ptm_app.main import main  # noqa: E402
-from tests.conftest import run_main  # noqa: E402
+from ptm_app.inference.onnx_export import TOLERANCE
+from ptm_app.main import main
+from tests.conftest import run_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,7 +40,6 @@ def test_onnx_export_matches_pytorch_and_predict_runs_on_onnxruntime(fixture, re
     assert len({r["probs"]["pos"] for r in ort_rows}) > 1  # the texts differ to the model (rows keep 6 decimals)
 
     # the server's worker on the same graph (serve --backend onnxruntime): a batch of requests, the same rows
-    pytest.importorskip("litserve")
     from ptm_app.inference.serve import ServeSettings, TextAPI, TextRequest
 
     api = TextAPI(ServeSettings(str(out), "predict", "text", backend="onnxruntime"), max_batch_size=4)

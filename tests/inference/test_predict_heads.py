@@ -134,7 +134,6 @@ def test_qa_answer_spans_equal_lightning_predict(tmp_path, capsys):
     assert len(err) == 1 and "--question" in err[0] and "--context" in err[0]
 
     # the ONNX graph of a two-output head (start, end logits) gives the same spans under ONNX Runtime
-    pytest.importorskip("onnxruntime")
     onnx_dir = tmp_path / "qa_onnx"
     assert run_main(["export", "--format", "onnx", "--ckpt_path", str(run), "--output_dir", str(onnx_dir)],
                     run.parent) == 0
