@@ -17,7 +17,7 @@ from ptm_app.backbones.build import max_positions
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.compression import losses
 from ptm_app.compression.layer_maps import LayerMap, layer_pairs
-from ptm_app.compression.students import StudentLayers, chosen_layers, student_from_teacher
+from ptm_app.compression.students import StudentLayers, chosen_layers, copy_teacher_embeddings, student_from_teacher
 from ptm_app.compression.teacher import TeacherInputs, has_trained_head, load_teacher, resolve_teacher, same_vocabulary
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
@@ -74,13 +74,17 @@ class DistillationModule(SequenceClassificationModule):
             the student is ``backbone`` / ``backbone_config`` (pretrained, or a from-scratch config).
         distill: loss weights, temperature and layer map (``DistillSpec``).
         teacher_metrics: evaluate the teacher once on the validation data for reference.
+        teacher_embeddings: start a student built from ``backbone_config`` (the BiLSTM of Tang et al. 2019 §3, the
+            CNN of Kim 2014) from the teacher's word embeddings (its ``embedding_dim`` defaults to the teacher's
+            width; the tokenizer must be the teacher's).  Applied when the student is built, before any restore.
     """
 
     def __init__(self, teacher: str, student_layers: Optional[StudentLayers] = None,
                  distill: DistillSpec = DistillSpec(), backbone: Optional[str] = None,
                  backbone_config: Optional[dict] = None, labels: Optional[list[str]] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
-                 positive_label: Optional[str] = None, teacher_metrics: bool = True):
+                 positive_label: Optional[str] = None, teacher_metrics: bool = True,
+                 teacher_embeddings: bool = False):
         self.spec = as_distill_spec(distill)
         object.__setattr__(self, "_teacher", None)  # not a sub-module: never in state_dict, .train() or the optimiser
         self.teacher_tokenizer = None
@@ -126,6 +130,8 @@ class DistillationModule(SequenceClassificationModule):
         needs_vocab = [n for n in TOKEN_LOSSES if self.uses(n)]
         if self.hparams.student_layers:  # the teacher's embeddings are copied
             needs_vocab.append("student_layers")
+        if self.hparams.teacher_embeddings:
+            needs_vocab.append("teacher_embeddings")
         if needs_vocab and self.tokenizer is not None and not same_vocabulary(self.tokenizer, self.teacher_tokenizer):
             size = len(self.teacher_tokenizer) if self.teacher_tokenizer is not None else "unknown"
             raise PtmError(f"teacher '{self.hparams.teacher}' and the student use different tokenizers (vocabularies "
@@ -137,9 +143,21 @@ class DistillationModule(SequenceClassificationModule):
     def can_build(self) -> bool:
         return self.hparams.labels is not None and (bool(self.hparams.student_layers) or super().can_build())
 
+    def config_updates(self) -> dict:
+        updates = super().config_updates()
+        if self.copies_embeddings() and "embedding_dim" not in (self.hparams.backbone_config or {}):
+            updates["embedding_dim"] = self.teacher.get_input_embeddings().embedding_dim
+        return updates
+
+    def copies_embeddings(self) -> bool:
+        return bool(self.hparams.get("teacher_embeddings")) and not self.hparams.student_layers
+
     def build_model(self):
         if not self.hparams.student_layers:
-            return super().build_model()
+            student = super().build_model()
+            if self.copies_embeddings():
+                copy_teacher_embeddings(student, self.teacher)
+            return student
         layers = chosen_layers(self.hparams.student_layers, self.teacher.config.num_hidden_layers)
         labels = ("num_labels", "id2label", "label2id")  # the rest of the config is the teacher's
         updates = {k: v for k, v in self.config_updates().items() if k in labels}

@@ -56,3 +56,15 @@ def copy_teacher_layers(student: nn.Module, teacher: nn.Module, layers: list[int
         if int(index) in source_block:
             state[f"{prefix}{source_block[int(index)]}.{rest}"] = value
     student.load_state_dict(state, strict=True)
+
+
+def copy_teacher_embeddings(student: nn.Module, teacher: nn.Module) -> None:
+    """The teacher's word-embedding matrix into a student of another architecture (a BiLSTM or CNN built from a
+    config: Tang et al. 2019 §3 start theirs from pre-trained word vectors); one line when the shapes differ."""
+    source, target = teacher.get_input_embeddings().weight, student.get_input_embeddings().weight
+    if source.shape != target.shape:
+        raise PtmError(f"teacher_embeddings: the teacher's word embeddings are {tuple(source.shape)} and the "
+                       f"student's {tuple(target.shape)}; use the teacher's tokenizer and leave "
+                       f"backbone_config.embedding_dim unset (or {source.shape[1]}), or set teacher_embeddings: false")
+    with torch.no_grad():
+        target.copy_(source)

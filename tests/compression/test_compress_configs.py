@@ -38,7 +38,7 @@ def tiny_teacher(runs: Path, name: str, tmp: Path) -> Path:
 
 
 def test_catalogue_is_not_empty():
-    assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm"}
+    assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn"}
 
 
 @pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
@@ -52,8 +52,13 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     student = ckpt["hyper_parameters"]["backbone_config"]
     if yaml.safe_load(config.read_text())["model"]["init_args"].get("student_layers") == "every_other":
         assert student["num_hidden_layers"] == 3  # every other of the 6 teacher layers
+    elif student["model_type"] == "ptm_cnn":
+        assert student["embedding_dim"] == 32  # the (substituted) teacher's width: its embeddings were copied
     else:
         assert student["model_type"] == "ptm_bilstm_lm"
+    export = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(export)], runs) == 0
+    assert (export / "config.json").exists()
 
 
 def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys):
