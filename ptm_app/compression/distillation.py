@@ -17,7 +17,8 @@ from ptm_app.backbones.build import max_positions
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.compression import losses
 from ptm_app.compression.layer_maps import LayerMap, layer_pairs
-from ptm_app.compression.students import StudentLayers, chosen_layers, copy_teacher_embeddings, student_from_teacher
+from ptm_app.compression.students import (SharedStudent, StudentLayers, as_shared_student, chosen_layers,
+                                          copy_teacher_embeddings, shared_student, student_from_teacher)
 from ptm_app.compression.teacher import TeacherInputs, has_trained_head, load_teacher, resolve_teacher, same_vocabulary
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
@@ -77,6 +78,9 @@ class DistillationModule(SequenceClassificationModule):
         teacher_embeddings: start a student built from ``backbone_config`` (the BiLSTM of Tang et al. 2019 §3, the
             CNN of Kim 2014) from the teacher's word embeddings (its ``embedding_dim`` defaults to the teacher's
             width; the tokenizer must be the teacher's).  Applied when the student is built, before any restore.
+        shared_student: an ALBERT student (``compression.students.SharedStudent``: factorised embeddings and
+            cross-layer sharing, Lan et al. 2020 §3.1) shaped by the teacher's config, trained from scratch.
+            ``summary.json`` reports ``student_params``, ``teacher_params`` and ``compression`` (their ratio).
     """
 
     def __init__(self, teacher: str, student_layers: Optional[StudentLayers] = None,
@@ -84,8 +88,17 @@ class DistillationModule(SequenceClassificationModule):
                  backbone_config: Optional[dict] = None, labels: Optional[list[str]] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  positive_label: Optional[str] = None, teacher_metrics: bool = True,
-                 teacher_embeddings: bool = False):
+                 teacher_embeddings: bool = False, shared_student: Optional[SharedStudent] = None):
         self.spec = as_distill_spec(distill)
+        self.shared_spec = as_shared_student(shared_student)
+        chosen = [n for n, v in (("student_layers", student_layers), ("shared_student", shared_student),
+                                 ("backbone", backbone)) if v]
+        if len(chosen) > 1:
+            raise PtmError(f"DistillationModule: {' and '.join(chosen)} each choose the student; give only one")
+        if teacher_embeddings and (student_layers or shared_student):
+            raise PtmError("teacher_embeddings copies the teacher's word embeddings into a student built from "
+                           "backbone_config; student_layers already copies them and shared_student factorises "
+                           "them: set teacher_embeddings: false")
         object.__setattr__(self, "_teacher", None)  # not a sub-module: never in state_dict, .train() or the optimiser
         self.teacher_tokenizer = None
         self.distill_projection = None
@@ -132,6 +145,8 @@ class DistillationModule(SequenceClassificationModule):
             needs_vocab.append("student_layers")
         if self.hparams.teacher_embeddings:
             needs_vocab.append("teacher_embeddings")
+        if self.shared_spec is not None:  # the ALBERT student takes the teacher's vocabulary
+            needs_vocab.append("shared_student")
         if needs_vocab and self.tokenizer is not None and not same_vocabulary(self.tokenizer, self.teacher_tokenizer):
             size = len(self.teacher_tokenizer) if self.teacher_tokenizer is not None else "unknown"
             raise PtmError(f"teacher '{self.hparams.teacher}' and the student use different tokenizers (vocabularies "
@@ -141,7 +156,8 @@ class DistillationModule(SequenceClassificationModule):
 
     # -- building -----------------------------------------------------------------------------------------------
     def can_build(self) -> bool:
-        return self.hparams.labels is not None and (bool(self.hparams.student_layers) or super().can_build())
+        from_teacher = bool(self.hparams.student_layers) or self.shared_spec is not None
+        return self.hparams.labels is not None and (from_teacher or super().can_build())
 
     def config_updates(self) -> dict:
         updates = super().config_updates()
@@ -153,13 +169,16 @@ class DistillationModule(SequenceClassificationModule):
         return bool(self.hparams.get("teacher_embeddings")) and not self.hparams.student_layers
 
     def build_model(self):
+        labels = ("num_labels", "id2label", "label2id")  # the rest of the config is the teacher's
+        if self.shared_spec is not None:
+            updates = {k: v for k, v in self.config_updates().items() if k in labels}
+            return shared_student(self.teacher, self.shared_spec, **updates)
         if not self.hparams.student_layers:
             student = super().build_model()
             if self.copies_embeddings():
                 copy_teacher_embeddings(student, self.teacher)
             return student
         layers = chosen_layers(self.hparams.student_layers, self.teacher.config.num_hidden_layers)
-        labels = ("num_labels", "id2label", "label2id")  # the rest of the config is the teacher's
         updates = {k: v for k, v in self.config_updates().items() if k in labels}
         rank_zero_info(f"student: teacher layers {layers} of {self.teacher.config.num_hidden_layers}")
         return student_from_teacher(self.teacher, layers, **updates)
@@ -288,12 +307,20 @@ class DistillationModule(SequenceClassificationModule):
             self.log_dict({f"val/teacher_{k}": v for k, v in values.items()})
             object.__setattr__(self, "teacher_logged", True)
 
+    def summary_facts(self) -> dict:
+        """The student's and the teacher's parameter counts for ``summary.json`` (shared weights count once)."""
+        student = sum(p.numel() for p in self.backbone.parameters())
+        teacher = sum(p.numel() for p in self.teacher.parameters())
+        return {"student_params": student, "teacher_params": teacher, "compression": round(teacher / student, 3)}
+
     # -- checkpoints: the teacher by name, never its weights ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         hparams = checkpoint["hyper_parameters"]
         hparams["teacher"] = resolve_teacher(self.hparams.teacher)
         hparams["distill"] = asdict(self.spec)
+        if self.shared_spec is not None:
+            hparams["shared_student"] = asdict(self.shared_spec)
         checkpoint[CKPT_KEY]["training_only"] = ["distill_projection."]  # export leaves W_h out
         # a run resumed from a checkpoint written after the teacher's evaluation does not repeat it
         checkpoint[CKPT_KEY]["teacher_logged"] = bool(getattr(self, "teacher_logged", False))

@@ -3,6 +3,7 @@ instead of MiniLM fine-tuned on BBC (configs/finetune/bbc_minilm.yaml, minutes o
 with MiniLM's tokenizer is trained here for 2 steps on the real BBC data under the run name the config names
 (``bbc_minilm``, looked up under the runs directory); everything else in the config is as shipped, bar step counts
 and lengths."""
+import json
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def tiny_teacher(runs: Path, name: str, tmp: Path) -> Path:
 
 
 def test_catalogue_is_not_empty():
-    assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn"}
+    assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn",
+                                          "distill_bbc_albert"}
 
 
 @pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
@@ -52,6 +54,11 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     student = ckpt["hyper_parameters"]["backbone_config"]
     if yaml.safe_load(config.read_text())["model"]["init_args"].get("student_layers") == "every_other":
         assert student["num_hidden_layers"] == 3  # every other of the 6 teacher layers
+    elif student["model_type"] == "albert":  # shared_student: one layer's weights serve all 6
+        assert (student["num_hidden_layers"], student["num_hidden_groups"], student["embedding_size"]) == (6, 1, 128)
+        summary = json.loads((runs / "full" / "summary.json").read_text())
+        # (E=128 is wider than the substituted teacher's 32: here the student is not the smaller one)
+        assert summary["compression"] == pytest.approx(summary["teacher_params"] / summary["student_params"], 1e-3)
     elif student["model_type"] == "ptm_cnn":
         assert student["embedding_dim"] == 32  # the (substituted) teacher's width: its embeddings were copied
     else:

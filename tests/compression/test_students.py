@@ -97,3 +97,56 @@ def test_copied_embeddings_of_another_width_are_one_line(tiny_corpus, teacher, t
     assert run_main(["fit", "--config", str(path)], tmp_path / "runs") != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the teacher's word embeddings are" in err[0] and "teacher_embeddings: false" in err[0]
+
+
+def albert_params(v: int, e: int, h: int, ffn: int, positions: int, types: int, labels: int, groups: int) -> int:
+    """ALBERT's parameter count by hand: factorised embeddings, ``groups`` distinct layers, pooler, classifier."""
+    embeddings = (v + positions + types) * e + 2 * e + e * h + h
+    layer = 4 * (h * h + h) + 2 * h + (h * ffn + ffn) + (ffn * h + h) + 2 * h
+    return embeddings + groups * layer + (h * h + h) + (h * labels + labels)
+
+
+def test_shared_student_counts_its_weights_once_and_reports_them(tiny_corpus, teacher, tmp_path):  # noqa: F811
+    """``shared_student``: an ALBERT with the (4-layer, 32-wide) teacher's shape, E=8 and one shared layer; it
+    trains with the hidden-state and cosine losses, summary.json reports the hand-computed parameter count, and a
+    second group adds exactly one layer's weights."""
+    import json
+
+    from ptm_app.compression import DistillationModule
+
+    path = distill_config(tmp_path, tiny_corpus, teacher, {
+        "shared_student": {"embedding_size": 8}, "optim": {"lr": 1e-3},
+        "distill": {"kd": 0.5, "hard": 0.5, "hidden": 1.0, "cosine": 1.0}}, steps=2)
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(path)], runs) == 0
+    module = DistillationModule.load_from_checkpoint(runs / "distill" / "checkpoints" / "last.ckpt")
+    config = module.backbone.config
+    assert (config.model_type, config.num_hidden_layers, config.num_hidden_groups, config.hidden_size) == \
+        ("albert", 4, 1, 32)
+    v = config.vocab_size
+    assert v == module.teacher.config.vocab_size
+    expected = albert_params(v, 8, 32, 64, 64, 2, 2, groups=1)
+    summary = json.loads((runs / "distill" / "summary.json").read_text())
+    assert summary["student_params"] == expected == sum(p.numel() for p in module.backbone.parameters())
+    assert summary["teacher_params"] == sum(p.numel() for p in module.teacher.parameters())
+    assert summary["compression"] == pytest.approx(summary["teacher_params"] / expected, rel=1e-3)
+    assert summary["compression"] > 2.5  # 4 teacher layers of weights vs one shared layer
+    rows = list(csv.DictReader(open(runs / "distill" / "logs" / "metrics.csv")))
+    assert len([r for r in rows if r.get("train/hidden")]) == 2
+    from ptm_app.compression.students import SharedStudent, shared_student
+
+    two = shared_student(module.teacher, SharedStudent(embedding_size=8, num_hidden_groups=2), num_labels=2)
+    assert sum(p.numel() for p in two.parameters()) == albert_params(v, 8, 32, 64, 64, 2, 2, groups=2)
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"shared_student": {"embedding_size": 8}, "student_layers": [1, 2]},
+     "student_layers and shared_student each choose the student; give only one"),
+    ({"shared_student": {"num_hidden_groups": 5}}, "num_hidden_groups must be 1..4"),
+    ({"student_layers": [1, 2], "teacher_embeddings": True}, "set teacher_embeddings: false"),
+])
+def test_bad_student_choices_are_one_line(tiny_corpus, teacher, tmp_path, capsys, model, message):  # noqa: F811
+    path = distill_config(tmp_path, tiny_corpus, teacher, model, steps=1)
+    assert run_main(["fit", "--config", str(path)], tmp_path / "runs") != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
