@@ -1,4 +1,5 @@
 """Model compression: knowledge distillation (teachers, students, losses)."""
 from ptm_app.compression.distillation import DistillationModule, DistillSpec
+from ptm_app.compression.pretrain_distillation import PretrainDistillationModule
 
-__all__ = ["DistillationModule", "DistillSpec"]
+__all__ = ["DistillationModule", "DistillSpec", "PretrainDistillationModule"]

@@ -1,8 +1,8 @@
-"""Every configs/compress recipe runs from YAML through main.py and resumes exactly.  The teacher is SUBSTITUTED:
-instead of MiniLM fine-tuned on BBC (configs/finetune/bbc_minilm.yaml, minutes of training), a tiny 6-layer BERT
-with MiniLM's tokenizer is trained here for 2 steps on the real BBC data under the run name the config names
-(``bbc_minilm``, looked up under the runs directory); everything else in the config is as shipped, bar step counts
-and lengths."""
+"""Every configs/compress recipe runs from YAML through main.py, resumes exactly and exports.  The teacher is
+SUBSTITUTED: instead of the run the config names (MiniLM fine-tuned on BBC by configs/finetune/bbc_minilm.yaml,
+MiniLM after the MLM of configs/demo/mlm_minilm_bbc.yaml ...: minutes of training), a tiny 6-layer model of the same
+kind with the config's tokenizer is trained here for 2 steps on the real BBC data under that run name (looked up
+under the runs directory); everything else in the config is as shipped, bar step counts and lengths."""
 import json
 from pathlib import Path
 
@@ -22,16 +22,27 @@ QUICK = ["--trainer.max_steps", "4", "--trainer.max_epochs", "1", "--trainer.val
          "--data.init_args.max_length", "32"]
 
 
-def tiny_teacher(runs: Path, name: str, tmp: Path) -> Path:
-    """A 6-layer tiny BERT classifier on BBC with MiniLM's tokenizer, trained 2 steps, as run ``name``."""
+FEW_DOCUMENTS = ["--data.init_args.limit_documents", "64"]
+# the student's module -> the substituted teacher's module, its data module and backbone, and the student run's extras
+TEACHERS = {
+    "PretrainDistillationModule": ("MaskedLMModule", "PretrainDataModule", {**TINY_BERT, "num_hidden_layers": 6},
+                                   FEW_DOCUMENTS),
+}
+CLASSIFIER = ("SequenceClassificationModule", "TaskDataModule", {**TINY_BERT, "num_hidden_layers": 6}, [])
+
+
+def tiny_teacher(runs: Path, name: str, tmp: Path, student: str) -> Path:
+    """A tiny 6-layer model of the teacher's kind (a BERT classifier on BBC; a BERT masked LM on BBC ...) with the
+    config's tokenizer, trained 2 steps, as run ``name``."""
+    module, datamodule, backbone, _ = TEACHERS.get(student, CLASSIFIER)
+    data = {"source": "bbc", "tokenizer": {"pretrained": "minilm"}, "max_length": 32, "batch_size": 4}
+    if datamodule == "PretrainDataModule":
+        data["limit_documents"] = 64
     cfg = {"seed_everything": 1,
            "trainer": {"max_steps": 2, "accelerator": "cpu", "limit_val_batches": 1, "num_sanity_val_steps": 0,
                        "enable_progress_bar": False, "enable_model_summary": False, "logger": False},
-           "model": {"class_path": "SequenceClassificationModule",
-                     "init_args": {"backbone_config": {**TINY_BERT, "num_hidden_layers": 6}}},
-           "data": {"class_path": "TaskDataModule",
-                    "init_args": {"source": "bbc", "tokenizer": {"pretrained": "minilm"}, "max_length": 32,
-                                  "batch_size": 4}}}
+           "model": {"class_path": module, "init_args": {"backbone_config": backbone}},
+           "data": {"class_path": datamodule, "init_args": data}}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert run_main(["fit", "--config", str(path), "--trainer.max_epochs", "1"], runs) == 0
@@ -40,19 +51,20 @@ def tiny_teacher(runs: Path, name: str, tmp: Path) -> Path:
 
 def test_catalogue_is_not_empty():
     assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn",
-                                          "distill_bbc_albert"}
+                                          "distill_bbc_albert", "distill_pretrain_minilm"}
 
 
 @pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
 def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     runs = tmp_path / "runs"
-    teacher_ref = yaml.safe_load(config.read_text())["model"]["init_args"]["teacher"]
-    teacher = tiny_teacher(runs, Path(teacher_ref).name, tmp_path)
-    assert_resumes_exactly(["fit", "--config", str(config), *QUICK], runs, stop=2, steps=4)
+    model = yaml.safe_load(config.read_text())["model"]
+    teacher = tiny_teacher(runs, Path(model["init_args"]["teacher"]).name, tmp_path, model["class_path"])
+    extras = TEACHERS.get(model["class_path"], CLASSIFIER)[3]
+    assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *extras], runs, stop=2, steps=4)
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["hyper_parameters"]["teacher"] == str(teacher.resolve())
     student = ckpt["hyper_parameters"]["backbone_config"]
-    if yaml.safe_load(config.read_text())["model"]["init_args"].get("student_layers") == "every_other":
+    if model["init_args"].get("student_layers") == "every_other":
         assert student["num_hidden_layers"] == 3  # every other of the 6 teacher layers
     elif student["model_type"] == "albert":  # shared_student: one layer's weights serve all 6
         assert (student["num_hidden_layers"], student["num_hidden_groups"], student["embedding_size"]) == (6, 1, 128)
