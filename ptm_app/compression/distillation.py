@@ -19,7 +19,8 @@ from ptm_app.compression import losses
 from ptm_app.compression.layer_maps import LayerMap, layer_pairs
 from ptm_app.compression.students import (SharedStudent, StudentLayers, as_shared_student, chosen_layers,
                                           copy_teacher_embeddings, shared_student, student_from_teacher)
-from ptm_app.compression.teacher import TeacherInputs, has_trained_head, load_teacher, resolve_teacher, same_vocabulary
+from ptm_app.compression.teacher import (TeacherInputs, has_trained_head, load_teacher, resolve_teacher, same_vocabulary,
+                                         size_facts)
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 
@@ -309,9 +310,7 @@ class DistillationModule(SequenceClassificationModule):
 
     def summary_facts(self) -> dict:
         """The student's and the teacher's parameter counts for ``summary.json`` (shared weights count once)."""
-        student = sum(p.numel() for p in self.backbone.parameters())
-        teacher = sum(p.numel() for p in self.teacher.parameters())
-        return {"student_params": student, "teacher_params": teacher, "compression": round(teacher / student, 3)}
+        return size_facts(self.backbone, self.teacher)
 
     # -- checkpoints: the teacher by name, never its weights ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

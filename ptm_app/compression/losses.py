@@ -71,3 +71,12 @@ def attention_score_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torc
     pair = (mask[:, :, None] * mask[:, None, :]).to(torch.float32)  # [B, T, T]
     per_head = (((student.float() - teacher.float()) ** 2) * pair[:, None]).sum((0, 2, 3)) / pair.sum().clamp_min(1.0)
     return per_head.mean()
+
+
+def next_token_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                       temperature: float, ignore_index: int = -100) -> torch.Tensor:
+    """Word-level distillation of a causal LM (Kim & Rush 2016 §3; Hinton §2): ``T²·KL(p_T ‖ p_S)`` over the
+    vocabulary at every position t that predicts a real token ``labels[t+1]`` (logits [B, T, V], labels [B, T]),
+    averaged over those positions; 0 when the logits are equal."""
+    keep = labels[:, 1:] != ignore_index
+    return soft_target_loss(student_logits[:, :-1][keep], teacher_logits[:, :-1][keep], temperature)

@@ -13,7 +13,7 @@ from torchmetrics import MeanMetric
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.compression import losses
 from ptm_app.compression.students import StudentLayers, chosen_layers, student_from_teacher
-from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher
+from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher, size_facts
 from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import masked_lm_forward
 from ptm_app.objectives.mlm import MaskedLMModule
@@ -125,9 +125,7 @@ class PretrainDistillationModule(MaskedLMModule):
             self.teacher_logged = True
 
     def summary_facts(self) -> dict:
-        student = sum(p.numel() for p in self.backbone.parameters())
-        teacher = sum(p.numel() for p in self.teacher.parameters())
-        return {"student_params": student, "teacher_params": teacher, "compression": round(teacher / student, 3)}
+        return size_facts(self.backbone, self.teacher)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

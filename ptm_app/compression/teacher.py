@@ -150,3 +150,10 @@ class FrozenTeacher:
             raise PtmError(f"teacher '{self.ref}' and the student use different tokenizers (vocabularies of {size} "
                            f"and {len(tokenizer)} tokens), and {why} needs one vocabulary; set "
                            f"data.init_args.tokenizer.pretrained to the teacher ({self.ref})")
+
+
+def size_facts(student: nn.Module, teacher: nn.Module) -> dict:
+    """``summary.json``'s ``student_params``, ``teacher_params`` and ``compression`` (their ratio); shared weights
+    count once."""
+    counts = [sum(p.numel() for p in m.parameters()) for m in (student, teacher)]
+    return {"student_params": counts[0], "teacher_params": counts[1], "compression": round(counts[1] / counts[0], 3)}

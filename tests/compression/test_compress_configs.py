@@ -3,6 +3,7 @@ SUBSTITUTED: instead of the run the config names (MiniLM fine-tuned on BBC by co
 MiniLM after the MLM of configs/demo/mlm_minilm_bbc.yaml ...: minutes of training), a tiny 6-layer model of the same
 kind with the config's tokenizer is trained here for 2 steps on the real BBC data under that run name (looked up
 under the runs directory); everything else in the config is as shipped, bar step counts and lengths."""
+import csv
 import json
 from pathlib import Path
 
@@ -27,15 +28,19 @@ FEW_DOCUMENTS = ["--data.init_args.limit_documents", "64"]
 TEACHERS = {
     "PretrainDistillationModule": ("MaskedLMModule", "PretrainDataModule", {**TINY_BERT, "num_hidden_layers": 6},
                                    FEW_DOCUMENTS),
+    "CausalDistillationModule": ("CausalLMModule", "PretrainDataModule",  # SmolLM2-135M -> a tiny Llama, 6 layers
+                                 {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 6, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                  "max_position_embeddings": 64, "tie_word_embeddings": True}, FEW_DOCUMENTS),
 }
 CLASSIFIER = ("SequenceClassificationModule", "TaskDataModule", {**TINY_BERT, "num_hidden_layers": 6}, [])
 
 
-def tiny_teacher(runs: Path, name: str, tmp: Path, student: str) -> Path:
+def tiny_teacher(runs: Path, name: str, tmp: Path, student: str, tokenizer: dict) -> Path:
     """A tiny 6-layer model of the teacher's kind (a BERT classifier on BBC; a BERT masked LM on BBC ...) with the
     config's tokenizer, trained 2 steps, as run ``name``."""
     module, datamodule, backbone, _ = TEACHERS.get(student, CLASSIFIER)
-    data = {"source": "bbc", "tokenizer": {"pretrained": "minilm"}, "max_length": 32, "batch_size": 4}
+    data = {"source": "bbc", "tokenizer": tokenizer, "max_length": 32, "batch_size": 4}
     if datamodule == "PretrainDataModule":
         data["limit_documents"] = 64
     cfg = {"seed_everything": 1,
@@ -51,20 +56,25 @@ def tiny_teacher(runs: Path, name: str, tmp: Path, student: str) -> Path:
 
 def test_catalogue_is_not_empty():
     assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn",
-                                          "distill_bbc_albert", "distill_pretrain_minilm"}
+                                          "distill_bbc_albert", "distill_pretrain_minilm", "distill_smollm2"}
 
 
 @pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
 def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     runs = tmp_path / "runs"
     model = yaml.safe_load(config.read_text())["model"]
-    teacher = tiny_teacher(runs, Path(model["init_args"]["teacher"]).name, tmp_path, model["class_path"])
+    tokenizer = yaml.safe_load(config.read_text())["data"]["init_args"]["tokenizer"]
+    teacher = tiny_teacher(runs, Path(model["init_args"]["teacher"]).name, tmp_path, model["class_path"], tokenizer)
     extras = TEACHERS.get(model["class_path"], CLASSIFIER)[3]
     assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *extras], runs, stop=2, steps=4)
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["hyper_parameters"]["teacher"] == str(teacher.resolve())
     student = ckpt["hyper_parameters"]["backbone_config"]
-    if model["init_args"].get("student_layers") == "every_other":
+    if model["class_path"] == "CausalDistillationModule":  # the shipped tiny Llama student, as configured
+        assert (student["model_type"], student["num_hidden_layers"], student["hidden_size"]) == ("llama", 2, 128)
+        rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
+        assert any(r.get("val/teacher_ppl") for r in rows) and any(r.get("val/ppl") for r in rows)
+    elif model["init_args"].get("student_layers") == "every_other":
         assert student["num_hidden_layers"] == 3  # every other of the 6 teacher layers
     elif student["model_type"] == "albert":  # shared_student: one layer's weights serve all 6
         assert (student["num_hidden_layers"], student["num_hidden_groups"], student["embedding_size"]) == (6, 1, 128)
