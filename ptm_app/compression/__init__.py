@@ -1,6 +1,7 @@
-"""Model compression: knowledge distillation (teachers, students, losses)."""
+"""Model compression: knowledge distillation (teachers, students, losses), module replacement."""
 from ptm_app.compression.causal_distillation import CausalDistillationModule
 from ptm_app.compression.distillation import DistillationModule, DistillSpec
 from ptm_app.compression.pretrain_distillation import PretrainDistillationModule
+from ptm_app.compression.theseus import TheseusModule
 
-__all__ = ["CausalDistillationModule", "DistillationModule", "DistillSpec", "PretrainDistillationModule"]
+__all__ = ["CausalDistillationModule", "DistillationModule", "DistillSpec", "PretrainDistillationModule", "TheseusModule"]

@@ -56,7 +56,7 @@ def tiny_teacher(runs: Path, name: str, tmp: Path, student: str, tokenizer: dict
 
 def test_catalogue_is_not_empty():
     assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn",
-                                          "distill_bbc_albert", "distill_pretrain_minilm", "distill_smollm2"}
+                                          "distill_bbc_albert", "distill_pretrain_minilm", "distill_smollm2", "theseus_bbc"}
 
 
 @pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
@@ -64,17 +64,19 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     runs = tmp_path / "runs"
     model = yaml.safe_load(config.read_text())["model"]
     tokenizer = yaml.safe_load(config.read_text())["data"]["init_args"]["tokenizer"]
-    teacher = tiny_teacher(runs, Path(model["init_args"]["teacher"]).name, tmp_path, model["class_path"], tokenizer)
+    reference = model["init_args"].get("teacher") or model["init_args"]["predecessor"]  # Theseus: a predecessor
+    teacher = tiny_teacher(runs, Path(reference).name, tmp_path, model["class_path"], tokenizer)
     extras = TEACHERS.get(model["class_path"], CLASSIFIER)[3]
     assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *extras], runs, stop=2, steps=4)
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["hyper_parameters"]["teacher"] == str(teacher.resolve())
+    assert ckpt["hyper_parameters"].get("teacher", ckpt["hyper_parameters"].get("predecessor")) == \
+        str(teacher.resolve())
     student = ckpt["hyper_parameters"]["backbone_config"]
     if model["class_path"] == "CausalDistillationModule":  # the shipped tiny Llama student, as configured
         assert (student["model_type"], student["num_hidden_layers"], student["hidden_size"]) == ("llama", 2, 128)
         rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
         assert any(r.get("val/teacher_ppl") for r in rows) and any(r.get("val/ppl") for r in rows)
-    elif model["init_args"].get("student_layers") == "every_other":
+    elif model["init_args"].get("student_layers") == "every_other" or model["class_path"] == "TheseusModule":
         assert student["num_hidden_layers"] == 3  # every other of the 6 teacher layers
     elif student["model_type"] == "albert":  # shared_student: one layer's weights serve all 6
         assert (student["num_hidden_layers"], student["num_hidden_groups"], student["embedding_size"]) == (6, 1, 128)
