@@ -56,7 +56,8 @@ def tiny_teacher(runs: Path, name: str, tmp: Path, student: str, tokenizer: dict
 
 def test_catalogue_is_not_empty():
     assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn",
-                                          "distill_bbc_albert", "distill_pretrain_minilm", "distill_smollm2", "theseus_bbc"}
+                                          "distill_bbc_albert", "distill_pretrain_minilm", "distill_smollm2", "theseus_bbc",
+                                          "early_exit_bbc_deebert", "early_exit_bbc_pabee"}
 
 
 @pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
@@ -64,6 +65,9 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     runs = tmp_path / "runs"
     model = yaml.safe_load(config.read_text())["model"]
     tokenizer = yaml.safe_load(config.read_text())["data"]["init_args"]["tokenizer"]
+    if model["class_path"] == "EarlyExitModule":  # no teacher: MiniLM itself, as shipped
+        early_exit_config_runs(config, model, runs, tmp_path)
+        return
     reference = model["init_args"].get("teacher") or model["init_args"]["predecessor"]  # Theseus: a predecessor
     teacher = tiny_teacher(runs, Path(reference).name, tmp_path, model["class_path"], tokenizer)
     extras = TEACHERS.get(model["class_path"], CLASSIFIER)[3]
@@ -98,3 +102,18 @@ def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "teacher 'checkpoints/bbc_minilm' not found" in err[0], err
     assert "python main.py fit --config configs/finetune/bbc_minilm.yaml" in err[0]
+
+
+def early_exit_config_runs(config: Path, model: dict, runs: Path, tmp_path: Path) -> None:
+    """DeeBERT's first stage shortened with the other step counts (2 of the 4 steps), so both stages run."""
+    stage = ["--model.init_args.final_steps", "2"] if model["init_args"].get("method") == "deebert" else []
+    assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *stage], runs, stop=2, steps=4)
+    rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
+    assert any(r.get("train/layer_1") for r in rows)  # the off-ramps trained
+    table = json.loads((runs / "full" / "summary.json").read_text())["early_exit"]
+    criteria = len(model["init_args"]["entropy_thresholds"]) + len(model["init_args"]["patiences"])
+    assert table["layers"] == 6 and len(table["rows"]) == criteria
+    assert all(1.0 <= row["exit_layer"] <= 6.0 for row in table["rows"])
+    export = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(export)], runs) == 0
+    assert (export / "module_weights.safetensors").exists()  # the off-ramps
