@@ -10,7 +10,9 @@ at the first layer confident enough.
 
 Evaluation runs all layers once and applies every criterion to the same per-layer predictions, so each
 threshold / patience is reported with its accuracy, average exit layer and layer speed-up ``L / mean exit layer``
-(the ratio PABEE reports; the embedding and exit heads are not counted).
+(the ratio PABEE reports; the embedding and exit heads are not counted).  Prediction (``predict_exit``) really
+stops: ``exit_forward`` watches each block's output and leaves the model once every example of the batch has exited
+(at batch size 1, after exactly its exit layer's blocks).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from ptm_app.adaptation.classification import SequenceClassificationModule
+from ptm_app.compression.students import layer_list_path
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 
@@ -61,6 +64,27 @@ def pabee_loss(layer_losses: list[torch.Tensor]) -> torch.Tensor:
     return sum(j * loss for j, loss in zip(weights, layer_losses)) / sum(weights)
 
 
+def parse_exit_rule(rule: Optional[str], method: str, thresholds, patiences) -> tuple[str, float]:
+    """``entropy:S`` / ``patience:t`` as ``(kind, value)``; unset: the method's own rule, first value."""
+    if rule is None:
+        if method == "deebert" and thresholds:
+            return "entropy", float(thresholds[0])
+        return ("patience", int(patiences[0])) if patiences else ("entropy", float(thresholds[0]))
+    kind, _, value = str(rule).partition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if kind not in ("entropy", "patience") or number < 0 or (kind == "patience" and number != int(number)):
+        raise PtmError(f"predict_exit {rule!r}: write entropy:S (S >= 0, e.g. entropy:0.1) or patience:t "
+                       f"(a whole number of layers, e.g. patience:2)")
+    return kind, (int(number) if kind == "patience" else number)
+
+
+class _AllExited(Exception):
+    """Raised from a block's forward hook once every example has exited: the rest of the model does not run."""
+
+
 def exit_predictions(layer_logits: torch.Tensor, exits: torch.Tensor) -> torch.Tensor:
     """Each example's logits at its exit layer (1..L): [N, C]."""
     return layer_logits[torch.arange(len(exits)), exits - 1]
@@ -92,13 +116,15 @@ class EarlyExitModule(SequenceClassificationModule):
         final_steps: DeeBERT's first stage; 0 when the backbone is already fine-tuned (a run directory).
         entropy_thresholds: the S values to report (DeeBERT's criterion).
         patiences: the t values to report (PABEE's criterion).
+        predict_exit: the rule ``predict`` exits by, ``entropy:S`` or ``patience:t`` (default: the method's own with
+            its first threshold / patience); ``predictions.jsonl`` gets each example's ``exit_layer``.
     """
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  method: Literal["deebert", "pabee"] = "pabee", final_steps: int = 0,
                  entropy_thresholds: list[float] = (0.1, 0.3, 0.6), patiences: list[int] = (1, 2, 3),
-                 positive_label: Optional[str] = None):
+                 positive_label: Optional[str] = None, predict_exit: Optional[str] = None):
         if method not in ("deebert", "pabee"):
             raise PtmError(f"early exit method {method!r}: use deebert or pabee")
         if final_steps and method != "deebert":
@@ -107,6 +133,7 @@ class EarlyExitModule(SequenceClassificationModule):
             raise PtmError("early exit: give entropy_thresholds or patiences to report")
         if any(t < 1 for t in patiences):
             raise PtmError(f"patiences {list(patiences)}: a patience is a number of layers, at least 1")
+        self.exit_rule = parse_exit_rule(predict_exit, method, entropy_thresholds, patiences)
         self.exits = None
         self.collected: dict[str, list] = {}
         super().__init__(backbone, backbone_config, labels, optim, positive_label=positive_label)
@@ -192,6 +219,64 @@ class EarlyExitModule(SequenceClassificationModule):
             self.log_dict({f"{name}/{k}": float(row[k]) for k in ("acc", "exit_layer", "speedup")})
         object.__setattr__(self, "latest_exit_table", {"stage": stage, "layers": layer_logits.shape[1],
                                                        "examples": len(labels), "rows": table})
+
+    # -- inference that stops ------------------------------------------------------------------------------------
+    def exit_forward(self, batch: dict, rule: Optional[tuple[str, float]] = None):
+        """``(logits at each example's exit [N, C], exit layers [N], blocks run)``: runs the blocks one by one (hooks
+        on the block list) and stops the model as soon as every example has exited under ``rule``."""
+        kind, value = rule or self.exit_rule
+        model = self.backbone
+        blocks = model.get_submodule(layer_list_path(model))
+        layers, n = len(blocks), len(batch["input_ids"])
+        state = {"run": 0, "exits": torch.full((n,), layers, dtype=torch.long),
+                 "done": torch.zeros(n, dtype=torch.bool), "counter": torch.zeros(n, dtype=torch.long),
+                 "previous": None, "logits": None}
+
+        def watch(index: int):
+            def hook(_module, _inputs, output):
+                state["run"] = index + 1
+                if index + 1 == layers:
+                    return None  # the last layer: the model's own head decides the rest
+                logits = self.exits[index](output[0] if isinstance(output, tuple) else output).float()
+                if state["logits"] is None:
+                    state["logits"] = torch.zeros_like(logits)
+                predictions = logits.argmax(-1).cpu()
+                if kind == "entropy":
+                    stop = entropy(logits).cpu() < value
+                else:
+                    if state["previous"] is not None:
+                        same = predictions == state["previous"]
+                        state["counter"] = torch.where(same, state["counter"] + 1, torch.zeros_like(same, dtype=torch.long))
+                    state["previous"] = predictions
+                    stop = state["counter"] >= value
+                stop &= ~state["done"]
+                state["exits"][stop] = index + 1
+                state["logits"][stop.to(logits.device)] = logits[stop.to(logits.device)]
+                state["done"] |= stop
+                if bool(state["done"].all()):
+                    raise _AllExited
+                return None
+            return hook
+
+        handles = [block.register_forward_hook(watch(i)) for i, block in enumerate(blocks)]
+        try:
+            final = model(**self.model_inputs(batch)).logits.float()
+            rest = ~state["done"]
+            if state["logits"] is None:
+                state["logits"] = torch.zeros_like(final)
+            state["logits"][rest.to(final.device)] = final[rest.to(final.device)]
+        except _AllExited:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        return state["logits"], state["exits"], state["run"]
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Every label's probability at each example's exit under ``predict_exit``, and its ``exit_layer``."""
+        logits, exits, _ = self.exit_forward(batch)
+        return {"keys": batch["keys"], "probs": torch.softmax(logits, dim=-1).cpu(),
+                "row_extras": [{"exit_layer": int(e)} for e in exits]}
 
     def summary_facts(self) -> dict:
         table = getattr(self, "latest_exit_table", None)

@@ -177,6 +177,8 @@ class PredictionWriter(Callback):
         except KeyError:  # a data module that keeps no example records
             records = None
         rows = score_rows(outputs, outputs.get("labels") or list(pl_module.hparams.get("labels") or []))
+        extras = outputs.get("row_extras") or [{}] * len(rows)  # per-example facts (an early exit's layer ...)
+        rows = [{**row, **extra} for row, extra in zip(rows, extras)]
         for key, row in zip(outputs["keys"], rows):
             index = key[1] if isinstance(key, (tuple, list)) else int(key)
             if records is not None:

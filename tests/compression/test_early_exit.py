@@ -136,3 +136,54 @@ def test_bad_early_exit_settings_are_one_line(tiny_corpus, tmp_path, capsys, mod
     assert run_main(["fit", "--config", str(config(tmp_path, tiny_corpus, model, steps=1))], tmp_path / "runs") != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("kind", ["entropy", "patience"])
+def test_exit_forward_stops_after_the_exit_layer_and_matches_the_evaluation_rules(kind):
+    """Real early exit: the blocks after the last exit never run (counted by a hook), and each example's exit layer
+    and logits are those the evaluation computes from all layers."""
+    from ptm_app.compression.early_exit import (EarlyExitModule, entropy, entropy_exit_layers, exit_predictions,
+                                                patience_exit_layers)
+
+    torch.manual_seed(0)
+    module = EarlyExitModule(backbone_config={**TINY_BERT, "num_hidden_layers": 4, "vocab_size": 50},
+                             labels=["a", "b", "c"]).eval()
+    with torch.no_grad():  # confident, varied off-ramps so that examples exit at different layers
+        for ramp in module.exits:
+            ramp.classifier.weight.mul_(60)
+    ids = torch.randint(4, 50, (6, 7), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    ran = []
+    hooks = [b.register_forward_hook(lambda *_: ran.append(1)) for b in module.backbone.bert.encoder.layer]
+    with torch.no_grad():
+        layer_logits = torch.stack(module.layer_logits(batch), 1)
+        rule = ("entropy", entropy(layer_logits[:, 0]).median().item()) if kind == "entropy" else ("patience", 1)
+        simulate = entropy_exit_layers if kind == "entropy" else patience_exit_layers
+        expected = simulate(layer_logits, rule[1])
+        for i in range(6):  # batch size 1: exactly the exit layer's blocks run
+            ran.clear()
+            logits, exits, run = module.exit_forward({k: v[i:i + 1] for k, v in batch.items()}, rule)
+            assert exits.item() == expected[i].item() and run == len(ran) == expected[i].item()
+            assert torch.allclose(logits[0], exit_predictions(layer_logits, expected)[i], atol=1e-5)
+        ran.clear()
+        logits, exits, run = module.exit_forward(batch, rule)  # a batch stops once all its examples have exited
+    for h in hooks:
+        h.remove()
+    assert torch.equal(exits, expected) and run == len(ran) == int(expected.max())
+    assert torch.allclose(logits, exit_predictions(layer_logits, expected), atol=1e-5)
+    assert len(set(expected.tolist())) > 1  # the examples really exit at different layers
+
+
+def test_predict_writes_the_exit_layer_and_bad_rules_are_one_line(tiny_corpus, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    path = config(tmp_path, tiny_corpus, {"method": "pabee", "predict_exit": "entropy:0.69"}, steps=2)
+    assert run_main(["fit", "--config", str(path), "--run_name", "ee"], runs) == 0
+    assert run_main(["predict", "--config", str(path), "--run_name", "ee", "--ckpt_path", "last"], runs) == 0
+    rows = [json.loads(line) for line in (runs / "ee" / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 10 and all(1 <= r["exit_layer"] <= 3 for r in rows)
+    assert all(sum(r["probs"].values()) == pytest.approx(1.0, abs=1e-5) for r in rows)
+    capsys.readouterr()
+    bad = config(tmp_path, tiny_corpus, {"predict_exit": "patience:1.5"}, steps=1)
+    assert run_main(["fit", "--config", str(bad)], tmp_path / "runs2") != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "predict_exit 'patience:1.5'" in err[0], err
