@@ -1,7 +1,8 @@
 """Knowledge distillation for sequence classification: a student (any ``SequenceClassificationModule`` backbone,
 or a smaller copy of the teacher) learns from a frozen teacher's soft targets (Hinton et al. 2015 §2), the gold
 labels, and optionally its hidden states, attention scores and embeddings (TinyBERT, Jiao et al. 2020 §3.1;
-PKD, Sun et al. 2019 §3.1) and the DistilBERT cosine loss (Sanh et al. 2019 §3)."""
+PKD, Sun et al. 2019 §3.1), the DistilBERT cosine loss (Sanh et al. 2019 §3) and MiniLM's deep self-attention
+distillation (Wang et al. 2020 §3.1–3.2)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, is_dataclass
@@ -24,7 +25,7 @@ from ptm_app.compression.teacher import (TeacherInputs, has_trained_head, load_t
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 
-TOKEN_LOSSES = ("hidden", "patient", "attention", "embedding", "cosine")  # compare token positions: one vocabulary needed
+TOKEN_LOSSES = ("hidden", "patient", "attention", "embedding", "cosine", "minilm")  # compare token positions: one vocabulary needed
 
 
 @dataclass
@@ -42,6 +43,8 @@ class DistillSpec:
         attention: weight of the per-head attention-score MSE over ``layer_map`` (TinyBERT; BERT-style layers).
         embedding: weight of the embedding-layer MSE (TinyBERT).
         cosine: weight of ``1 − cos`` between the last hidden states (DistilBERT).
+        minilm: weight of MiniLM's deep self-attention loss (Wang et al. 2020 §3.1–3.2): KL of the last layers'
+            attention distributions + KL of their value relations, per head (same head count; BERT-style layers).
         layer_map: ``uniform``, ``skip``, ``last`` or ``[[student_layer, teacher_layer], ...]``
             (``compression.layer_maps``).
     """
@@ -55,6 +58,7 @@ class DistillSpec:
     attention: float = 0.0
     embedding: float = 0.0
     cosine: float = 0.0
+    minilm: float = 0.0
     layer_map: LayerMap = "uniform"
 
 
@@ -196,14 +200,18 @@ class DistillationModule(SequenceClassificationModule):
             widths = (FrozenFeatures.width(self.backbone), FrozenFeatures.width(self.teacher))
             if widths[0] != widths[1] and any(self.uses(n) for n in ("hidden", "patient", "embedding", "cosine")):
                 self.distill_projection = nn.Linear(*widths)  # TinyBERT's W_h (shared by its hidden losses)
-            if self.uses("attention"):
-                for student_layer, teacher_layer in self.layer_pairs:
-                    self.self_attention(self.backbone, student_layer), self.self_attention(self.teacher, teacher_layer)
+            for loss in ("attention", "minilm"):
+                if not self.uses(loss):
+                    continue
+                pairs = self.layer_pairs if loss == "attention" else [self.last_layers()]
+                for student_layer, teacher_layer in pairs:
+                    self.self_attention(self.backbone, student_layer, loss)
+                    self.self_attention(self.teacher, teacher_layer, loss)
                 heads = (self.backbone.config.num_attention_heads, self.teacher.config.num_attention_heads)
                 if heads[0] != heads[1]:
-                    raise PtmError(f"distill.attention compares heads one to one, but the student has {heads[0]} "
+                    raise PtmError(f"distill.{loss} compares heads one to one, but the student has {heads[0]} "
                                    f"and the teacher {heads[1]}; give the student {heads[1]} heads or set "
-                                   f"distill.attention: 0")
+                                   f"distill.{loss}: 0")
 
     def make_collator(self, tokenizer, seed: int = 0):
         base = super().make_collator(tokenizer, seed)
@@ -263,17 +271,33 @@ class DistillationModule(SequenceClassificationModule):
                                      for s, t in self.layer_pairs) / len(self.layer_pairs)
         if self.uses("cosine"):
             parts["cosine"] = losses.cosine_loss(project(hs[-1]), ht[-1], mask)
+        if self.uses("minilm"):
+            parts["minilm"] = self.self_attention_transfer(hs, ht, mask)
         return parts
 
+    def last_layers(self) -> tuple[int, int]:
+        return self.backbone.config.num_hidden_layers, self.teacher.config.num_hidden_layers
+
+    def self_attention_transfer(self, hs: tuple, ht: tuple, mask: torch.Tensor) -> torch.Tensor:
+        """MiniLM: KL of the last layers' attention distributions + KL of their value relations."""
+        (s, t), relations = self.last_layers(), []
+        for model, states, layer in ((self.backbone, hs, s), (self.teacher, ht, t)):
+            attention = self.self_attention(model, layer, "minilm")
+            heads = attention.num_attention_heads
+            relations.append((losses.attention_scores(states[layer - 1], attention.query, attention.key, heads),
+                              losses.value_relations(states[layer - 1], attention.value, heads)))
+        (student_at, student_vr), (teacher_at, teacher_vr) = relations
+        return losses.relation_kl(student_at, teacher_at, mask) + losses.relation_kl(student_vr, teacher_vr, mask)
+
     @staticmethod
-    def self_attention(model: nn.Module, layer: int) -> nn.Module:
+    def self_attention(model: nn.Module, layer: int, loss: str = "attention") -> nn.Module:
         """Block ``layer``'s (1..L) BERT-style self-attention (``encoder.layer[i].attention.self``), or one line."""
         try:
             attention = model.base_model.encoder.layer[layer - 1].attention.self
-            attention.query, attention.key, attention.num_attention_heads
+            attention.query, attention.key, attention.value, attention.num_attention_heads
         except (AttributeError, IndexError, TypeError):
-            raise PtmError(f"distill.attention reads BERT-style self-attention (encoder.layer[i].attention.self); "
-                           f"{type(model).__name__} has none: set distill.attention: 0") from None
+            raise PtmError(f"distill.{loss} reads BERT-style self-attention (encoder.layer[i].attention.self); "
+                           f"{type(model).__name__} has none: set distill.{loss}: 0") from None
         return attention
 
     def layer_scores(self, model: nn.Module, hidden_states: tuple, layer: int) -> torch.Tensor:

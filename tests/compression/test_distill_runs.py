@@ -44,7 +44,7 @@ def distill_config(tmp_path, corpus, teacher, model: dict, tokenizer=TOKENIZER, 
 
 
 EVERY_LOSS = {"temperature": 2.0, "kd": 0.5, "hard": 0.5, "hidden": 1.0, "attention": 1.0, "embedding": 1.0,
-              "cosine": 1.0, "layer_map": "uniform"}
+              "cosine": 1.0, "minilm": 1.0, "layer_map": "uniform"}
 
 
 def test_student_from_every_other_layer_trains_resumes_exports_and_reloads(tiny_corpus, teacher, tmp_path):
@@ -57,12 +57,12 @@ def test_student_from_every_other_layer_trains_resumes_exports_and_reloads(tiny_
     runs = tmp_path / "runs"
     assert_resumes_exactly(["fit", "--config", str(path)], runs, stop=2, steps=4)
     rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
-    for name in ("kd", "hard", "hidden", "attention", "embedding", "cosine"):
+    for name in ("kd", "hard", "hidden", "attention", "embedding", "cosine", "minilm"):
         values = [float(r[f"train/{name}"]) for r in rows if r.get(f"train/{name}")]
         assert len(values) == 4 and all(v >= 0 for v in values), name
     total = next(r for r in rows if r.get("train/kd"))
     parts = sum(EVERY_LOSS[n] * float(total[f"train/{n}"]) for n in ("kd", "hard", "hidden", "attention",
-                                                                   "embedding", "cosine"))
+                                                                   "embedding", "cosine", "minilm"))
     assert float(total["train/loss"]) == pytest.approx(parts, rel=1e-4)  # the weighted sum, each term logged
     teacher_acc = [r["val/teacher_acc"] for r in rows if r.get("val/teacher_acc")]
     assert len(teacher_acc) == 1 and 0.0 <= float(teacher_acc[0]) <= 1.0  # once, for reference
@@ -188,6 +188,10 @@ def test_token_losses_across_tokenizers_are_one_line(tiny_corpus, teacher, tmp_p
      "teacher 'checkpoints/bbc_minilm' not found (nor under the runs directory"),
     ({"backbone_config": {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 8},
       "distill": {"attention": 1.0}}, "BiLSTMForSequenceClassification has none: set distill.attention: 0"),
+    ({"backbone_config": {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 8},
+      "distill": {"minilm": 1.0}}, "BiLSTMForSequenceClassification has none: set distill.minilm: 0"),
+    ({"backbone_config": {**TINY_BERT, "num_attention_heads": 4}, "distill": {"minilm": 1.0}},
+     "distill.minilm compares heads one to one, but the student has 4 and the teacher 2"),
     ({"backbone_config": TINY_BERT, "teacher": "minilm"},  # a prepared bare encoder: its head would be random
      "teacher 'minilm' has no trained classification head"),
 ])
