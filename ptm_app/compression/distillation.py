@@ -86,6 +86,10 @@ class DistillationModule(SequenceClassificationModule):
         shared_student: an ALBERT student (``compression.students.SharedStudent``: factorised embeddings and
             cross-layer sharing, Lan et al. 2020 §3.1) shaped by the teacher's config, trained from scratch.
             ``summary.json`` reports ``student_params``, ``teacher_params`` and ``compression`` (their ratio).
+        cache_teacher_logits: compute the teacher's logits once per training example (the first epoch) and reuse
+            them afterwards, so later epochs do not run the teacher; the cache (examples × labels) is kept in the
+            checkpoint, so a resumed run reuses it too.  Logs ``train/teacher_cached`` (the batch's share served
+            from the cache).  Only for the logit losses (kd, logit_mse): the others need the teacher's states.
     """
 
     def __init__(self, teacher: str, student_layers: Optional[StudentLayers] = None,
@@ -93,8 +97,15 @@ class DistillationModule(SequenceClassificationModule):
                  backbone_config: Optional[dict] = None, labels: Optional[list[str]] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  positive_label: Optional[str] = None, teacher_metrics: bool = True,
-                 teacher_embeddings: bool = False, shared_student: Optional[SharedStudent] = None):
+                 teacher_embeddings: bool = False, shared_student: Optional[SharedStudent] = None,
+                 cache_teacher_logits: bool = False):
         self.spec = as_distill_spec(distill)
+        self.logit_cache: dict[int, torch.Tensor] = {}  # training example index -> the teacher's raw logits
+        if cache_teacher_logits and any(getattr(self.spec, n) > 0 for n in TOKEN_LOSSES):
+            raise PtmError("cache_teacher_logits keeps only the teacher's logits, and "
+                           f"{', '.join(n for n in TOKEN_LOSSES if getattr(self.spec, n) > 0)} need(s) its hidden "
+                           f"states every step; set cache_teacher_logits: false or keep only the kd / logit_mse / "
+                           f"hard losses")
         self.shared_spec = as_shared_student(shared_student)
         chosen = [n for n, v in (("student_layers", student_layers), ("shared_student", shared_student),
                                  ("backbone", backbone)) if v]
@@ -240,11 +251,29 @@ class DistillationModule(SequenceClassificationModule):
         logits = out.logits if self.label_order is None else out.logits[:, self.label_order]
         return out, logits
 
+    def cached_teacher_logits(self, batch: dict) -> tuple[torch.Tensor, float]:
+        """The teacher's logits for a training batch from the cache, running the teacher only for examples it has
+        not seen; also the share served from the cache."""
+        indices = [int(k[1]) if isinstance(k, (tuple, list)) else int(k) for k in batch["keys"]]
+        missing = [i for i in indices if i not in self.logit_cache]
+        if missing:
+            out, _ = self.teacher_forward(batch, hidden=False)
+            for row, index in enumerate(indices):
+                self.logit_cache.setdefault(index, out.logits[row].detach().float().cpu())
+        logits = torch.stack([self.logit_cache[i] for i in indices]).to(self.device)
+        logits = logits if self.label_order is None else logits[:, self.label_order]
+        return logits, 1.0 - len(missing) / len(indices)
+
     def distill_losses(self, batch: dict) -> dict[str, torch.Tensor]:
         """Every loss with a weight above 0, unweighted, by name."""
         token_level = any(self.uses(n) for n in TOKEN_LOSSES)
         student = self.backbone(**self.model_inputs(batch), output_hidden_states=token_level)
-        teacher, teacher_logits = self.teacher_forward(batch, token_level)
+        if self.hparams.get("cache_teacher_logits") and self.training:
+            teacher = None
+            teacher_logits, cached = self.cached_teacher_logits(batch)
+            self.log("train/teacher_cached", cached, batch_size=self.batch_size(batch))
+        else:
+            teacher, teacher_logits = self.teacher_forward(batch, token_level)
         parts: dict[str, torch.Tensor] = {}
         if self.uses("kd"):
             parts["kd"] = losses.soft_target_loss(student.logits, teacher_logits, self.spec.temperature)
@@ -347,7 +376,14 @@ class DistillationModule(SequenceClassificationModule):
         checkpoint[CKPT_KEY]["training_only"] = ["distill_projection."]  # export leaves W_h out
         # a run resumed from a checkpoint written after the teacher's evaluation does not repeat it
         checkpoint[CKPT_KEY]["teacher_logged"] = bool(getattr(self, "teacher_logged", False))
+        if self.logit_cache:
+            indices = sorted(self.logit_cache)
+            checkpoint[CKPT_KEY]["teacher_logits"] = {"index": torch.tensor(indices),
+                                                      "logits": torch.stack([self.logit_cache[i] for i in indices])}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         object.__setattr__(self, "teacher_logged", bool(checkpoint.get(CKPT_KEY, {}).get("teacher_logged")))
+        cache = checkpoint.get(CKPT_KEY, {}).get("teacher_logits")
+        if cache is not None:
+            self.logit_cache = dict(zip(cache["index"].tolist(), cache["logits"].float()))

@@ -281,3 +281,36 @@ def test_adapter_tuned_teacher_teaches_with_its_adapters(tiny_corpus, tmp_path):
     assert torch.equal(weights[key], state[adapter_keys[0]])  # the trained adapter, in the teacher
     path = distill_config(tmp_path, tiny_corpus, runs / "adapters", {"backbone_config": TINY_BERT}, steps=1)
     assert run_main(["fit", "--config", str(path)], runs) == 0
+
+
+def test_cached_teacher_logits_skip_the_teacher_after_the_first_epoch(tiny_corpus, teacher, tmp_path):
+    """60 training examples in batches of 8: steps 0-7 are epoch 1 (the teacher runs), steps 8-11 reuse its cached
+    logits; the losses equal a run without the cache, and a run resumed in epoch 2 reads the cache from the
+    checkpoint (exactly the uninterrupted run's losses)."""
+    model = {"backbone_config": TINY_BERT, "distill": {"kd": 0.5, "hard": 0.5}, "optim": {"lr": 1e-3}}
+    runs = tmp_path / "runs"
+    cached = distill_config(tmp_path, tiny_corpus, teacher, {**model, "cache_teacher_logits": True}, steps=12)
+    assert_resumes_exactly(["fit", "--config", str(cached)], runs, stop=10, steps=12)
+    rows = [r for r in csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")) if r.get("train/teacher_cached")]
+    assert [float(r["train/teacher_cached"]) for r in rows] == [0.0] * 8 + [1.0] * 4
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    path = distill_config(plain, tiny_corpus, teacher, model, steps=12)
+    assert run_main(["fit", "--config", str(path), "--run_name", "plain"], runs) == 0
+    fresh = {int(r["step"]): float(r["train/kd"]) for r in csv.DictReader(open(runs / "plain" / "logs" / "metrics.csv"))
+             if r.get("train/kd")}
+    reused = {int(r["step"]): float(r["train/kd"]) for r in rows}
+    assert sorted(fresh) == sorted(reused) == list(range(12))
+    for step in range(12):
+        assert reused[step] == pytest.approx(fresh[step], rel=1e-4, abs=1e-6), step
+    ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["ptm_app"]["teacher_logits"]["logits"].shape == (60, 2)
+    assert not any("teacher" in k for k in ckpt["state_dict"])
+
+
+def test_caching_logits_with_a_hidden_state_loss_is_one_line(tiny_corpus, teacher, tmp_path, capsys):
+    path = distill_config(tmp_path, tiny_corpus, teacher, {"student_layers": "every_other", "cache_teacher_logits": True,
+                                                          "distill": {"kd": 1.0, "cosine": 1.0}}, steps=1)
+    assert run_main(["fit", "--config", str(path)], tmp_path / "runs") != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cosine need(s) its hidden states every step" in err[0], err
