@@ -60,7 +60,12 @@ def test_catalogue_is_not_empty():
                                           "early_exit_bbc_deebert", "early_exit_bbc_pabee"}
 
 
-@pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
+# over ~20 s each on 2 quiet cores (SmolLM2's or MiniLM's tokenizer over all of BBC, 6-layer MiniLM runs): slow tests
+SLOW = {"distill_smollm2", "distill_pretrain_minilm", "early_exit_bbc_deebert", "early_exit_bbc_pabee"}
+
+
+@pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow if c.stem in SLOW else ())
+                                    for c in COMPRESS], ids=lambda c: c.stem)
 def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     runs = tmp_path / "runs"
     model = yaml.safe_load(config.read_text())["model"]
