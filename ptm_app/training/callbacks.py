@@ -151,11 +151,13 @@ def write_predictions(trainer, rows: list[dict]) -> None:
 
 def score_rows(outputs: dict, labels: list[str]) -> list[dict]:
     """The prediction rows of a batch's ``predict_step`` outputs: the predicted label and every label's
-    probability, or (regression) the predicted value."""
+    probability, or (regression) the predicted value; then any per-example ``row_extras`` (an early exit's layer)."""
     if "values" in outputs:  # regression: one real value per example
-        return [{"value": round(v, 6)} for v in outputs["values"].tolist()]
-    return [{"label": labels[int(np.argmax(probs))], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
-            for probs in outputs["probs"].tolist()]
+        rows = [{"value": round(v, 6)} for v in outputs["values"].tolist()]
+    else:
+        rows = [{"label": labels[int(np.argmax(probs))], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
+                for probs in outputs["probs"].tolist()]
+    return [{**row, **extra} for row, extra in zip(rows, outputs.get("row_extras") or [{}] * len(rows))]
 
 
 class PredictionWriter(Callback):
@@ -177,8 +179,6 @@ class PredictionWriter(Callback):
         except KeyError:  # a data module that keeps no example records
             records = None
         rows = score_rows(outputs, outputs.get("labels") or list(pl_module.hparams.get("labels") or []))
-        extras = outputs.get("row_extras") or [{}] * len(rows)  # per-example facts (an early exit's layer ...)
-        rows = [{**row, **extra} for row, extra in zip(rows, extras)]
         for key, row in zip(outputs["keys"], rows):
             index = key[1] if isinstance(key, (tuple, list)) else int(key)
             if records is not None:

@@ -187,3 +187,10 @@ def test_predict_writes_the_exit_layer_and_bad_rules_are_one_line(tiny_corpus, t
     assert run_main(["fit", "--config", str(bad)], tmp_path / "runs2") != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "predict_exit 'patience:1.5'" in err[0], err
+    from ptm_app.main import main  # main.py predict --input: the same rows, exit layers included
+
+    out = tmp_path / "rows.jsonl"
+    assert main(["predict", "--ckpt_path", str(runs / "ee"), "--input", str(tiny_corpus / "test.jsonl"),
+                 "--output", str(out)]) == 0
+    mine = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["exit_layer"] for r in mine] == [r["exit_layer"] for r in rows]
