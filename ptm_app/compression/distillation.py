@@ -1,7 +1,8 @@
 """Knowledge distillation for sequence classification: a student (any ``SequenceClassificationModule`` backbone,
 or a smaller copy of the teacher) learns from a frozen teacher's soft targets (Hinton et al. 2015 §2), the gold
 labels, and optionally its hidden states, attention scores and embeddings (TinyBERT, Jiao et al. 2020 §3.1;
-PKD, Sun et al. 2019 §3.1) and the DistilBERT cosine loss (Sanh et al. 2019 §3)."""
+PKD, Sun et al. 2019 §3.1), the DistilBERT cosine loss (Sanh et al. 2019 §3) and MiniLM's deep self-attention
+distillation (Wang et al. 2020 §3.1–3.2)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, is_dataclass
@@ -17,12 +18,14 @@ from ptm_app.backbones.build import max_positions
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.compression import losses
 from ptm_app.compression.layer_maps import LayerMap, layer_pairs
-from ptm_app.compression.students import StudentLayers, chosen_layers, student_from_teacher
-from ptm_app.compression.teacher import TeacherInputs, has_trained_head, load_teacher, resolve_teacher, same_vocabulary
+from ptm_app.compression.students import (SharedStudent, StudentLayers, as_shared_student, chosen_layers,
+                                          copy_teacher_embeddings, shared_student, student_from_teacher)
+from ptm_app.compression.teacher import (TeacherInputs, has_trained_head, load_teacher, resolve_teacher, same_vocabulary,
+                                         size_facts)
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 
-TOKEN_LOSSES = ("hidden", "patient", "attention", "embedding", "cosine")  # compare token positions: one vocabulary needed
+TOKEN_LOSSES = ("hidden", "patient", "attention", "embedding", "cosine", "minilm")  # compare token positions: one vocabulary needed
 
 
 @dataclass
@@ -40,6 +43,8 @@ class DistillSpec:
         attention: weight of the per-head attention-score MSE over ``layer_map`` (TinyBERT; BERT-style layers).
         embedding: weight of the embedding-layer MSE (TinyBERT).
         cosine: weight of ``1 − cos`` between the last hidden states (DistilBERT).
+        minilm: weight of MiniLM's deep self-attention loss (Wang et al. 2020 §3.1–3.2): KL of the last layers'
+            attention distributions + KL of their value relations, per head (same head count; BERT-style layers).
         layer_map: ``uniform``, ``skip``, ``last`` or ``[[student_layer, teacher_layer], ...]``
             (``compression.layer_maps``).
     """
@@ -53,6 +58,7 @@ class DistillSpec:
     attention: float = 0.0
     embedding: float = 0.0
     cosine: float = 0.0
+    minilm: float = 0.0
     layer_map: LayerMap = "uniform"
 
 
@@ -74,14 +80,41 @@ class DistillationModule(SequenceClassificationModule):
             the student is ``backbone`` / ``backbone_config`` (pretrained, or a from-scratch config).
         distill: loss weights, temperature and layer map (``DistillSpec``).
         teacher_metrics: evaluate the teacher once on the validation data for reference.
+        teacher_embeddings: start a student built from ``backbone_config`` (the BiLSTM of Tang et al. 2019 §3, the
+            CNN of Kim 2014) from the teacher's word embeddings (its ``embedding_dim`` defaults to the teacher's
+            width; the tokenizer must be the teacher's).  Applied when the student is built, before any restore.
+        shared_student: an ALBERT student (``compression.students.SharedStudent``: factorised embeddings and
+            cross-layer sharing, Lan et al. 2020 §3.1) shaped by the teacher's config, trained from scratch.
+            ``summary.json`` reports ``student_params``, ``teacher_params`` and ``compression`` (their ratio).
+        cache_teacher_logits: compute the teacher's logits once per training example (the first epoch) and reuse
+            them afterwards, so later epochs do not run the teacher; the cache (examples × labels) is kept in the
+            checkpoint, so a resumed run reuses it too.  Logs ``train/teacher_cached`` (the batch's share served
+            from the cache).  Only for the logit losses (kd, logit_mse): the others need the teacher's states.
     """
 
     def __init__(self, teacher: str, student_layers: Optional[StudentLayers] = None,
                  distill: DistillSpec = DistillSpec(), backbone: Optional[str] = None,
                  backbone_config: Optional[dict] = None, labels: Optional[list[str]] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
-                 positive_label: Optional[str] = None, teacher_metrics: bool = True):
+                 positive_label: Optional[str] = None, teacher_metrics: bool = True,
+                 teacher_embeddings: bool = False, shared_student: Optional[SharedStudent] = None,
+                 cache_teacher_logits: bool = False):
         self.spec = as_distill_spec(distill)
+        self.logit_cache: dict[int, torch.Tensor] = {}  # training example index -> the teacher's raw logits
+        if cache_teacher_logits and any(getattr(self.spec, n) > 0 for n in TOKEN_LOSSES):
+            raise PtmError("cache_teacher_logits keeps only the teacher's logits, and "
+                           f"{', '.join(n for n in TOKEN_LOSSES if getattr(self.spec, n) > 0)} need(s) its hidden "
+                           f"states every step; set cache_teacher_logits: false or keep only the kd / logit_mse / "
+                           f"hard losses")
+        self.shared_spec = as_shared_student(shared_student)
+        chosen = [n for n, v in (("student_layers", student_layers), ("shared_student", shared_student),
+                                 ("backbone", backbone)) if v]
+        if len(chosen) > 1:
+            raise PtmError(f"DistillationModule: {' and '.join(chosen)} each choose the student; give only one")
+        if teacher_embeddings and (student_layers or shared_student):
+            raise PtmError("teacher_embeddings copies the teacher's word embeddings into a student built from "
+                           "backbone_config; student_layers already copies them and shared_student factorises "
+                           "them: set teacher_embeddings: false")
         object.__setattr__(self, "_teacher", None)  # not a sub-module: never in state_dict, .train() or the optimiser
         self.teacher_tokenizer = None
         self.distill_projection = None
@@ -126,6 +159,10 @@ class DistillationModule(SequenceClassificationModule):
         needs_vocab = [n for n in TOKEN_LOSSES if self.uses(n)]
         if self.hparams.student_layers:  # the teacher's embeddings are copied
             needs_vocab.append("student_layers")
+        if self.hparams.teacher_embeddings:
+            needs_vocab.append("teacher_embeddings")
+        if self.shared_spec is not None:  # the ALBERT student takes the teacher's vocabulary
+            needs_vocab.append("shared_student")
         if needs_vocab and self.tokenizer is not None and not same_vocabulary(self.tokenizer, self.teacher_tokenizer):
             size = len(self.teacher_tokenizer) if self.teacher_tokenizer is not None else "unknown"
             raise PtmError(f"teacher '{self.hparams.teacher}' and the student use different tokenizers (vocabularies "
@@ -135,13 +172,29 @@ class DistillationModule(SequenceClassificationModule):
 
     # -- building -----------------------------------------------------------------------------------------------
     def can_build(self) -> bool:
-        return self.hparams.labels is not None and (bool(self.hparams.student_layers) or super().can_build())
+        from_teacher = bool(self.hparams.student_layers) or self.shared_spec is not None
+        return self.hparams.labels is not None and (from_teacher or super().can_build())
+
+    def config_updates(self) -> dict:
+        updates = super().config_updates()
+        if self.copies_embeddings() and "embedding_dim" not in (self.hparams.backbone_config or {}):
+            updates["embedding_dim"] = self.teacher.get_input_embeddings().embedding_dim
+        return updates
+
+    def copies_embeddings(self) -> bool:
+        return bool(self.hparams.get("teacher_embeddings")) and not self.hparams.student_layers
 
     def build_model(self):
-        if not self.hparams.student_layers:
-            return super().build_model()
-        layers = chosen_layers(self.hparams.student_layers, self.teacher.config.num_hidden_layers)
         labels = ("num_labels", "id2label", "label2id")  # the rest of the config is the teacher's
+        if self.shared_spec is not None:
+            updates = {k: v for k, v in self.config_updates().items() if k in labels}
+            return shared_student(self.teacher, self.shared_spec, **updates)
+        if not self.hparams.student_layers:
+            student = super().build_model()
+            if self.copies_embeddings():
+                copy_teacher_embeddings(student, self.teacher)
+            return student
+        layers = chosen_layers(self.hparams.student_layers, self.teacher.config.num_hidden_layers)
         updates = {k: v for k, v in self.config_updates().items() if k in labels}
         rank_zero_info(f"student: teacher layers {layers} of {self.teacher.config.num_hidden_layers}")
         return student_from_teacher(self.teacher, layers, **updates)
@@ -158,14 +211,18 @@ class DistillationModule(SequenceClassificationModule):
             widths = (FrozenFeatures.width(self.backbone), FrozenFeatures.width(self.teacher))
             if widths[0] != widths[1] and any(self.uses(n) for n in ("hidden", "patient", "embedding", "cosine")):
                 self.distill_projection = nn.Linear(*widths)  # TinyBERT's W_h (shared by its hidden losses)
-            if self.uses("attention"):
-                for student_layer, teacher_layer in self.layer_pairs:
-                    self.self_attention(self.backbone, student_layer), self.self_attention(self.teacher, teacher_layer)
+            for loss in ("attention", "minilm"):
+                if not self.uses(loss):
+                    continue
+                pairs = self.layer_pairs if loss == "attention" else [self.last_layers()]
+                for student_layer, teacher_layer in pairs:
+                    self.self_attention(self.backbone, student_layer, loss)
+                    self.self_attention(self.teacher, teacher_layer, loss)
                 heads = (self.backbone.config.num_attention_heads, self.teacher.config.num_attention_heads)
                 if heads[0] != heads[1]:
-                    raise PtmError(f"distill.attention compares heads one to one, but the student has {heads[0]} "
+                    raise PtmError(f"distill.{loss} compares heads one to one, but the student has {heads[0]} "
                                    f"and the teacher {heads[1]}; give the student {heads[1]} heads or set "
-                                   f"distill.attention: 0")
+                                   f"distill.{loss}: 0")
 
     def make_collator(self, tokenizer, seed: int = 0):
         base = super().make_collator(tokenizer, seed)
@@ -194,11 +251,29 @@ class DistillationModule(SequenceClassificationModule):
         logits = out.logits if self.label_order is None else out.logits[:, self.label_order]
         return out, logits
 
+    def cached_teacher_logits(self, batch: dict) -> tuple[torch.Tensor, float]:
+        """The teacher's logits for a training batch from the cache, running the teacher only for examples it has
+        not seen; also the share served from the cache."""
+        indices = [int(k[1]) if isinstance(k, (tuple, list)) else int(k) for k in batch["keys"]]
+        missing = [i for i in indices if i not in self.logit_cache]
+        if missing:
+            out, _ = self.teacher_forward(batch, hidden=False)
+            for row, index in enumerate(indices):
+                self.logit_cache.setdefault(index, out.logits[row].detach().float().cpu())
+        logits = torch.stack([self.logit_cache[i] for i in indices]).to(self.device)
+        logits = logits if self.label_order is None else logits[:, self.label_order]
+        return logits, 1.0 - len(missing) / len(indices)
+
     def distill_losses(self, batch: dict) -> dict[str, torch.Tensor]:
         """Every loss with a weight above 0, unweighted, by name."""
         token_level = any(self.uses(n) for n in TOKEN_LOSSES)
         student = self.backbone(**self.model_inputs(batch), output_hidden_states=token_level)
-        teacher, teacher_logits = self.teacher_forward(batch, token_level)
+        if self.hparams.get("cache_teacher_logits") and self.training:
+            teacher = None
+            teacher_logits, cached = self.cached_teacher_logits(batch)
+            self.log("train/teacher_cached", cached, batch_size=self.batch_size(batch))
+        else:
+            teacher, teacher_logits = self.teacher_forward(batch, token_level)
         parts: dict[str, torch.Tensor] = {}
         if self.uses("kd"):
             parts["kd"] = losses.soft_target_loss(student.logits, teacher_logits, self.spec.temperature)
@@ -225,17 +300,33 @@ class DistillationModule(SequenceClassificationModule):
                                      for s, t in self.layer_pairs) / len(self.layer_pairs)
         if self.uses("cosine"):
             parts["cosine"] = losses.cosine_loss(project(hs[-1]), ht[-1], mask)
+        if self.uses("minilm"):
+            parts["minilm"] = self.self_attention_transfer(hs, ht, mask)
         return parts
 
+    def last_layers(self) -> tuple[int, int]:
+        return self.backbone.config.num_hidden_layers, self.teacher.config.num_hidden_layers
+
+    def self_attention_transfer(self, hs: tuple, ht: tuple, mask: torch.Tensor) -> torch.Tensor:
+        """MiniLM: KL of the last layers' attention distributions + KL of their value relations."""
+        (s, t), relations = self.last_layers(), []
+        for model, states, layer in ((self.backbone, hs, s), (self.teacher, ht, t)):
+            attention = self.self_attention(model, layer, "minilm")
+            heads = attention.num_attention_heads
+            relations.append((losses.attention_scores(states[layer - 1], attention.query, attention.key, heads),
+                              losses.value_relations(states[layer - 1], attention.value, heads)))
+        (student_at, student_vr), (teacher_at, teacher_vr) = relations
+        return losses.relation_kl(student_at, teacher_at, mask) + losses.relation_kl(student_vr, teacher_vr, mask)
+
     @staticmethod
-    def self_attention(model: nn.Module, layer: int) -> nn.Module:
+    def self_attention(model: nn.Module, layer: int, loss: str = "attention") -> nn.Module:
         """Block ``layer``'s (1..L) BERT-style self-attention (``encoder.layer[i].attention.self``), or one line."""
         try:
             attention = model.base_model.encoder.layer[layer - 1].attention.self
-            attention.query, attention.key, attention.num_attention_heads
+            attention.query, attention.key, attention.value, attention.num_attention_heads
         except (AttributeError, IndexError, TypeError):
-            raise PtmError(f"distill.attention reads BERT-style self-attention (encoder.layer[i].attention.self); "
-                           f"{type(model).__name__} has none: set distill.attention: 0") from None
+            raise PtmError(f"distill.{loss} reads BERT-style self-attention (encoder.layer[i].attention.self); "
+                           f"{type(model).__name__} has none: set distill.{loss}: 0") from None
         return attention
 
     def layer_scores(self, model: nn.Module, hidden_states: tuple, layer: int) -> torch.Tensor:
@@ -270,16 +361,29 @@ class DistillationModule(SequenceClassificationModule):
             self.log_dict({f"val/teacher_{k}": v for k, v in values.items()})
             object.__setattr__(self, "teacher_logged", True)
 
+    def summary_facts(self) -> dict:
+        """The student's and the teacher's parameter counts for ``summary.json`` (shared weights count once)."""
+        return size_facts(self.backbone, self.teacher)
+
     # -- checkpoints: the teacher by name, never its weights ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         hparams = checkpoint["hyper_parameters"]
         hparams["teacher"] = resolve_teacher(self.hparams.teacher)
         hparams["distill"] = asdict(self.spec)
+        if self.shared_spec is not None:
+            hparams["shared_student"] = asdict(self.shared_spec)
         checkpoint[CKPT_KEY]["training_only"] = ["distill_projection."]  # export leaves W_h out
         # a run resumed from a checkpoint written after the teacher's evaluation does not repeat it
         checkpoint[CKPT_KEY]["teacher_logged"] = bool(getattr(self, "teacher_logged", False))
+        if self.logit_cache:
+            indices = sorted(self.logit_cache)
+            checkpoint[CKPT_KEY]["teacher_logits"] = {"index": torch.tensor(indices),
+                                                      "logits": torch.stack([self.logit_cache[i] for i in indices])}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         object.__setattr__(self, "teacher_logged", bool(checkpoint.get(CKPT_KEY, {}).get("teacher_logged")))
+        cache = checkpoint.get(CKPT_KEY, {}).get("teacher_logits")
+        if cache is not None:
+            self.logit_cache = dict(zip(cache["index"].tolist(), cache["logits"].float()))

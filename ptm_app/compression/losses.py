@@ -12,6 +12,9 @@
 * ``attention_score_mse``: TinyBERT §3.1, ``1/h Σ_i MSE(A_i^S, A_i^T)`` per head on the attention *scores*
   ``QKᵀ/√d`` (before the softmax), over real query and key positions.
 * ``cosine_loss``: DistilBERT (Sanh et al. 2019 §3), ``1 − cos(h_S, h_T)`` of the last hidden states per token.
+* ``relation_kl``: MiniLM's deep self-attention distillation (Wang et al. 2020 §3.1–3.2): the KL between the
+  teacher's and the student's last-layer attention distributions ``softmax(QKᵀ/√d)`` and value relations
+  ``softmax(VVᵀ/√d)``, per head and real query position (relations are T×T: the widths may differ).
 """
 from __future__ import annotations
 
@@ -71,3 +74,29 @@ def attention_score_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torc
     pair = (mask[:, :, None] * mask[:, None, :]).to(torch.float32)  # [B, T, T]
     per_head = (((student.float() - teacher.float()) ** 2) * pair[:, None]).sum((0, 2, 3)) / pair.sum().clamp_min(1.0)
     return per_head.mean()
+
+
+def next_token_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                       temperature: float, ignore_index: int = -100) -> torch.Tensor:
+    """Word-level distillation of a causal LM (Kim & Rush 2016 §3; Hinton §2): ``T²·KL(p_T ‖ p_S)`` over the
+    vocabulary at every position t that predicts a real token ``labels[t+1]`` (logits [B, T, V], labels [B, T]),
+    averaged over those positions; 0 when the logits are equal."""
+    keep = labels[:, 1:] != ignore_index
+    return soft_target_loss(student_logits[:, :-1][keep], teacher_logits[:, :-1][keep], temperature)
+
+
+def value_relations(layer_input: torch.Tensor, value: torch.nn.Module, heads: int) -> torch.Tensor:
+    """MiniLM's value relation scores ``VVᵀ/√d_head`` [B, H, T, T] (before the softmax) of a BERT-style layer."""
+    b, n, _ = layer_input.shape
+    v = value(layer_input).view(b, n, heads, -1).transpose(1, 2)
+    return v @ v.transpose(-1, -2) / math.sqrt(v.shape[-1])
+
+
+def relation_kl(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``1/(H·|x|) Σ_heads Σ_queries KL(softmax(teacher row) ‖ softmax(student row))`` over [B, H, T, T] scores;
+    padding keys are left out of both softmaxes and padding queries out of the mean.  0 when the scores are equal."""
+    keys = ~mask[:, None, None, :].bool()
+    log_p = F.log_softmax(teacher.float().masked_fill(keys, float("-inf")), dim=-1)
+    log_q = F.log_softmax(student.float().masked_fill(keys, float("-inf")), dim=-1)
+    per_row = (log_p.exp() * (log_p - log_q)).masked_fill(keys, 0.0).sum(-1)  # [B, H, T]
+    return _token_mean(per_row.mean(1), mask)

@@ -1,9 +1,11 @@
 """Students made from the teacher: the same architecture with fewer layers, its embeddings, the chosen layers,
 pooler and head copied (DistilBERT, Sanh et al. 2019 §3: "initialize the student from the teacher by taking one
-layer out of two").  Layers are numbered 1..L (``hidden_states`` indices)."""
+layer out of two").  Layers are numbered 1..L (``hidden_states`` indices).  Also: the teacher's word embeddings
+copied into a student of another structure (BiLSTM, CNN), and an ALBERT-shaped student (``SharedStudent``)."""
 from __future__ import annotations
 
-from typing import Union
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -56,3 +58,64 @@ def copy_teacher_layers(student: nn.Module, teacher: nn.Module, layers: list[int
         if int(index) in source_block:
             state[f"{prefix}{source_block[int(index)]}.{rest}"] = value
     student.load_state_dict(state, strict=True)
+
+
+def copy_teacher_embeddings(student: nn.Module, teacher: nn.Module) -> None:
+    """The teacher's word-embedding matrix into a student of another architecture (a BiLSTM or CNN built from a
+    config: Tang et al. 2019 §3 start theirs from pre-trained word vectors); one line when the shapes differ."""
+    source, target = teacher.get_input_embeddings().weight, student.get_input_embeddings().weight
+    if source.shape != target.shape:
+        raise PtmError(f"teacher_embeddings: the teacher's word embeddings are {tuple(source.shape)} and the "
+                       f"student's {tuple(target.shape)}; use the teacher's tokenizer and leave "
+                       f"backbone_config.embedding_dim unset (or {source.shape[1]}), or set teacher_embeddings: false")
+    with torch.no_grad():
+        target.copy_(source)
+
+
+@dataclass
+class SharedStudent:
+    """An ALBERT student (Lan et al. 2020 §3.1) with the teacher's width, heads, feed-forward size and vocabulary:
+    factorised embeddings (V×E then E×H, E ≪ H) and cross-layer parameter sharing (``num_hidden_groups`` layer
+    groups serve all ``num_hidden_layers`` layers; 1 = every layer shares one set of weights).  Trained from
+    scratch by the distillation losses.
+
+    Args:
+        embedding_size: E, the factorised embedding width (ALBERT: 128).
+        num_hidden_layers: the layers it runs (default: the teacher's).
+        num_hidden_groups: how many distinct layers' weights there are (1: all shared).
+    """
+
+    embedding_size: int = 128
+    num_hidden_layers: Optional[int] = None
+    num_hidden_groups: int = 1
+
+
+def as_shared_student(value) -> Optional[SharedStudent]:
+    if value is None or isinstance(value, SharedStudent):
+        return value
+    return SharedStudent(**(asdict(value) if is_dataclass(value) else value))
+
+
+TEACHER_FIELDS = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
+                  "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+                  "layer_norm_eps", "initializer_range", "pad_token_id")
+
+
+def shared_student(teacher: nn.Module, spec: SharedStudent, **config_updates) -> nn.Module:
+    """A fresh ``AlbertForSequenceClassification`` shaped by the teacher's BERT-style config and ``spec``."""
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    source = teacher.config
+    missing = [f for f in TEACHER_FIELDS if getattr(source, f, None) is None and f != "pad_token_id"]
+    if missing:
+        raise PtmError(f"shared_student builds an ALBERT from a BERT-style teacher config; "
+                       f"{type(teacher).__name__}'s has no {', '.join(missing)}: use backbone_config for this teacher")
+    layers = spec.num_hidden_layers or source.num_hidden_layers
+    if not 1 <= spec.num_hidden_groups <= layers or spec.embedding_size < 1:
+        raise PtmError(f"shared_student: num_hidden_groups must be 1..{layers} (the layers) and embedding_size >= 1 "
+                       f"(got {spec.num_hidden_groups} and {spec.embedding_size})")
+    fields = {f: getattr(source, f) for f in TEACHER_FIELDS if getattr(source, f, None) is not None}
+    config = AlbertConfig(**fields, embedding_size=spec.embedding_size, num_hidden_layers=layers,
+                          num_hidden_groups=spec.num_hidden_groups, classifier_dropout_prob=source.hidden_dropout_prob,
+                          **config_updates)
+    return AlbertForSequenceClassification(config)

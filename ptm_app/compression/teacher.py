@@ -108,3 +108,52 @@ class TeacherInputs:
                            return_tensors="pt")
         batch.update({f"teacher_{k}": v for k, v in enc.items()})
         return batch
+
+
+class FrozenTeacher:
+    """A teacher loaded on first use (``load_teacher``) and kept off the student module's sub-modules: never in its
+    ``state_dict``, ``.train()`` or optimiser; moved to the student's device when called."""
+
+    def __init__(self, ref: str, head: str):
+        self.ref, self.head = ref, head
+        self._model, self._tokenizer = None, None
+
+    def _load(self) -> None:
+        if self._model is None:
+            self._model, self._tokenizer = load_teacher(self.ref, self.head)
+
+    @property
+    def model(self) -> nn.Module:
+        self._load()
+        return self._model
+
+    @property
+    def tokenizer(self):
+        self._load()
+        return self._tokenizer
+
+    def on(self, device: torch.device) -> nn.Module:
+        model = self.model
+        if next(model.parameters()).device != device:
+            model.to(device)
+        return model
+
+    def fresh_weights(self) -> list[str]:
+        """Weights outside the base model that were freshly initialised at load (an output layer it lacked)."""
+        prefix = getattr(self.model, "base_model_prefix", "") + "."
+        return [k for k in getattr(self.model, "ptm_missing_keys", ()) if not k.startswith(prefix)]
+
+    def check_vocabulary(self, tokenizer, why: str) -> None:
+        """One line when the data's tokenizer is not the teacher's (``why``: what needs one vocabulary)."""
+        if not same_vocabulary(tokenizer, self.tokenizer):
+            size = len(self.tokenizer) if self.tokenizer is not None else "unknown"
+            raise PtmError(f"teacher '{self.ref}' and the student use different tokenizers (vocabularies of {size} "
+                           f"and {len(tokenizer)} tokens), and {why} needs one vocabulary; set "
+                           f"data.init_args.tokenizer.pretrained to the teacher ({self.ref})")
+
+
+def size_facts(student: nn.Module, teacher: nn.Module) -> dict:
+    """``summary.json``'s ``student_params``, ``teacher_params`` and ``compression`` (their ratio); shared weights
+    count once."""
+    counts = [sum(p.numel() for p in m.parameters()) for m in (student, teacher)]
+    return {"student_params": counts[0], "teacher_params": counts[1], "compression": round(counts[1] / counts[0], 3)}

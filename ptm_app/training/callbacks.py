@@ -151,11 +151,13 @@ def write_predictions(trainer, rows: list[dict]) -> None:
 
 def score_rows(outputs: dict, labels: list[str]) -> list[dict]:
     """The prediction rows of a batch's ``predict_step`` outputs: the predicted label and every label's
-    probability, or (regression) the predicted value."""
+    probability, or (regression) the predicted value; then any per-example ``row_extras`` (an early exit's layer)."""
     if "values" in outputs:  # regression: one real value per example
-        return [{"value": round(v, 6)} for v in outputs["values"].tolist()]
-    return [{"label": labels[int(np.argmax(probs))], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
-            for probs in outputs["probs"].tolist()]
+        rows = [{"value": round(v, 6)} for v in outputs["values"].tolist()]
+    else:
+        rows = [{"label": labels[int(np.argmax(probs))], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
+                for probs in outputs["probs"].tolist()]
+    return [{**row, **extra} for row, extra in zip(rows, outputs.get("row_extras") or [{}] * len(rows))]
 
 
 class PredictionWriter(Callback):
@@ -232,6 +234,8 @@ class RunSummary(Callback):
                 summary[f"{name}_ckpt_mb"] = round(sum(f.stat().st_size for f in files) / 2**20, 2)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
         summary.setdefault("metrics", {}).update(metrics)
+        facts = getattr(pl_module, "summary_facts", None)  # a module's own facts (a student's and teacher's sizes ...)
+        summary.update(facts() if facts is not None else {})
         summary.update(updates)
         with atomic_file(self.path, "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2, sort_keys=True)

@@ -1,8 +1,10 @@
-"""Every configs/compress recipe runs from YAML through main.py and resumes exactly.  The teacher is SUBSTITUTED:
-instead of MiniLM fine-tuned on BBC (configs/finetune/bbc_minilm.yaml, minutes of training), a tiny 6-layer BERT
-with MiniLM's tokenizer is trained here for 2 steps on the real BBC data under the run name the config names
-(``bbc_minilm``, looked up under the runs directory); everything else in the config is as shipped, bar step counts
-and lengths."""
+"""Every configs/compress recipe runs from YAML through main.py, resumes exactly and exports.  The teacher is
+SUBSTITUTED: instead of the run the config names (MiniLM fine-tuned on BBC by configs/finetune/bbc_minilm.yaml,
+MiniLM after the MLM of configs/demo/mlm_minilm_bbc.yaml ...: minutes of training), a tiny 6-layer model of the same
+kind with the config's tokenizer is trained here for 2 steps on the real BBC data under that run name (looked up
+under the runs directory); everything else in the config is as shipped, bar step counts and lengths."""
+import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -21,16 +23,31 @@ QUICK = ["--trainer.max_steps", "4", "--trainer.max_epochs", "1", "--trainer.val
          "--data.init_args.max_length", "32"]
 
 
-def tiny_teacher(runs: Path, name: str, tmp: Path) -> Path:
-    """A 6-layer tiny BERT classifier on BBC with MiniLM's tokenizer, trained 2 steps, as run ``name``."""
+FEW_DOCUMENTS = ["--data.init_args.limit_documents", "64"]
+# the student's module -> the substituted teacher's module, its data module and backbone, and the student run's extras
+TEACHERS = {
+    "PretrainDistillationModule": ("MaskedLMModule", "PretrainDataModule", {**TINY_BERT, "num_hidden_layers": 6},
+                                   FEW_DOCUMENTS),
+    "CausalDistillationModule": ("CausalLMModule", "PretrainDataModule",  # SmolLM2-135M -> a tiny Llama, 6 layers
+                                 {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 6, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                  "max_position_embeddings": 64, "tie_word_embeddings": True}, FEW_DOCUMENTS),
+}
+CLASSIFIER = ("SequenceClassificationModule", "TaskDataModule", {**TINY_BERT, "num_hidden_layers": 6}, [])
+
+
+def tiny_teacher(runs: Path, name: str, tmp: Path, student: str, tokenizer: dict) -> Path:
+    """A tiny 6-layer model of the teacher's kind (a BERT classifier on BBC; a BERT masked LM on BBC ...) with the
+    config's tokenizer, trained 2 steps, as run ``name``."""
+    module, datamodule, backbone, _ = TEACHERS.get(student, CLASSIFIER)
+    data = {"source": "bbc", "tokenizer": tokenizer, "max_length": 32, "batch_size": 4}
+    if datamodule == "PretrainDataModule":
+        data["limit_documents"] = 64
     cfg = {"seed_everything": 1,
            "trainer": {"max_steps": 2, "accelerator": "cpu", "limit_val_batches": 1, "num_sanity_val_steps": 0,
                        "enable_progress_bar": False, "enable_model_summary": False, "logger": False},
-           "model": {"class_path": "SequenceClassificationModule",
-                     "init_args": {"backbone_config": {**TINY_BERT, "num_hidden_layers": 6}}},
-           "data": {"class_path": "TaskDataModule",
-                    "init_args": {"source": "bbc", "tokenizer": {"pretrained": "minilm"}, "max_length": 32,
-                                  "batch_size": 4}}}
+           "model": {"class_path": module, "init_args": {"backbone_config": backbone}},
+           "data": {"class_path": datamodule, "init_args": data}}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert run_main(["fit", "--config", str(path), "--trainer.max_epochs", "1"], runs) == 0
@@ -38,22 +55,54 @@ def tiny_teacher(runs: Path, name: str, tmp: Path) -> Path:
 
 
 def test_catalogue_is_not_empty():
-    assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm"}
+    assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn",
+                                          "distill_bbc_albert", "distill_pretrain_minilm", "distill_smollm2", "theseus_bbc",
+                                          "early_exit_bbc_deebert", "early_exit_bbc_pabee"}
 
 
-@pytest.mark.parametrize("config", COMPRESS, ids=lambda c: c.stem)
+# over ~20 s each on 2 quiet cores (SmolLM2's or MiniLM's tokenizer over all of BBC, 6-layer MiniLM runs): slow tests
+SLOW = {"distill_smollm2", "distill_pretrain_minilm", "early_exit_bbc_deebert", "early_exit_bbc_pabee"}
+
+
+@pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow if c.stem in SLOW else ())
+                                    for c in COMPRESS], ids=lambda c: c.stem)
 def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     runs = tmp_path / "runs"
-    teacher_ref = yaml.safe_load(config.read_text())["model"]["init_args"]["teacher"]
-    teacher = tiny_teacher(runs, Path(teacher_ref).name, tmp_path)
-    assert_resumes_exactly(["fit", "--config", str(config), *QUICK], runs, stop=2, steps=4)
+    model = yaml.safe_load(config.read_text())["model"]
+    tokenizer = yaml.safe_load(config.read_text())["data"]["init_args"]["tokenizer"]
+    if model["class_path"] == "EarlyExitModule":  # no teacher: MiniLM itself, as shipped
+        early_exit_config_runs(config, model, runs, tmp_path)
+        return
+    reference = model["init_args"].get("teacher") or model["init_args"].get("predecessor")  # Theseus: a predecessor
+    if reference is None:  # a recipe without a teacher: as shipped, bar the lengths
+        assert_resumes_exactly(["fit", "--config", str(config), *QUICK], runs, stop=2, steps=4)
+        assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(tmp_path / "x")], runs) == 0
+        return
+    teacher = tiny_teacher(runs, Path(reference).name, tmp_path, model["class_path"], tokenizer)
+    extras = TEACHERS.get(model["class_path"], CLASSIFIER)[3]
+    assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *extras], runs, stop=2, steps=4)
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["hyper_parameters"]["teacher"] == str(teacher.resolve())
+    assert ckpt["hyper_parameters"].get("teacher", ckpt["hyper_parameters"].get("predecessor")) == \
+        str(teacher.resolve())
     student = ckpt["hyper_parameters"]["backbone_config"]
-    if yaml.safe_load(config.read_text())["model"]["init_args"].get("student_layers") == "every_other":
+    if model["class_path"] == "CausalDistillationModule":  # the shipped tiny Llama student, as configured
+        assert (student["model_type"], student["num_hidden_layers"], student["hidden_size"]) == ("llama", 2, 128)
+        rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
+        assert any(r.get("val/teacher_ppl") for r in rows) and any(r.get("val/ppl") for r in rows)
+    elif model["init_args"].get("student_layers") == "every_other" or model["class_path"] == "TheseusModule":
         assert student["num_hidden_layers"] == 3  # every other of the 6 teacher layers
+    elif student["model_type"] == "albert":  # shared_student: one layer's weights serve all 6
+        assert (student["num_hidden_layers"], student["num_hidden_groups"], student["embedding_size"]) == (6, 1, 128)
+        summary = json.loads((runs / "full" / "summary.json").read_text())
+        # (E=128 is wider than the substituted teacher's 32: here the student is not the smaller one)
+        assert summary["compression"] == pytest.approx(summary["teacher_params"] / summary["student_params"], abs=1e-3)
+    elif student["model_type"] == "ptm_cnn":
+        assert student["embedding_dim"] == 32  # the (substituted) teacher's width: its embeddings were copied
     else:
         assert student["model_type"] == "ptm_bilstm_lm"
+    export = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(export)], runs) == 0
+    assert (export / "config.json").exists()
 
 
 def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys):
@@ -62,3 +111,18 @@ def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "teacher 'checkpoints/bbc_minilm' not found" in err[0], err
     assert "python main.py fit --config configs/finetune/bbc_minilm.yaml" in err[0]
+
+
+def early_exit_config_runs(config: Path, model: dict, runs: Path, tmp_path: Path) -> None:
+    """DeeBERT's first stage shortened with the other step counts (2 of the 4 steps), so both stages run."""
+    stage = ["--model.init_args.final_steps", "2"] if model["init_args"].get("method") == "deebert" else []
+    assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *stage], runs, stop=2, steps=4)
+    rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
+    assert any(r.get("train/layer_1") for r in rows)  # the off-ramps trained
+    table = json.loads((runs / "full" / "summary.json").read_text())["early_exit"]
+    criteria = len(model["init_args"]["entropy_thresholds"]) + len(model["init_args"]["patiences"])
+    assert table["layers"] == 6 and len(table["rows"]) == criteria
+    assert all(1.0 <= row["exit_layer"] <= 6.0 for row in table["rows"])
+    export = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(export)], runs) == 0
+    assert (export / "module_weights.safetensors").exists()  # the off-ramps

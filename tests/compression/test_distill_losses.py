@@ -97,3 +97,36 @@ def test_a_layer_map_naming_a_missing_layer_is_one_line(spec, message):
     with pytest.raises(PtmError) as err:
         layer_pairs(spec, 3, 6)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_minilm_relation_kl_by_hand_zero_for_equal_scores_and_blind_to_padding():
+    torch.manual_seed(0)
+    teacher, student = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    assert losses.relation_kl(teacher, teacher.clone(), mask).item() == pytest.approx(0.0, abs=1e-6)
+    value = losses.relation_kl(student, teacher, mask).item()
+    assert value > 0
+    # by hand: mean over the 7 real query rows of the per-head-mean KL, padding key 3 of row 1 left out
+    total = 0.0
+    for b, length in ((0, 4), (1, 3)):
+        for q in range(length):
+            kl = 0.0
+            for h in range(3):
+                p = torch.softmax(teacher[b, h, q, :length], -1)
+                r = torch.softmax(student[b, h, q, :length], -1)
+                kl += (p * (p.log() - r.log())).sum().item() / 3
+            total += kl
+    assert value == pytest.approx(total / 7, rel=1e-5)
+    changed = student.clone()
+    changed[1, :, :, 3] = 100.0  # a padding key
+    changed[1, :, 3, :] = -7.0  # a padding query
+    assert losses.relation_kl(changed, teacher, mask).item() == pytest.approx(value, rel=1e-6)
+
+
+def test_value_relations_are_scaled_value_dot_products():
+    torch.manual_seed(1)
+    value = torch.nn.Linear(8, 8)
+    x = torch.randn(1, 3, 8)
+    v = value(x).view(1, 3, 2, 4).transpose(1, 2)  # 2 heads of 4
+    expected = v @ v.transpose(-1, -2) / 2.0
+    assert torch.allclose(losses.value_relations(x, value, 2), expected, atol=1e-6)

@@ -44,7 +44,7 @@ def distill_config(tmp_path, corpus, teacher, model: dict, tokenizer=TOKENIZER, 
 
 
 EVERY_LOSS = {"temperature": 2.0, "kd": 0.5, "hard": 0.5, "hidden": 1.0, "attention": 1.0, "embedding": 1.0,
-              "cosine": 1.0, "layer_map": "uniform"}
+              "cosine": 1.0, "minilm": 1.0, "layer_map": "uniform"}
 
 
 def test_student_from_every_other_layer_trains_resumes_exports_and_reloads(tiny_corpus, teacher, tmp_path):
@@ -57,12 +57,12 @@ def test_student_from_every_other_layer_trains_resumes_exports_and_reloads(tiny_
     runs = tmp_path / "runs"
     assert_resumes_exactly(["fit", "--config", str(path)], runs, stop=2, steps=4)
     rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
-    for name in ("kd", "hard", "hidden", "attention", "embedding", "cosine"):
+    for name in ("kd", "hard", "hidden", "attention", "embedding", "cosine", "minilm"):
         values = [float(r[f"train/{name}"]) for r in rows if r.get(f"train/{name}")]
         assert len(values) == 4 and all(v >= 0 for v in values), name
     total = next(r for r in rows if r.get("train/kd"))
     parts = sum(EVERY_LOSS[n] * float(total[f"train/{n}"]) for n in ("kd", "hard", "hidden", "attention",
-                                                                   "embedding", "cosine"))
+                                                                   "embedding", "cosine", "minilm"))
     assert float(total["train/loss"]) == pytest.approx(parts, rel=1e-4)  # the weighted sum, each term logged
     teacher_acc = [r["val/teacher_acc"] for r in rows if r.get("val/teacher_acc")]
     assert len(teacher_acc) == 1 and 0.0 <= float(teacher_acc[0]) <= 1.0  # once, for reference
@@ -188,6 +188,10 @@ def test_token_losses_across_tokenizers_are_one_line(tiny_corpus, teacher, tmp_p
      "teacher 'checkpoints/bbc_minilm' not found (nor under the runs directory"),
     ({"backbone_config": {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 8},
       "distill": {"attention": 1.0}}, "BiLSTMForSequenceClassification has none: set distill.attention: 0"),
+    ({"backbone_config": {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 8},
+      "distill": {"minilm": 1.0}}, "BiLSTMForSequenceClassification has none: set distill.minilm: 0"),
+    ({"backbone_config": {**TINY_BERT, "num_attention_heads": 4}, "distill": {"minilm": 1.0}},
+     "distill.minilm compares heads one to one, but the student has 4 and the teacher 2"),
     ({"backbone_config": TINY_BERT, "teacher": "minilm"},  # a prepared bare encoder: its head would be random
      "teacher 'minilm' has no trained classification head"),
 ])
@@ -277,3 +281,36 @@ def test_adapter_tuned_teacher_teaches_with_its_adapters(tiny_corpus, tmp_path):
     assert torch.equal(weights[key], state[adapter_keys[0]])  # the trained adapter, in the teacher
     path = distill_config(tmp_path, tiny_corpus, runs / "adapters", {"backbone_config": TINY_BERT}, steps=1)
     assert run_main(["fit", "--config", str(path)], runs) == 0
+
+
+def test_cached_teacher_logits_skip_the_teacher_after_the_first_epoch(tiny_corpus, teacher, tmp_path):
+    """60 training examples in batches of 8: steps 0-7 are epoch 1 (the teacher runs), steps 8-11 reuse its cached
+    logits; the losses equal a run without the cache, and a run resumed in epoch 2 reads the cache from the
+    checkpoint (exactly the uninterrupted run's losses)."""
+    model = {"backbone_config": TINY_BERT, "distill": {"kd": 0.5, "hard": 0.5}, "optim": {"lr": 1e-3}}
+    runs = tmp_path / "runs"
+    cached = distill_config(tmp_path, tiny_corpus, teacher, {**model, "cache_teacher_logits": True}, steps=12)
+    assert_resumes_exactly(["fit", "--config", str(cached)], runs, stop=10, steps=12)
+    rows = [r for r in csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")) if r.get("train/teacher_cached")]
+    assert [float(r["train/teacher_cached"]) for r in rows] == [0.0] * 8 + [1.0] * 4
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    path = distill_config(plain, tiny_corpus, teacher, model, steps=12)
+    assert run_main(["fit", "--config", str(path), "--run_name", "plain"], runs) == 0
+    fresh = {int(r["step"]): float(r["train/kd"]) for r in csv.DictReader(open(runs / "plain" / "logs" / "metrics.csv"))
+             if r.get("train/kd")}
+    reused = {int(r["step"]): float(r["train/kd"]) for r in rows}
+    assert sorted(fresh) == sorted(reused) == list(range(12))
+    for step in range(12):
+        assert reused[step] == pytest.approx(fresh[step], rel=1e-4, abs=1e-6), step
+    ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["ptm_app"]["teacher_logits"]["logits"].shape == (60, 2)
+    assert not any("teacher" in k for k in ckpt["state_dict"])
+
+
+def test_caching_logits_with_a_hidden_state_loss_is_one_line(tiny_corpus, teacher, tmp_path, capsys):
+    path = distill_config(tmp_path, tiny_corpus, teacher, {"student_layers": "every_other", "cache_teacher_logits": True,
+                                                          "distill": {"kd": 1.0, "cosine": 1.0}}, steps=1)
+    assert run_main(["fit", "--config", str(path)], tmp_path / "runs") != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cosine need(s) its hidden states every step" in err[0], err
