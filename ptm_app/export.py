@@ -5,16 +5,20 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Callable, Optional
 
+import yaml
+
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone
 from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint
 from ptm_app.errors import PtmError
-from ptm_app.model_card import model_card
+from ptm_app.model_card import model_card, run_directory
 from ptm_app.paths import atomic_dir
+
+EXPORT_INFO = "ptm_app_export.json"  # the head and module class of the run, its data settings and precision
+
 
 def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool = False,
                       also: Optional[Callable[[Path], object]] = None) -> Path:
@@ -46,8 +50,8 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
         provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt[CKPT_KEY]["head"],
                       "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
                       "epoch": ckpt.get("epoch"), "data": exported_data_args(ckpt_path),
-                      "precision": exported_precision(ckpt_path)}
-        (tmp / "ptm_app_export.json").write_text(json.dumps(provenance, indent=2))
+                      "precision": recorded_precision(ckpt_path)}
+        (tmp / EXPORT_INFO).write_text(json.dumps(provenance, indent=2))
         (tmp / "README.md").write_text(model_card(ckpt, ckpt_path, output_dir.name), encoding="utf-8")
         if also is not None:
             also(tmp)
@@ -56,17 +60,34 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
 
 def exported_data_args(ckpt_path) -> dict:
     """The run's plain data settings (lengths, windows, fields: JSON scalars only), so ``predict`` on the export
-    cuts and windows inputs as the run did (``inference.predictors.run_data_args``)."""
-    from ptm_app.inference.predictors import recorded_data_args
-
+    cuts and windows inputs as the run did."""
     return {k: v for k, v in recorded_data_args(ckpt_path).items() if isinstance(v, (str, int, float, bool))}
 
 
-def exported_precision(ckpt_path) -> Optional[str]:
-    """The run's ``trainer.precision``, so ``predict`` on the export computes as the run's ``predict`` did."""
-    from ptm_app.inference.predictors import recorded_precision
+def recorded_data_args(where) -> dict:
+    """The run's data settings for a checkpoint / run directory, or an export's record of them ({} if none)."""
+    run = run_directory(where)
+    config = run / "config.yaml" if run is not None else None
+    if config is not None and config.is_file():
+        data = yaml.safe_load(config.read_text()).get("data") or {}
+        return dict(data.get("init_args") or {})
+    info = Path(where) / EXPORT_INFO
+    if info.is_file():
+        return dict(json.loads(info.read_text()).get("data") or {})
+    return {}
 
-    return recorded_precision(ckpt_path)
+
+def recorded_precision(where) -> Optional[str]:
+    """The run's ``trainer.precision`` (its ``config.yaml``), or the one an export recorded (None if neither)."""
+    run = run_directory(where)
+    config = run / "config.yaml" if run is not None else None
+    if config is not None and config.is_file():
+        value = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("precision")
+        return None if value is None else str(value)
+    info = Path(where) / EXPORT_INFO
+    if info.is_file():
+        return json.loads(info.read_text()).get("precision")
+    return None
 
 
 MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.json"
@@ -131,38 +152,6 @@ def load_exported_module(directory: str | Path):
     if own or unexpected:
         raise PtmError(f"{directory}: module weights do not fit {name} (missing {own[:3]}, unexpected {unexpected[:3]})")
     return module.eval()
-
-
-def export_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py export", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True, help="a .ckpt file or a run directory (uses its last.ckpt)")
-    parser.add_argument("--output_dir", required=True, help="where to write the save_pretrained directory")
-    parser.add_argument("--trust_checkpoint", action="store_true",
-                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
-    parser.add_argument("--format", choices=("transformers", "onnx"), default="transformers",
-                        help="onnx: also write model.onnx (the model with its head, dynamic batch and sequence axes), "
-                             "checked against PyTorch with ONNX Runtime (tolerance in onnx.json)")
-    parser.add_argument("--push_to_hub", metavar="REPO",
-                        help="also upload the directory to the Hugging Face Hub repository REPO (online only: needs a "
-                             "network, a login, and HF_HUB_OFFLINE unset)")
-    args = parser.parse_args(argv)
-    if args.push_to_hub:
-        check_online(args.push_to_hub)
-    also = None
-    if args.format == "onnx":
-        from ptm_app.inference.loading import load_for_inference
-        from ptm_app.inference.onnx_export import write_onnx
-
-        loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
-        also = lambda directory: write_onnx(loaded, directory)  # noqa: E731
-    from ptm_app.backbones.build import quiet_transformers
-
-    with quiet_transformers():  # no "Writing model shards" bar: the command prints its one result line
-        out = export_checkpoint(args.ckpt_path, args.output_dir, trust=args.trust_checkpoint, also=also)
-    print(f"exported {args.ckpt_path} -> {out}" + (f" (with {out / 'model.onnx'})" if also else ""))
-    if args.push_to_hub:
-        push_to_hub(out, args.push_to_hub)
-    return 0
 
 
 def check_online(repo: str) -> None:

@@ -71,7 +71,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return data_command(argv[1:])
     if command == "export":
-        from ptm_app.export import export_command
+        from ptm_app.inference.export_command import export_command
 
         return export_command(argv[1:])
     if command == "embed":

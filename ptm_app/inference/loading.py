@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from torch import nn
 
 from ptm_app.backbones.build import quiet_transformers
@@ -21,9 +22,8 @@ from ptm_app.backbones.heads import auto_class
 from ptm_app.checkpoints import read_checkpoint
 from ptm_app.data.sources.references import load_error, resolve_pretrained
 from ptm_app.errors import PtmError
-from ptm_app.export import MODULE_CONFIG, load_exported_module
+from ptm_app.export import EXPORT_INFO, MODULE_CONFIG, load_exported_module
 
-EXPORT_INFO = "ptm_app_export.json"  # written by export_checkpoint: the head and module class of the run
 
 # transformers' name tables per head, most specific first (a causal LM class is also a "base" model's sibling)
 _HEAD_TABLES = (("causal_lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
@@ -121,3 +121,15 @@ def head_of(config) -> str:
             return head
     return "base"
 
+
+def session_outputs(session, batch: dict):
+    """The graph's outputs for a batch, as torch tensors (a pair for QA); missing segment ids are zeros, as the
+    model's own default."""
+    feed = {}
+    for spec in session.get_inputs():
+        value = batch.get(spec.name)
+        if value is None and spec.name == "token_type_ids":
+            value = torch.zeros_like(batch["input_ids"])
+        feed[spec.name] = value.detach().cpu().numpy().astype("int64")
+    out = [torch.from_numpy(o) for o in session.run(None, feed)]
+    return out[0] if len(out) == 1 else tuple(out)

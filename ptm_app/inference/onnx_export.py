@@ -29,7 +29,7 @@ from torch import nn
 
 from ptm_app.backbones.delta import transformers_model
 from ptm_app.errors import PtmError
-from ptm_app.inference.loading import LoadedModel
+from ptm_app.inference.loading import LoadedModel, session_outputs
 
 ONNX_FILE, ONNX_INFO = "model.onnx", "onnx.json"
 TOLERANCE = 1e-4  # largest |ONNX Runtime - PyTorch fp32| allowed on any output value
@@ -181,16 +181,3 @@ def open_session(loaded: LoadedModel):
     options = onnxruntime().SessionOptions()
     options.log_severity_level = 3  # errors only: the console stays quiet
     return onnxruntime().InferenceSession(str(directory / ONNX_FILE), options, providers=["CPUExecutionProvider"])
-
-
-def session_outputs(session, batch: dict):
-    """The graph's outputs for a batch, as torch tensors (a pair for QA); missing segment ids are zeros, as the
-    model's own default."""
-    feed = {}
-    for spec in session.get_inputs():
-        value = batch.get(spec.name)
-        if value is None and spec.name == "token_type_ids":
-            value = torch.zeros_like(batch["input_ids"])
-        feed[spec.name] = value.detach().cpu().numpy().astype("int64")
-    out = [torch.from_numpy(o) for o in session.run(None, feed)]
-    return out[0] if len(out) == 1 else tuple(out)

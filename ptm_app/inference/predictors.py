@@ -22,12 +22,12 @@ from types import SimpleNamespace
 from typing import Callable, Optional
 
 import torch
-import yaml
 
 from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import transformers_model
 from ptm_app.errors import PtmError
-from ptm_app.inference.loading import EXPORT_INFO, LoadedModel
+from ptm_app.export import recorded_data_args, recorded_precision
+from ptm_app.inference.loading import LoadedModel, session_outputs
 
 TOO_LONG = ("truncate", "refuse")
 PRECISIONS = ("run", "32", "bf16")  # run: bf16 autocast when the run predicted in bf16 (precision auto / bf16-mixed)
@@ -78,42 +78,6 @@ def run_data_args(ref: str, data_class=None) -> dict:
                 if p.default is not inspect.Parameter.empty}
     args.update({k: v for k, v in recorded_data_args(resolve_pretrained(ref)).items() if v is not None})
     return args
-
-
-def recorded_data_args(where) -> dict:
-    """The run's data settings for a checkpoint / run directory, or an export's record of them ({} if none)."""
-    import json
-    from pathlib import Path
-
-    from ptm_app.model_card import run_directory
-
-    run = run_directory(where)
-    config = run / "config.yaml" if run is not None else None
-    if config is not None and config.is_file():
-        data = yaml.safe_load(config.read_text()).get("data") or {}
-        return dict(data.get("init_args") or {})
-    info = Path(where) / EXPORT_INFO
-    if info.is_file():
-        return dict(json.loads(info.read_text()).get("data") or {})
-    return {}
-
-
-def recorded_precision(where) -> Optional[str]:
-    """The run's ``trainer.precision`` (its ``config.yaml``), or the one an export recorded (None if neither)."""
-    import json
-    from pathlib import Path
-
-    from ptm_app.model_card import run_directory
-
-    run = run_directory(where)
-    config = run / "config.yaml" if run is not None else None
-    if config is not None and config.is_file():
-        value = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("precision")
-        return None if value is None else str(value)
-    info = Path(where) / EXPORT_INFO
-    if info.is_file():
-        return json.loads(info.read_text()).get("precision")
-    return None
 
 
 def precision_context(loaded: LoadedModel, settings: Settings):
@@ -187,8 +151,6 @@ def head_outputs(loaded: LoadedModel, batch: dict, head: str):
     tag scores [B, T, C], or (start, end) logits [B, T].  With an ONNX Runtime session attached
     (``predict --backend onnxruntime``) the exported graph computes them instead."""
     if loaded.session is not None:
-        from ptm_app.inference.onnx_export import session_outputs
-
         return session_outputs(loaded.session, batch)
     if loaded.module is not None:
         return loaded.module(batch)
