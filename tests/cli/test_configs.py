@@ -63,7 +63,7 @@ def name(config: Path) -> str:
 
 
 def pretrains(config: Path) -> bool:
-    return yaml.safe_load(config.read_text())["data"]["class_path"].endswith("PretrainDataModule")
+    return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule"))
 
 
 def shipped_args(config: Path, base: Path = OVERLAY_BASE) -> list[str]:
