@@ -4,16 +4,18 @@ Entities are synsets (``entities.jsonl``: id, lemmas as names, the gloss's defin
 read off the wndb(5WN) pointers that ``wordnet.py`` parses (``Synset.pointers``). Lexical (word-to-word) pointers,
 such as antonymy and derivation, are mapped to their synsets. Self-loops and duplicates are dropped.
 
-Two splits by triple:
+Two evaluation settings, one training file (so one run is evaluated on both):
 
-- transductive (``train/validation/test.jsonl``), WN18RR-style (Dettmers et al. 2018 §5): the triples are grouped
-  by *unordered entity pair*, so a triple and its inverse (h hypernym t / t hyponym h, both antonym directions ...)
-  always share a split and no test triple can be answered by its inverse in train. A check then drops any
-  validation/test triple whose inverse is in train (0 by construction, counted), and those with an entity that
-  train never shows (every evaluated entity is seen in training, as in WN18RR);
-- inductive (``inductive/*.jsonl``), as KEPLER's Wikidata5M inductive setting (§4.3): the entities are split
-  into disjoint train/validation/test sets; a triple belongs to the split holding both its entities, and triples
-  across two entity sets are dropped (counted).
+- the entities of any triple are split into disjoint train/validation/test sets (80/10/10), as KEPLER's Wikidata5M
+  inductive setting (§4.3); ``inductive/validation.jsonl`` and ``inductive/test.jsonl`` hold the triples between
+  two validation (test) entities, which never occur in training; triples across two entity sets are dropped;
+- the triples between two train entities form the transductive split (``train/validation/test.jsonl``),
+  WN18RR-style (Dettmers et al. 2018 §5): grouped by *unordered entity pair*, so a triple and its inverse
+  (h hypernym t / t hyponym h, both antonym directions ...) always share a split and no test triple can be answered
+  by its inverse in train. A check then drops any validation/test triple whose inverse is in train (0 by
+  construction, counted), and those with an entity train never shows (every evaluated entity is seen, as WN18RR).
+
+``train.jsonl`` trains both settings.
 """
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ FIELDS = {
     "head": "synset id of the triple's head (train/validation/test.jsonl and inductive/*.jsonl)",
     "relation": f"one of {', '.join(RELATIONS.values())}",
     "tail": "synset id of the triple's tail",
+    "head_name / tail_name": "a mention of each entity: its first lemma (the text of K-Adapter's relation "
+                             "classification, e.g. TaskDataModule text_field: head_name, text_pair_field: tail_name)",
 }
 
 
@@ -122,10 +126,11 @@ def inductive_split(graph: list[tuple[str, str, str]], seed: int = SEED) -> tupl
     return split, stats
 
 
-def _write_triples(path: Path, rows: list[tuple[str, str, str]]) -> None:
+def _write_triples(path: Path, rows: list[tuple[str, str, str]], names: dict[str, str]) -> None:
     with paths.atomic_file(path, encoding="utf-8") as fh:
         for h, r, t in rows:
-            fh.write(json.dumps({"head": h, "relation": r, "tail": t}) + "\n")
+            fh.write(json.dumps({"head": h, "relation": r, "tail": t, "head_name": names[h], "tail_name": names[t]},
+                                ensure_ascii=False) + "\n")
 
 
 def _counts(rows: list[tuple[str, str, str]]) -> dict:
@@ -141,39 +146,42 @@ def write(archives: list[Path], out: Path) -> dict:
         for s in synsets:
             fh.write(json.dumps({"id": s.id, "names": list(s.lemmas), "description": s.definition,
                                  "word_class": s.pos}, ensure_ascii=False) + "\n")
-    transductive, t_stats = transductive_split(graph)
+    names = {s.id: s.lemmas[0] if s.lemmas else s.id for s in synsets}  # a mention of the entity: its first lemma
     inductive, i_stats = inductive_split(graph)
+    transductive, t_stats = transductive_split(inductive["train"])
     (out / INDUCTIVE).mkdir()
     for name in ("train", "validation", "test"):
-        _write_triples(out / f"{name}.jsonl", transductive[name])
-        _write_triples(out / INDUCTIVE / f"{name}.jsonl", inductive[name])
-    train_entities = {e for h, _, t in inductive["train"] for e in (h, t)}
+        _write_triples(out / f"{name}.jsonl", transductive[name], names)
+    for name in ("validation", "test"):
+        _write_triples(out / INDUCTIVE / f"{name}.jsonl", inductive[name], names)
+    train_entities = {e for h, _, t in transductive["train"] for e in (h, t)}
     counts = {name: _counts(rows) for name, rows in transductive.items()}
     counts["total"] = {**_counts(graph), "entities_in_file": len(synsets)}
-    counts[INDUCTIVE] = {name: _counts(rows) for name, rows in inductive.items()}
+    counts[INDUCTIVE] = {name: _counts(inductive[name]) for name in ("validation", "test")}
     for name in ("validation", "test"):
         seen = sum(h in train_entities or t in train_entities for h, _, t in inductive[name])
         counts[INDUCTIVE][name]["triples_with_an_entity_seen_in_train"] = seen
     split = {
-        "seed": SEED, "by": SPLIT_BY,
-        "transductive": {
-            "files": ["train.jsonl", "validation.jsonl", "test.jsonl"], "fractions_of_entity_pairs": PAIR_FRACTIONS,
-            "method": "WN18RR-style (Dettmers et al. 2018 §5): triples grouped by unordered entity pair {h, t}; the "
-                      "pairs sorted, shuffled with random.Random(seed); test = round(n*0.05), validation = "
-                      "round(n*0.05), train = the rest. A triple and its inverse (INVERSE: hypernym/hyponym, "
-                      "instance_hypernym/instance_hyponym, each meronym/holonym, and the symmetric antonym, "
-                      "derivation, similar_to, verb_group, also_see) therefore share a split. Then every "
-                      "validation/test triple (h, r, t) with (t, inverse(r), h) in train is removed, and every one "
-                      "with an entity absent from train. Both relations of each inverse pair are kept.",
-            **t_stats},
+        "seed": SEED, "by": SPLIT_BY, "training_file": "train.jsonl (both settings)",
         "inductive": {
-            "files": [f"{INDUCTIVE}/train.jsonl", f"{INDUCTIVE}/validation.jsonl", f"{INDUCTIVE}/test.jsonl"],
+            "files": [f"{INDUCTIVE}/validation.jsonl", f"{INDUCTIVE}/test.jsonl"],
             "fractions_of_entities": ENTITY_FRACTIONS,
             "method": "as KEPLER's Wikidata5M inductive setting (Wang et al. 2021 §4.3): the entities of any triple "
                       "sorted, shuffled with random.Random(seed); test = round(n*0.1), validation = round(n*0.1), "
                       "train = the rest; a triple goes to the split holding both its entities, triples between two "
-                      "sets are dropped; validation/test entities never occur in train.",
-            **i_stats},
+                      "sets are dropped; validation/test entities never occur in train.jsonl.",
+            **i_stats, "triples_between_train_entities": len(inductive["train"])},
+        "transductive": {
+            "files": ["train.jsonl", "validation.jsonl", "test.jsonl"], "fractions_of_entity_pairs": PAIR_FRACTIONS,
+            "method": "over the triples between two inductive-train entities, WN18RR-style (Dettmers et al. 2018 "
+                      "§5): triples grouped by unordered entity pair {h, t}; the pairs sorted, shuffled with "
+                      "random.Random(seed); test = round(n*0.05), validation = round(n*0.05), train = the rest. A "
+                      "triple and its inverse (INVERSE: hypernym/hyponym, instance_hypernym/instance_hyponym, each "
+                      "meronym/holonym, and the symmetric antonym, derivation, similar_to, verb_group, also_see) "
+                      "therefore share a split. Then every validation/test triple (h, r, t) with (t, inverse(r), h) "
+                      "in train is removed, and every one with an entity absent from train. Both relations of each "
+                      "inverse pair are kept.",
+            **t_stats},
     }
     return {"split": split, "counts": counts, "cleaning": {**cleaning, "synsets": len(synsets)},
             "derived_from": DERIVED_FROM, "relations": {"pointer_symbols": RELATIONS, "inverse": INVERSE},
