@@ -139,6 +139,7 @@ class KnowledgeFacts(DataFacts):
     graph: Callable[[], KnowledgeGraph] = lambda: None
     entity_tokens: Callable[[], list[torch.Tensor]] = list
     link_prediction: tuple[str, ...] = ()
+    candidates: Callable[[str], torch.Tensor] = lambda name: None  # the entities a held-out file is ranked among
 
 
 class KeplerDataModule(PretrainDataModule):
@@ -152,6 +153,9 @@ class KeplerDataModule(PretrainDataModule):
         kg_batch_size: positive triples per step; negatives: corruptions per positive (KEPLER's n).
         link_prediction: held-out triple files ranked by ``test`` (``validation``/``test``: transductive,
             ``inductive/validation``/``inductive/test``: unseen entities).
+        eval_candidates: rank among at most this many entities: every entity of the evaluated file's triples plus a
+            seeded sample of the other candidates (quicker on a CPU, and easier than the full protocol: say so when
+            reporting); null ranks among all candidates (``KnowledgeGraph.candidates``), the papers' protocol.
     """
 
     def __init__(self, tokenizer: TokenizerSpec, source: str = "brown", text_field: str = "text",
@@ -162,7 +166,8 @@ class KeplerDataModule(PretrainDataModule):
                  streaming: Optional[bool] = None, prepare_workers: Optional[int] = None,
                  shard_dir: Optional[str] = None, graph: str = "wordnet_kg", relations: Optional[list[str]] = None,
                  entity_text: EntityText = "names_gloss", description_length: int = 64, kg_batch_size: int = 16,
-                 negatives: int = 1, link_prediction: tuple[str, ...] = ("test", "inductive/test")):
+                 negatives: int = 1, link_prediction: tuple[str, ...] = ("test", "inductive/test"),
+                 eval_candidates: Optional[int] = None):
         super().__init__(tokenizer, source, text_field, max_length, packing, batch_size, eval_batch_size,
                          num_workers, seed, holdout, limit_documents, examples, document_attention, streaming,
                          prepare_workers, shard_dir)
@@ -174,7 +179,7 @@ class KeplerDataModule(PretrainDataModule):
             raise PtmError("data.init_args.negatives and kg_batch_size must be >= 1")
         self.graph_source, self.relations, self.entity_text = graph, relations, entity_text
         self.description_length, self.kg_batch_size, self.negatives = description_length, kg_batch_size, negatives
-        self.link_prediction = tuple(link_prediction)
+        self.link_prediction, self.eval_candidates = tuple(link_prediction), eval_candidates
         self._graph: Optional[KnowledgeGraph] = None
         self._entity_tokens: Optional[list[torch.Tensor]] = None
 
@@ -196,10 +201,24 @@ class KeplerDataModule(PretrainDataModule):
             self._entity_tokens = [torch.tensor(ids, dtype=torch.long) for ids in enc]
         return self._entity_tokens
 
+    def candidates(self, name: str) -> torch.Tensor:
+        """The entities (sorted indices) the triples of held-out file ``name`` are ranked among (``eval_candidates``)."""
+        graph = self.graph()
+        every = graph.candidates(name)
+        if self.eval_candidates is None or self.eval_candidates >= len(every):
+            return every
+        rows = graph.triples[name]
+        own = torch.unique(torch.cat([rows[:, 0], rows[:, 2]]))
+        rest = every[~torch.isin(every, own)]
+        n = max(0, self.eval_candidates - len(own))
+        sample = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(self.seed))[:n]]
+        return torch.sort(torch.cat([own, sample])).values
+
     def facts(self) -> KnowledgeFacts:
         base = super().facts()
         return KnowledgeFacts(**{f.name: getattr(base, f.name) for f in fields(base)}, graph=self.graph,
-                              entity_tokens=self.entity_tokens, link_prediction=self.link_prediction)
+                              entity_tokens=self.entity_tokens, link_prediction=self.link_prediction,
+                              candidates=self.candidates)
 
     def prepare_data(self) -> None:
         super().prepare_data()

@@ -120,7 +120,7 @@ class KeplerModule(MaskedLMModule):
         if name not in self._entity_cache:
             from ptm_app.data.collators import pad
 
-            candidates = self.data_facts.graph().candidates(name)
+            candidates = self.data_facts.candidates(name)
             tokens = self.data_facts.entity_tokens()
             pad_id = self.tokenizer.pad_token_id
             parts = []

@@ -205,3 +205,20 @@ def test_kepler_trains_resumes_exactly_exports_and_ranks(tiny_corpus, tmp_path):
             assert metrics[f"test/{name}/{key}"] == pytest.approx(expected[key], abs=1e-4), (name, key)
     assert len(g.candidates("inductive/test")) == 2  # ranked among the unseen entities of that file
     assert "test/loss" in metrics
+
+
+def test_eval_candidates_keeps_every_evaluated_entity_and_samples_the_rest(tmp_path, tiny_corpus):
+    from ptm_app.knowledge.data import KeplerDataModule
+
+    graph = make_graph(tmp_path / "kg")
+    full = KeplerDataModule(tokenizer={"pretrained": "minilm"}, source=str(tiny_corpus), graph=str(graph))
+    ids = full.graph().entity_ids
+    assert [ids[i] for i in full.candidates("test").tolist()] == sorted(f"e{i}" for i in range(8))  # transductive
+    some = KeplerDataModule(tokenizer={"pretrained": "minilm"}, source=str(tiny_corpus), graph=str(graph),
+                            eval_candidates=7)
+    picked = some.candidates("test").tolist()
+    index = {e: i for i, e in enumerate(some.graph().entity_ids)}
+    own = {index[e] for e in ("e0", "e2", "e4", "e5", "e6", "e7")}  # the test triples' entities
+    assert len(picked) == 7 and own <= set(picked) and picked == sorted(picked)
+    assert picked == some.candidates("test").tolist()  # seeded
+    assert some.candidates("inductive/test").tolist() == full.candidates("inductive/test").tolist()  # 2 < 7
