@@ -99,3 +99,35 @@ def test_a_named_adapter_that_does_not_exist_is_one_line(adapter_runs, tiny_corp
     errors = [line for line in err if line.startswith("error:")]
     assert len(errors) == 1 and err[-1] == errors[0], err
     assert "adapters.syntax: no adapter named 'syntax'" in errors[0] and "it has 'linguistic'" in errors[0]
+
+
+def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tmp_path):
+    """A K-Adapter fit paused at step 2 and resumed logs the full run's losses; its checkpoint holds the adapters and
+    the head but not the frozen base, and ``load_from_checkpoint`` rebuilds the same model without the adapter runs."""
+    from ptm_app.checkpoints import read_checkpoint
+    from ptm_app.knowledge.k_adapter import KAdapterModule
+    from tests.conftest import assert_resumes_exactly
+
+    cfg = {"seed_everything": 5,
+           "trainer": {"max_steps": 4, "accelerator": "cpu", "devices": 1, "precision": "32-true",
+                       "val_check_interval": 2, "limit_val_batches": 1, "enable_progress_bar": False,
+                       "log_every_n_steps": 1},
+           "model": {"class_path": "KAdapterModule",
+                     "init_args": {"backbone": "minilm", "optim": {"lr": 1e-2, "warmup": 0},
+                                   "adapters": {"factual": "factual_run", "linguistic": "linguistic_run"}}},
+           "data": {"class_path": "TaskDataModule",
+                    "init_args": {"source": str(tiny_corpus), "tokenizer": {"pretrained": "minilm"}, "max_length": 24,
+                                  "batch_size": 4, "limit_train": 12}}}
+    path = tmp_path / "kadapter_tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert_resumes_exactly(["fit", "--config", str(path)], adapter_runs, stop=2, steps=4)
+    last = adapter_runs / "full" / "checkpoints" / "last.ckpt"
+    state = read_checkpoint(last)["state_dict"]
+    assert any(k.startswith("backbone.delta_adapters.factual.") for k in state)
+    assert not any(k.startswith("backbone.encoder.") for k in state)  # the frozen base is rebuilt, not stored
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTM_RUNS_DIR", str(tmp_path / "elsewhere"))  # the adapter runs are not needed to reload
+        module = KAdapterModule.load_from_checkpoint(last)
+    assert torch.equal(module.classifier[1].weight, state["classifier.1.weight"])
+    assert torch.equal(module.backbone.delta_adapters["linguistic"].ffn[0].up.weight,
+                       state["backbone.delta_adapters.linguistic.ffn.0.up.weight"])
