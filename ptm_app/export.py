@@ -26,6 +26,8 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
     multitask heads) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
     rebuilds the whole module from the directory."""
     ckpt = read_checkpoint(ckpt_path, trust)
+    if ckpt[CKPT_KEY].get("no_export"):  # a module whose model is not one transformers model (K-Adapter)
+        raise PtmError(f"{ckpt_path}: {ckpt[CKPT_KEY]['no_export']}")
     model, delta = checkpoint_backbone(ckpt)
     output_dir = Path(output_dir)
     with atomic_dir(output_dir) as tmp:

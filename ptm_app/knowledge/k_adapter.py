@@ -26,7 +26,7 @@ from ptm_app.adaptation.chaining import resolve_path
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.adapters import ADAPTER_KINDS, add_adapter, set_active_adapter
 from ptm_app.backbones.delta import DeltaSpec, as_delta_spec
-from ptm_app.checkpoints import BACKBONE_PREFIX, read_checkpoint, restore_frozen_base, strip_frozen_base
+from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint, restore_frozen_base, strip_frozen_base
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
 from ptm_app.tasks.label_scores import label_metrics, positive_index
@@ -154,6 +154,9 @@ class KAdapterModule(TaskModule):
         checkpoint["hyper_parameters"]["adapter_specs"] = self.specs
         kept = {k: v for k, v in self.backbone.state_dict().items() if k.startswith(PREFIX)}
         strip_frozen_base(checkpoint, kept, self.hparams.backbone, None)
+        checkpoint[CKPT_KEY]["no_export"] = (
+            "a K-Adapter run is no single transformers model (a frozen base run once per adapter, and a head over "
+            "the concatenation), so it is not exported; reload it with KAdapterModule.load_from_checkpoint(PATH)")
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         restore_frozen_base(checkpoint, self.backbone)

@@ -101,7 +101,7 @@ def test_a_named_adapter_that_does_not_exist_is_one_line(adapter_runs, tiny_corp
     assert "adapters.syntax: no adapter named 'syntax'" in errors[0] and "it has 'linguistic'" in errors[0]
 
 
-def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tmp_path):
+def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tmp_path, capsys):
     """A K-Adapter fit paused at step 2 and resumed logs the full run's losses; its checkpoint holds the adapters and
     the head but not the frozen base, and ``load_from_checkpoint`` rebuilds the same model without the adapter runs."""
     from ptm_app.checkpoints import read_checkpoint
@@ -131,3 +131,8 @@ def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tm
     assert torch.equal(module.classifier[1].weight, state["classifier.1.weight"])
     assert torch.equal(module.backbone.delta_adapters["linguistic"].ffn[0].up.weight,
                        state["backbone.delta_adapters.linguistic.ffn.0.up.weight"])
+    # no single transformers model to export: one line, not a traceback
+    capsys.readouterr()
+    assert main(["export", "--ckpt_path", str(last), "--output_dir", str(tmp_path / "export")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "KAdapterModule.load_from_checkpoint" in err[0], err
