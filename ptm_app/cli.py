@@ -25,6 +25,7 @@ import ptm_app.data.parallel  # noqa: F401
 import ptm_app.data.prompt_data  # noqa: F401
 import ptm_app.data.qa_data  # noqa: F401
 import ptm_app.data.tagging_data  # noqa: F401
+import ptm_app.knowledge  # noqa: F401
 import ptm_app.objectives  # noqa: F401
 import ptm_app.training.compile  # noqa: F401
 import ptm_app.training.unfreezing  # noqa: F401

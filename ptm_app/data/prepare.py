@@ -132,7 +132,10 @@ def _prepare_one(src: Source, force: bool) -> Path:
         return target
     archives = [fetch(art) for art in src.artifacts]
     with paths.atomic_dir(target) as tmp:
-        facts = src.install(archives[0], tmp) if src.kind == "model" else _write_dataset(src, archives, tmp)
+        if src.write is not None:  # a set with its own files and splits (e.g. wordnet_kg)
+            facts = src.write(archives, tmp)
+        else:
+            facts = src.install(archives[0], tmp) if src.kind == "model" else _write_dataset(src, archives, tmp)
         more = {"more_sources": [art.as_dict() for art in src.more_artifacts]} if src.more_artifacts else {}
         manifest = {"name": src.name, "kind": src.kind, "format_version": src.format_version,
                     "source": src.artifact.as_dict(), **more, "licence": src.licence,

@@ -9,7 +9,7 @@ from types import ModuleType
 
 from ptm_app import paths
 from ptm_app.data.sources import bbc, bbc_headlines, bible, brown, brown_pos, minilm, smollm2, tweets, wordnet
-from ptm_app.data.sources import bbc_spans, brown_spans, wordnet_lexical
+from ptm_app.data.sources import bbc_spans, brown_spans, wordnet_kg, wordnet_lexical
 from ptm_app.data.sources.fetch import Artifact
 from ptm_app.errors import PtmError
 
@@ -45,6 +45,7 @@ class Source:
     derivation: dict | None = None
     split_unit: str = "document"  # what one record is, named in the manifest's split method
     more_artifacts: tuple[Artifact, ...] = ()
+    write: Callable[[list[Path], Path], dict] | None = None  # writes its own files (own splits): manifest facts
 
     @property
     def artifacts(self) -> tuple[Artifact, ...]:
@@ -60,7 +61,7 @@ def _source(name: str, mod: ModuleType | object) -> Source:
                   group_by=getattr(mod, "GROUP_BY", None), private_fields=tuple(getattr(mod, "PRIVATE_FIELDS", ())),
                   derived_from=getattr(mod, "DERIVED_FROM", None), derivation=getattr(mod, "DERIVATION", None),
                   split_unit=getattr(mod, "SPLIT_UNIT", "document"),
-                  more_artifacts=tuple(getattr(mod, "MORE_ARTIFACTS", ())))
+                  more_artifacts=tuple(getattr(mod, "MORE_ARTIFACTS", ())), write=getattr(mod, "write", None))
 
 
 SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
@@ -71,6 +72,7 @@ SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
                                ("bbc_headlines", bbc_headlines), ("smollm2", smollm2), ("bible_en_es", bible),
                                ("wordnet_lexrel", wordnet_lexical.LEXREL), ("brown_spans", brown_spans),
                                ("bbc_spans", bbc_spans))}
+SOURCES["wordnet_kg"] = _source("wordnet_kg", wordnet_kg)
 
 
 def prepared_dir(name: str) -> Path:

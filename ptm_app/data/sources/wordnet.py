@@ -70,6 +70,8 @@ class Synset:
     lemmas: tuple[str, ...]  # '_' -> ' ', adjective markers dropped, in WordNet's order
     definition: str
     examples: tuple[str, ...]
+    # wndb(5WN) pointers: (symbol, target synset id, source word number, target word number); 0/0 = the synsets
+    pointers: tuple[tuple[str, str, int, int], ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -105,7 +107,11 @@ def _parse(pos: str, text: str) -> list[Synset]:
         lemmas = tuple(dict.fromkeys(re.sub(r"\((a|p|ip)\)$", "", f[4 + 2 * i]).replace("_", " ")
                                      for i in range(n_words)))
         definition, examples = _split_gloss(gloss.strip()) if sep else ("", ())
-        out.append(Synset(f"{f[0]}-{f[2] if f[2] != 's' else 'a'}", pos, int(f[1]), lemmas, definition, examples))
+        at = 4 + 2 * n_words  # p_cnt, then per pointer: symbol offset pos source/target (2 + 2 hex digits)
+        pointers = tuple((f[i], f"{f[i + 1]}-{f[i + 2] if f[i + 2] != 's' else 'a'}", int(f[i + 3][:2], 16),
+                          int(f[i + 3][2:], 16)) for i in range(at + 1, at + 1 + 4 * int(f[at]), 4))
+        out.append(Synset(f"{f[0]}-{f[2] if f[2] != 's' else 'a'}", pos, int(f[1]), lemmas, definition, examples,
+                          pointers))
     return out
 
 
