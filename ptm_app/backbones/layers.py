@@ -29,8 +29,9 @@ def num_layers(model: nn.Module) -> int:
     return n
 
 
-def _blocks(backbone: nn.Module, n: int) -> dict[str, int]:
-    """Module path of every block → its layer index (1..L)."""
+def block_paths(backbone: nn.Module, n: int) -> dict[str, int]:
+    """Module path of every block → its layer index (1..L): the entries of each ``nn.ModuleList`` of L modules
+    (XLM keeps four such lists, one per sub-layer kind), and ALBERT's shared layer groups; {} if none."""
     blocks: dict[str, int] = {}
     for path, module in backbone.named_modules():
         if not isinstance(module, nn.ModuleList) or any(path.startswith(b + ".") for b in blocks):
@@ -39,6 +40,11 @@ def _blocks(backbone: nn.Module, n: int) -> dict[str, int]:
             blocks.update({f"{path}.{g}": (g + 1) * n // len(module) for g in range(len(module))})
         elif len(module) == n:
             blocks.update({f"{path}.{k}": k + 1 for k in range(n)})
+    return blocks
+
+
+def _blocks(backbone: nn.Module, n: int) -> dict[str, int]:
+    blocks = block_paths(backbone, n)
     if not blocks:
         raise PtmError(f"cannot find the {n} layers of {type(backbone).__name__}; layer-wise learning rates and "
                        f"unfreezing support bert/roberta/electra/albert/distilbert/gpt2/xlnet/ptm_bilstm_lm backbones")

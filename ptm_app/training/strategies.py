@@ -57,16 +57,36 @@ def is_sharded(strategy: Any) -> bool:
 
 
 def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks of every transformers model inside ``module`` (its ``_no_split_modules``), innermost first,
-    without those holding a tied parameter (BERT's word embeddings are its MLM decoder): FSDP2 needs both
-    users of a tied tensor in one unit, so these stay in the root unit."""
+    """The blocks of every transformers model inside ``module``, innermost first: the classes its
+    ``_no_split_modules`` names and its ``GradientCheckpointingLayer``s; for a model that declares neither (ALBERT,
+    XLM and XLNet in transformers 5) the entries of its per-layer module lists (``backbones.layers.block_paths``).
+    Blocks holding a tied parameter (BERT's word embeddings are its MLM decoder) are left out: FSDP2 needs both
+    users of a tied tensor in one unit, so these stay in the root unit.  An LSTM (the ELMo BiLM) has none."""
+    from transformers import PreTrainedModel
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from ptm_app.backbones.layers import block_paths
+
     names: set[str] = set()
     for sub in module.modules():
         names.update(getattr(sub, "_no_split_modules", None) or ())
+    candidates = [sub for sub in module.modules()
+                  if type(sub).__name__ in names or isinstance(sub, GradientCheckpointingLayer)]
+    if not candidates:
+        for model in module.modules():
+            n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+            if isinstance(model, PreTrainedModel) and isinstance(n, int) and model.config.model_type != "ptm_bilstm_lm":
+                paths = set(block_paths(model, n))
+                candidates += [sub for path, sub in model.named_modules() if path in paths]
     uses = Counter(id(p) for _, p in module.named_parameters(remove_duplicate=False))
-    blocks = [sub for sub in module.modules()
-              if type(sub).__name__ in names and all(uses[id(p)] == 1 for p in sub.parameters())]
-    return blocks[::-1]  # fully_shard goes bottom-up
+    seen: set[int] = set()
+    blocks = []
+    for sub in candidates:
+        if id(sub) not in seen and all(uses[id(p)] == 1 for p in sub.parameters()):
+            seen.add(id(sub))
+            blocks.append(sub)
+    order = {id(sub): i for i, sub in enumerate(module.modules())}
+    return sorted(blocks, key=lambda sub: order[id(sub)])[::-1]  # fully_shard goes bottom-up
 
 
 class AtomicShardedSave:
