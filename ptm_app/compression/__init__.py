@@ -1,4 +1,5 @@
-"""Model compression: knowledge distillation (teachers, students, losses)."""
+"""Model compression: knowledge distillation (teachers, students, losses), pruning."""
 from ptm_app.compression.distillation import DistillationModule, DistillSpec
+from ptm_app.compression.pruning import PruningModule, PruneSpec
 
-__all__ = ["DistillationModule", "DistillSpec"]
+__all__ = ["DistillationModule", "DistillSpec", "PruningModule", "PruneSpec"]

@@ -99,7 +99,10 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
         head = json.loads(info.read_text())["head"] if info.is_file() else head_of(config)
-        model = auto_class(head).from_pretrained(directory)
+        from ptm_app.compression.heads import is_head_pruned, load_pruned
+
+        pruned = is_head_pruned(directory)  # heads sliced out (compression.heads): built to its shapes
+        model = load_pruned(auto_class(head), directory) if pruned else auto_class(head).from_pretrained(directory)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError) as exc:
         raise load_error(str(directory), exc) from None

@@ -232,6 +232,8 @@ class RunSummary(Callback):
                 summary[f"{name}_ckpt_mb"] = round(sum(f.stat().st_size for f in files) / 2**20, 2)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
         summary.setdefault("metrics", {}).update(metrics)
+        if hasattr(pl_module, "summary_facts"):  # a compressed model's real size (compression.pruning ...)
+            summary["compression"] = pl_module.summary_facts()
         summary.update(updates)
         with atomic_file(self.path, "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2, sort_keys=True)
