@@ -171,7 +171,16 @@ class PruningModule(SequenceClassificationModule):
 
     # -- building: layers dropped once, masks created ------------------------------------------------------------
     def build_model(self):
-        model = super().build_model()
+        if self.hparams.backbone:  # a run name is looked up under the runs directory, like a teacher
+            from ptm_app.backbones.build import build_backbone
+            from ptm_app.compression.teacher import resolve_teacher
+
+            # the RNG is left as it was: the first run from a checkpoint exports it (a random init, then its weights)
+            with torch.random.fork_rng(devices=[]):
+                model = build_backbone(self.head, resolve_teacher(self.hparams.backbone),
+                                       self.hparams.backbone_config, **self.config_updates())
+        else:
+            model = super().build_model()
         spec = self.spec.layers
         if spec is not None and not getattr(model.config, "dropped_layers", None):  # a rebuilt model already is
             drop = layers_to_drop(spec, model.config.num_hidden_layers)

@@ -3,6 +3,9 @@ on tiny BERTs: exact equivalences, exact counts and hand-computed values."""
 from __future__ import annotations
 
 import copy
+import csv
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +197,80 @@ def test_magnitude_masks_reach_the_sparsity(scope):
         assert float(kept.min()) >= float(gone.max())
         per_layer = [sparsity_of([w]) for w in pruned.values()]
         assert max(per_layer) - min(per_layer) > 0.01  # global: layers end up at different sparsities
+
+
+# -- the shipped recipes, end to end (a substituted tiny "bbc_minilm" run: tests/compression/test_compress_configs) --
+ROOT = Path(__file__).resolve().parents[2]
+PRUNE_CONFIGS = sorted((ROOT / "configs" / "compress").glob("prune_*.yaml"))
+FAST_SCHEDULE = {  # the recipes' schedule step counts, scaled to a 4-step run (nothing else changes)
+    "prune_heads_bbc": ["--model.init_args.pruning.heads.every", "1", "--model.init_args.pruning.heads.score_batches",
+                        "1"],
+    "prune_magnitude_bbc": ["--model.init_args.pruning.magnitude.steps", "2",
+                            "--model.init_args.pruning.magnitude.every", "1"],
+}
+
+
+def test_prune_catalogue():
+    assert {c.stem for c in PRUNE_CONFIGS} == {"prune_heads_bbc", "prune_layers_bbc", "prune_magnitude_bbc"}
+
+
+@pytest.mark.slow  # ~25-35 s each: a tiny starting run, then full, paused and resumed runs
+@pytest.mark.parametrize("config", PRUNE_CONFIGS, ids=lambda c: c.stem)
+def test_prune_config_runs_resumes_exactly_exports_and_predicts(config, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from tests.compression.test_compress_configs import QUICK, tiny_teacher
+    from tests.conftest import assert_resumes_exactly, run_main
+
+    runs = tmp_path / "runs"
+    tiny_teacher(runs, "bbc_minilm", tmp_path)  # 6 layers of 2 heads, width 32
+    argv = ["fit", "--config", str(config), *QUICK, *FAST_SCHEDULE.get(config.stem, [])]
+    assert_resumes_exactly(argv, runs, stop=2, steps=4)
+    summary = json.loads((runs / "part" / "summary.json").read_text())["compression"]
+    full = json.loads((runs / "full" / "summary.json").read_text())["compression"]
+    assert summary == full
+    out = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(runs / "part"), "--output_dir", str(out)], runs) == 0
+    saved = json.loads((out / "config.json").read_text())
+    weights = load_file(str(out / "model.safetensors"))
+    assert not (out / "module_weights.safetensors").exists()  # the masks stay behind: the zeros are in the weights
+    if config.stem == "prune_heads_bbc":
+        # rounds at steps 0, 1, 2 to 0.5 of 12 heads: 2, 4, then 6 gone, one per layer (each keeps its last)
+        assert summary["heads_per_layer"] == [1] * 6 and sum(len(v) for v in saved["pruned_heads"].values()) == 6
+        assert weights["bert.encoder.layer.0.attention.self.query.weight"].shape == (16, 32)
+        assert weights["bert.encoder.layer.0.attention.output.dense.weight"].shape == (32, 16)
+    elif config.stem == "prune_layers_bbc":
+        assert saved["num_hidden_layers"] == 3 and saved["dropped_layers"] == [4, 5, 6]
+        assert summary["num_hidden_layers"] == 3 and "bert.encoder.layer.3.output.dense.weight" not in weights
+    else:  # cubic to 0.9 over updates at steps 0, 1, 2 (n = 2): 0, 0.9·(1 − 1/8), 0.9
+        assert summary["sparsity"] == pytest.approx(0.9, abs=1e-4)
+        block = [w for k, w in weights.items() if ".encoder.layer." in k and k.endswith("weight") and w.dim() == 2]
+        assert sparsity_of(block) == pytest.approx(0.9, abs=1e-4)  # permanent in the export
+        rows = [float(r["train/loss"]) for r in csv.DictReader(open(runs / "part" / "logs" / "metrics.csv"))
+                if r.get("train/loss")]
+        assert len(rows) == 4
+    assert summary["params"] == sum(w.numel() for k, w in weights.items())
+    capsys.readouterr()
+    for ref in (str(out), str(runs / "part")):  # the export and the run itself reload the smaller model
+        assert run_main(["predict", "--ckpt_path", ref, "--text", "shares fell as the bank cut rates"], runs) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(lines) == 2 and lines[0]["label"] == lines[1]["label"]
+    assert lines[0]["probs"] == pytest.approx(lines[1]["probs"], abs=1e-5)
+
+
+@pytest.mark.parametrize("override, message", [
+    (["--model.init_args.pruning.magnitude.sparsity", "1.0"], "pruning.magnitude.sparsity=1.0 is outside [0, 1)"),
+    (["--model.init_args.pruning.layers", "{drop: [2, 9]}"], "names layer(s) [9], but the model has layers 1..6"),
+    (["--model.init_args.pruning.heads", "{heads: {0: [0, 1, 2]}}"], "cannot prune heads [0, 1, 2] of layer 0"),
+])
+def test_bad_pruning_settings_are_one_line(override, message, tmp_path, capsys):
+    from tests.compression.test_compress_configs import QUICK, tiny_teacher
+    from tests.conftest import run_main
+
+    runs = tmp_path / "runs"
+    tiny_teacher(runs, "bbc_minilm", tmp_path)
+    capsys.readouterr()
+    config = ROOT / "configs" / "compress" / "prune_magnitude_bbc.yaml"
+    assert run_main(["fit", "--config", str(config), *QUICK, *override], runs) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
