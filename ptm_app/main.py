@@ -1,4 +1,4 @@
-"""Dispatch: data, export, embed, generate, report, sweep (and predict given texts) are plain functions; fit, validate,
+"""Dispatch: data, export, quantize, embed, generate, report, sweep (and predict given texts) are plain functions; fit, validate,
 test and predict --config go to LightningCLI."""
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ commands:
                                      text from a causal LM or seq2seq run, export or prepared model (smollm2)
   predict --ckpt_path REF (--text "..." ... | --input FILE) [--output FILE.jsonl]
                                      labels and probabilities from a sequence classification run or export
+  quantize --ckpt_path REF --output_dir DIR [--backend torch_ao|weight_only] [--eval_source bbc]
+                                     dynamic int8 of a run, export or QAT run (predict loads the directory);
+                                     summary.json: size, CPU latency at batch 1 / 32, accuracy before and after
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -79,6 +82,10 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.inference.predict import predict_command
 
         return predict_command(argv[1:])
+    if command == "quantize":
+        from ptm_app.compression.quantize_cli import quantize_command
+
+        return quantize_command(argv[1:])
     if command == "report":
         from ptm_app.report import report_command
 
