@@ -83,7 +83,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return predict_command(argv[1:])
     if command == "quantize":
-        from ptm_app.compression.quantize_cli import quantize_command
+        from ptm_app.inference.quantize import quantize_command
 
         return quantize_command(argv[1:])
     if command == "report":

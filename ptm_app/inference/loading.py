@@ -106,9 +106,9 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
         head = json.loads(info.read_text())["head"] if info.is_file() else head_of(config)
-        from ptm_app.compression.heads import is_head_pruned, load_pruned
+        from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
 
-        pruned = is_head_pruned(directory)  # heads sliced out (compression.heads): built to its shapes
+        pruned = is_head_pruned(directory)  # heads sliced out (backbones.pruned_heads): built to its shapes
         model = load_pruned(auto_class(head), directory) if pruned else auto_class(head).from_pretrained(directory)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError) as exc:
