@@ -223,6 +223,9 @@ class PruningModule(SequenceClassificationModule):
     def head_round(self, step: int) -> None:
         """Prune to this step's target if it is not met (idempotent: a resumed run repeats nothing)."""
         spec = self.spec.heads
+        if self.trainer.world_size > 1:
+            raise PtmError("pruning.heads slices weights while training, which DDP / FSDP / DeepSpeed cannot follow; "
+                           "run head pruning on one device (trainer.devices: 1, no strategy overlay)")
         gone = sum(len(v) for v in head_pruning.recorded_pruned(self.backbone).values())
         if spec.heads is not None:
             if step >= spec.start_step and gone == 0:

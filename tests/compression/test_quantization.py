@@ -60,6 +60,18 @@ def test_quantized_save_and_reload_give_identical_outputs(backend, tmp_path):
     assert on_disk_mb(fp32) * 2**20 - saved == pytest.approx(3 * linear, rel=0.05)  # 4 bytes -> 1 per weight
 
 
+def test_a_head_pruned_model_quantizes_and_reloads(tmp_path):
+    from ptm_app.backbones.pruned_heads import heads_per_layer, prune_heads
+
+    fp32 = tiny_classifier()
+    prune_heads(fp32, {0: [1]})
+    int8 = qz.quantize_dynamic_int8(fp32)
+    reloaded = qz.load_quantized(qz.save_quantized(int8, "torch_ao", tmp_path / "int8", "sequence_classification"))
+    assert heads_per_layer(reloaded) == [1, 2]
+    with torch.no_grad():
+        assert torch.equal(reloaded(**inputs()).logits, int8(**inputs()).logits)
+
+
 def test_int8_weights_are_q8bert_symmetric():
     fp32 = tiny_classifier()
     int8 = qz.quantize_dynamic_int8(fp32)
