@@ -274,3 +274,35 @@ def test_bad_pruning_settings_are_one_line(override, message, tmp_path, capsys):
     assert run_main(["fit", "--config", str(config), *QUICK, *override], runs) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_prune_command_one_shot_without_fine_tuning(tmp_path, capsys):
+    """Heads (2 rounds to half), the top 2 layers and 50 % magnitude, then predict on the result."""
+    from tests.compression.test_compress_configs import tiny_teacher
+    from tests.conftest import run_main
+
+    runs = tmp_path / "runs"
+    teacher = tiny_teacher(runs, "bbc_minilm", tmp_path)  # 6 layers of 2 heads
+    out = tmp_path / "pruned"
+    capsys.readouterr()
+    assert run_main(["prune", "--ckpt_path", str(teacher), "--output_dir", str(out), "--drop_layers", "top:2",
+                     "--heads", "0.5", "--rounds", "2", "--score_batches", "2", "--batch_size", "4", "--sparsity",
+                     "0.5", "--eval_source", "bbc", "--eval_limit", "8", "--repeats", "1", "--max_length", "32"],
+                    runs) == 0
+    printed = [line for line in capsys.readouterr().out.strip().splitlines()
+               if "real_accelerator" not in line]  # DeepSpeed's import notice (transformers' save_pretrained)
+    assert len(printed) == 1 and printed[0].startswith("pruned ") and "4 layers" in printed[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_hidden_layers"] == 4 and summary["heads_per_layer"] == [1, 1, 1, 1]  # 4 of 8 heads gone
+    assert summary["sparsity"] == pytest.approx(0.5, abs=1e-4)
+    d, width, ffn = 16, 32, 64
+    per_layer = 4 * (width * width + width) + 2 * width * ffn + ffn + width + 4 * width
+    per_head = 3 * (d * width + d) + width * d
+    assert summary["params"]["before"] - summary["params"]["after"] == 2 * per_layer + 4 * per_head
+    assert summary["metric"]["examples"] == 8 and 0 <= summary["metric"]["after"] <= 1
+    assert run_main(["predict", "--ckpt_path", str(out), "--text", "shares fell as the bank cut rates"], runs) == 0
+    row = json.loads(capsys.readouterr().out.strip())
+    assert sum(row["probs"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert run_main(["prune", "--ckpt_path", str(teacher), "--output_dir", str(out), "--sparsity", "1.2"], runs) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "outside [0, 1)" in err[0], err
