@@ -97,14 +97,14 @@ def prune_heads(model: nn.Module, heads: dict[int, list[int]], on_slice: Callabl
     model.config.pruned_heads = {str(k): v for k, v in sorted(recorded.items()) if v}
 
 
-def restructure(model: nn.Module) -> nn.Module:
+def restructure(model: nn.Module, on_slice: Callable | None = None) -> nn.Module:
     """A model freshly built from a config with ``pruned_heads`` given the pruned shapes (its weights are then
     loaded); a no-op for a config without them or a model already pruned."""
     recorded = recorded_pruned(model)
     if not recorded or sum(heads_per_layer(model)) < model.config.num_attention_heads * len(attention_blocks(model)):
         return model
     model.config.pruned_heads = {}
-    prune_heads(model, recorded)
+    prune_heads(model, recorded, on_slice)
     return model
 
 

@@ -265,6 +265,13 @@ class PruningModule(SequenceClassificationModule):
         rank_zero_info(f"pruning: step {self.global_step}: {before} -> {sum(after)} heads (per layer {after})")
 
     def slice_optimizer_state(self, param: nn.Parameter, index: torch.Tensor, dim: int) -> None:
+        """Slice what is kept per weight along with it: its magnitude mask and the optimiser's moments."""
+        if self.magnitude_masks is not None and param.dim() == 2:
+            for name, weight in prunable_weights(self.backbone).items():
+                if weight is param:
+                    key = name.replace(".", "__")
+                    self.magnitude_masks.register_buffer(
+                        key, getattr(self.magnitude_masks, key).index_select(dim, index.to(param.device)))
         if self._trainer is None:
             return
         for optimizer in self.trainer.optimizers:
@@ -306,7 +313,7 @@ class PruningModule(SequenceClassificationModule):
         pruned = {int(k): list(v) for k, v in (config.get("pruned_heads") or {}).items()}
         if pruned and self.backbone is not None and not head_pruning.recorded_pruned(self.backbone):
             self.backbone.config.pruned_heads = {str(k): v for k, v in pruned.items()}
-            head_pruning.restructure(self.backbone)
+            head_pruning.restructure(self.backbone, on_slice=self.slice_optimizer_state)
 
     def summary_facts(self) -> dict:
         """The pruned model's real size, for ``summary.json``."""

@@ -306,3 +306,19 @@ def test_prune_command_one_shot_without_fine_tuning(tmp_path, capsys):
     assert run_main(["prune", "--ckpt_path", str(teacher), "--output_dir", str(out), "--sparsity", "1.2"], runs) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "outside [0, 1)" in err[0], err
+
+
+@pytest.mark.slow  # ~30 s
+def test_heads_and_magnitude_together_resume_exactly(tmp_path):
+    """Slicing heads slices their magnitude masks too (in the run and on resume), so the two compose."""
+    from tests.compression.test_compress_configs import QUICK, tiny_teacher
+    from tests.conftest import assert_resumes_exactly
+
+    runs = tmp_path / "runs"
+    tiny_teacher(runs, "bbc_minilm", tmp_path)
+    config = ROOT / "configs" / "compress" / "prune_heads_bbc.yaml"
+    assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *FAST_SCHEDULE["prune_heads_bbc"],
+                            "--model.init_args.pruning.magnitude", "{sparsity: 0.5, schedule: cubic, steps: 3, every: 1}"],
+                           runs, stop=2, steps=4)
+    summary = json.loads((runs / "part" / "summary.json").read_text())["compression"]
+    assert summary["heads_per_layer"] == [1] * 6 and summary["sparsity"] == pytest.approx(0.5, abs=1e-3)
