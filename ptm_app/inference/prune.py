@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from ptm_app.backbones.build import quiet_transformers
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, atomic_file
 
@@ -105,7 +106,7 @@ def prune_command(argv: list[str]) -> int:
             for name, mask in magnitude_masks(weights, magnitude.sparsity, magnitude.scope).items():
                 weights[name].mul_(mask)
     out = Path(args.output_dir)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out) as tmp, quiet_transformers():  # no "Writing model shards" bar
         model.save_pretrained(tmp)
         loaded.tokenizer.save_pretrained(tmp)
         (tmp / EXPORT_INFO).write_text(json.dumps({"head": loaded.head, "pruned_from": str(args.ckpt_path)}))
