@@ -23,7 +23,8 @@ commands:
                                      dynamic int8 of a run, export or QAT run (predict loads the directory);
                                      summary.json: size, CPU latency at batch 1 / 32, accuracy before and after
   prune --ckpt_path REF --output_dir DIR [--heads 0.5 --rounds 5] [--drop_layers top:3] [--sparsity 0.5]
-        [--eval_source bbc]              one-shot pruning without fine-tuning (PruningModule prunes while fine-tuning);
+        [--eval_source bbc]
+                                     one-shot pruning without fine-tuning (PruningModule prunes while fine-tuning);
                                      summary.json: parameters, size, sparsity, latency, accuracy before and after
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
