@@ -234,6 +234,12 @@ class PruningModule(SequenceClassificationModule):
         wanted = self.heads_target(step)
         if wanted <= gone:
             return
+        layers = self.backbone.config.num_hidden_layers
+        most = self.backbone.config.num_attention_heads * layers - layers
+        if round(spec.target * (most + layers)) > most:
+            raise PtmError(f"pruning.heads.target={spec.target} asks for {round(spec.target * (most + layers))} of "
+                           f"{most + layers} heads, but each of the {layers} layers keeps one (at most {most}); "
+                           f"lower the target")
         scores = self.head_scores()
         self.remove_heads(head_pruning.heads_to_prune(scores, wanted - gone))
 

@@ -262,6 +262,7 @@ def test_prune_config_runs_resumes_exactly_exports_and_predicts(config, tmp_path
     (["--model.init_args.pruning.magnitude.sparsity", "1.0"], "pruning.magnitude.sparsity=1.0 is outside [0, 1)"),
     (["--model.init_args.pruning.layers", "{drop: [2, 9]}"], "names layer(s) [9], but the model has layers 1..6"),
     (["--model.init_args.pruning.heads", "{heads: {0: [0, 1, 2]}}"], "cannot prune heads [0, 1, 2] of layer 0"),
+    (["--model.init_args.pruning.heads", "{target: 0.9}"], "asks for 11 of 12 heads, but each of the 6 layers keeps one"),
 ])
 def test_bad_pruning_settings_are_one_line(override, message, tmp_path, capsys):
     from tests.compression.test_compress_configs import QUICK, tiny_teacher
