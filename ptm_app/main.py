@@ -1,4 +1,4 @@
-"""Dispatch: data, export, embed, generate, report, sweep (and predict given texts) are plain functions; fit, validate,
+"""Dispatch: data, export, prune, quantize, embed, generate, report, sweep (and predict given texts) are plain functions; fit, validate,
 test and predict --config go to LightningCLI."""
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ commands:
   serve --ckpt_path REF [--task predict|embed|generate] [--port 8000] [--workers 1] [--max_batch_size 8]
         [--batch_timeout 0.01] [--too_long truncate|refuse]
                                      an HTTP endpoint (LitServe): POST /predict with JSON, GET /health
+  quantize --ckpt_path REF --output_dir DIR [--backend torch_ao|weight_only] [--eval_source bbc]
+                                     dynamic int8 of a run, export or QAT run (predict loads the directory);
+                                     summary.json: size, CPU latency at batch 1 / 32, accuracy before and after
+  prune --ckpt_path REF --output_dir DIR [--heads 0.5 --rounds 5] [--drop_layers top:3] [--sparsity 0.5]
+        [--eval_source bbc]
+                                     one-shot pruning without fine-tuning (PruningModule prunes while fine-tuning);
+                                     summary.json: parameters, size, sparsity, latency, accuracy before and after
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -94,6 +101,14 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.inference.predict import predict_command
 
         return predict_command(argv[1:])
+    if command == "prune":
+        from ptm_app.inference.prune import prune_command
+
+        return prune_command(argv[1:])
+    if command == "quantize":
+        from ptm_app.inference.quantize import quantize_command
+
+        return quantize_command(argv[1:])
     if command == "report":
         from ptm_app.report import report_command
 

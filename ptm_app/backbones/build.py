@@ -36,6 +36,12 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         overrides.pop("model_type", None)
         if attention is not None:
             check_attention(attention, model_class(auto, lambda: transformers.AutoConfig.from_pretrained(where)))
+        from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
+
+        if is_head_pruned(where):  # heads sliced out (backbones.pruned_heads): built to its shapes, then loaded
+            model = load_pruned(auto, where, **overrides)
+            model.ptm_missing_keys = ()
+            return model
         try:
             model, info = auto.from_pretrained(where, output_loading_info=True, **overrides)
         except ImportError as exc:  # a declared implementation this machine cannot run (flash-attn)

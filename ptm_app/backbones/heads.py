@@ -28,4 +28,9 @@ def auto_class(head: str):
 def from_config(head: str, config):
     """Instantiate a head class from a config (Auto classes and concrete classes alike)."""
     cls = auto_class(head)
-    return cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    if getattr(config, "pruned_heads", None):  # a head-pruned model (backbones.pruned_heads): its smaller shapes
+        from ptm_app.backbones.pruned_heads import restructure
+
+        restructure(model)
+    return model

@@ -96,11 +96,21 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     if not (directory / "config.json").is_file():
         raise PtmError(f"{directory} has no config.json: not a save_pretrained directory; pass a run directory, "
                        f"a checkpoint or an export directory")
+    from ptm_app.compression.quantization import QUANT_CONFIG, is_quantized, load_quantized
+
+    if is_quantized(directory):  # an int8 directory (python main.py quantize): rebuilt from safetensors + JSON
+        head = json.loads((directory / QUANT_CONFIG).read_text())["head"]
+        model = load_quantized(directory)
+        model.requires_grad_(False)
+        return LoadedModel(ref, model, transformers.AutoTokenizer.from_pretrained(directory), head, None, directory)
     info = directory / EXPORT_INFO
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
         head = json.loads(info.read_text())["head"] if info.is_file() else head_of(config)
-        model = auto_class(head).from_pretrained(directory)
+        from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
+
+        pruned = is_head_pruned(directory)  # heads sliced out (backbones.pruned_heads): built to its shapes
+        model = load_pruned(auto_class(head), directory) if pruned else auto_class(head).from_pretrained(directory)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError) as exc:
         raise load_error(str(directory), exc) from None

@@ -1,0 +1,344 @@
+"""8-bit quantization for CPU inference.
+
+* Post-training dynamic int8 (``quantize``): every ``nn.Linear`` gets int8 weights and runs on the CPU's quantized
+  kernels, its activations quantized per batch on the fly.  Chosen by measurement (issue 14, MiniLM, batch 1,
+  2 threads): ``torch.ao.quantization.quantize_dynamic`` 1.46x faster than fp32, torchao's eager int8 0.57x (slower).
+  torch.ao's API is deprecated; while it exists it is the ``torch_ao`` backend, and ``weight_only`` (int8 weights
+  stored, dequantised per call: 4x smaller, no speed-up) is the fallback when it is gone
+  (``tests/compression/test_quantization.py`` notices).
+* Quantization-aware fine-tuning (``QuantAwareModule``; Q8BERT, Zafrir et al. 2019 §2): symmetric linear 8-bit fake
+  quantization ``x_q = clamp(round(x · S), −127, 127) / S`` with ``S = 127 / max|x|`` of the weights (per call) and
+  of the inputs of every linear layer (``max|x|`` an exponential moving average during training), gradients passed
+  straight through (``∂x_q/∂x = 1``); the run then converts to int8 with the same weight scale.
+* Weights are weight-exact in both: the int8 weight is ``round(w · 127/max|w|)`` (Q8BERT's symmetric scale).
+  A quantized model is a directory: the fp32 model's config and tokenizer, ``model_int8.safetensors`` (int8 weights,
+  scales, every other tensor) and ``quantization.json``; it reloads without pickle, and ``predict`` runs on it.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import types
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ptm_app.adaptation.classification import SequenceClassificationModule
+from ptm_app.checkpoints import CKPT_KEY
+from ptm_app.errors import PtmError
+from ptm_app.training.optim import OptimConfig
+
+QUANT_CONFIG, QUANT_WEIGHTS = "quantization.json", "model_int8.safetensors"
+BACKENDS = ("torch_ao", "weight_only")
+QMAX = 127
+
+
+# -- Q8BERT's symmetric fake quantization ------------------------------------------------------------------------------
+def symmetric_scale(max_abs: torch.Tensor) -> torch.Tensor:
+    """``S = 127 / max|x|`` (1 for an all-zero tensor)."""
+    return QMAX / max_abs.clamp_min(1e-12) if float(max_abs) > 0 else torch.ones_like(max_abs)
+
+
+class _RoundSTE(torch.autograd.Function):
+    """``clamp(round(x·S), −127, 127)/S`` forward; the identity backward (straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        return torch.clamp(torch.round(x * scale), -QMAX, QMAX) / scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def fake_quantize(x: torch.Tensor, max_abs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Symmetric 8-bit fake quantization of ``x`` (scale from ``max_abs``, default ``max|x|``), STE gradient."""
+    max_abs = x.detach().abs().max() if max_abs is None else max_abs
+    return _RoundSTE.apply(x, symmetric_scale(max_abs.to(x.dtype)))
+
+
+@dataclass
+class QATSpec:
+    """Args:
+        ema: decay of the moving average of each linear layer's input ``max|x|`` (Q8BERT §2).
+        activations: also fake-quantize the inputs of the linear layers (else weights only).
+    """
+
+    ema: float = 0.9999
+    activations: bool = True
+
+    def __post_init__(self):
+        if not 0.0 <= float(self.ema) < 1.0:
+            raise PtmError(f"qat.ema={self.ema} is outside [0, 1); use a decay such as 0.9999")
+
+
+class ActivationRanges(nn.Module):
+    """One EMA ``max|x|`` buffer per quantized linear layer (in the checkpoint: a resumed run continues exactly)."""
+
+    def __init__(self, names: list[str]):
+        super().__init__()
+        for name in names:
+            self.register_buffer(name.replace(".", "__"), torch.zeros(()))
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def get(self, name: str) -> torch.Tensor:
+        return getattr(self, name.replace(".", "__"))
+
+
+def fake_quant_forward(ranges: ActivationRanges, name: str, spec: QATSpec):
+    """A replacement ``nn.Linear.forward`` (bound to the layer) with fake-quantized weights and inputs."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if spec.activations:
+            current = ranges.get(name)
+            if self.training:
+                observed = x.detach().abs().max().float()
+                current.copy_(observed if float(current) == 0 else spec.ema * current + (1 - spec.ema) * observed)
+            x = fake_quantize(x, current.to(x.dtype) if float(current) > 0 else None)
+        return F.linear(x, fake_quantize(self.weight), self.bias)
+    return forward
+
+
+def disable_fake_quant(model: nn.Module) -> nn.Module:
+    """The plain fp32 computation again (the QAT run's weights, as ``export`` writes them)."""
+    for linear in quantizable_linears(model).values():
+        linear.__dict__.pop("forward", None)
+    return model
+
+
+def quantizable_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def enable_fake_quant(model: nn.Module, ranges: ActivationRanges, spec: QATSpec) -> None:
+    """Every ``nn.Linear`` of ``model`` computes with fake-quantized weights and inputs (the modules, their
+    weights and state_dict stay plain: export and the int8 conversion read ordinary fp32 weights)."""
+    for name, linear in quantizable_linears(model).items():
+        linear.forward = types.MethodType(fake_quant_forward(ranges, name, spec), linear)
+
+
+class QuantAwareModule(SequenceClassificationModule):
+    """Quantization-aware fine-tuning (Q8BERT) of a sequence classifier; every ``SequenceClassificationModule``
+    setting applies.  Then ``python main.py quantize --ckpt_path RUN --output_dir DIR`` converts it to int8.
+
+    Args:
+        qat: ``QATSpec`` (EMA decay of the activation ranges; activations on/off).
+    """
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
+                 gradient_checkpointing: bool = False, qat: QATSpec = QATSpec(),
+                 positive_label: Optional[str] = None):
+        self.qat_spec = qat if isinstance(qat, QATSpec) else QATSpec(**(qat or {}))
+        self.qat_ranges = None
+        super().__init__(backbone, backbone_config, labels, optim, gradient_checkpointing,
+                         positive_label=positive_label)
+
+    def default_style(self) -> str:
+        return "quantization-aware (Q8BERT)"
+
+    def build_model(self):
+        if not self.hparams.backbone:
+            return super().build_model()
+        from ptm_app.backbones.build import build_backbone
+        from ptm_app.compression.teacher import resolve_teacher
+
+        with torch.random.fork_rng(devices=[]):  # the RNG as it was, whether or not the source is exported first
+            return build_backbone(self.head, resolve_teacher(self.hparams.backbone), self.hparams.backbone_config,
+                                  **self.config_updates())
+
+    def configure_model(self) -> None:
+        fresh = self.backbone is None
+        super().configure_model()
+        if fresh:
+            self.qat_ranges = ActivationRanges(list(quantizable_linears(self.backbone)))
+            enable_fake_quant(self.backbone, self.qat_ranges, self.qat_spec)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["hyper_parameters"]["qat"] = asdict(self.qat_spec)
+        checkpoint[CKPT_KEY]["training_only"] = ["qat_ranges."]  # export: the plain fp32 weights
+
+
+# -- dynamic int8 ----------------------------------------------------------------------------------------------------
+def quantized_engines() -> list[str]:
+    return list(torch.backends.quantized.supported_engines)
+
+
+def check_quantized_engine() -> str:
+    """The CPU's quantized kernel engine, or one line when this build has none."""
+    engines = [e for e in quantized_engines() if e != "none"]
+    if not engines:
+        raise PtmError("int8: this torch build has no quantized CPU kernels (torch.backends.quantized."
+                       "supported_engines is ['none']); use --backend weight_only (smaller, not faster) or a torch "
+                       "build with fbgemm/x86/qnnpack")
+    engine = torch.backends.quantized.engine
+    return engine if engine in engines else engines[0]
+
+
+def torch_ao_available() -> bool:
+    return callable(getattr(getattr(torch.ao, "quantization", None), "quantize_dynamic", None))
+
+
+def int8_symmetric(weight: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Q8BERT's weight quantization: ``(round(w · 127/max|w|) as int8, 1/S)``."""
+    scale = float(symmetric_scale(weight.detach().abs().max().float()))
+    return torch.clamp(torch.round(weight.detach().float() * scale), -QMAX, QMAX).to(torch.int8), 1.0 / scale
+
+
+class WeightOnlyInt8Linear(nn.Module):
+    """The fallback: int8 weights + one scale, dequantised to fp32 for each call (4x smaller weights, fp32 speed)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight_int8", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.ones(()))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight_int8.to(x.dtype) * self.weight_scale.to(x.dtype), self.bias)
+
+
+@contextlib.contextmanager
+def _quiet_deprecation():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*(deprecat|torchao).*")
+        yield
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def quantize_dynamic_int8(model: nn.Module, backend: str = "torch_ao") -> nn.Module:
+    """Every ``nn.Linear`` of ``model`` (eval mode, fp32) to int8, with Q8BERT's symmetric weight scale."""
+    if backend not in BACKENDS:
+        raise PtmError(f"--backend {backend}: use one of {', '.join(BACKENDS)}")
+    model = copy.deepcopy(model).float().eval()  # the fp32 model stays as it was
+    linears = quantizable_linears(model)
+    if backend == "weight_only":
+        for name, linear in linears.items():
+            q = WeightOnlyInt8Linear(linear.in_features, linear.out_features, linear.bias is not None)
+            q.weight_int8.copy_(int8_symmetric(linear.weight)[0])
+            q.weight_scale.fill_(int8_symmetric(linear.weight)[1])
+            if linear.bias is not None:
+                q.bias.copy_(linear.bias.detach())
+            _set_module(model, name, q)
+        return model
+    if not torch_ao_available():
+        raise PtmError("int8: torch.ao.quantization.quantize_dynamic is gone from this torch; "
+                       "use --backend weight_only")
+    torch.backends.quantized.engine = check_quantized_engine()
+    with _quiet_deprecation():
+        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    for name, linear in linears.items():
+        q, scale = int8_symmetric(linear.weight)
+        quantized.get_submodule(name).set_weight_bias(
+            torch._make_per_tensor_quantized_tensor(q, scale, 0),
+            None if linear.bias is None else linear.bias.detach().float())
+    return quantized
+
+
+def _dynamic_linear_type():
+    with _quiet_deprecation():
+        return torch.ao.nn.quantized.dynamic.Linear
+
+
+def int8_state(model: nn.Module, backend: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the quantized model as plain tensors (int8 weights + their scales for the linears)."""
+    state: dict[str, torch.Tensor] = {}
+    dynamic = _dynamic_linear_type() if backend == "torch_ao" else None
+    skip = []
+    for name, module in model.named_modules():
+        if dynamic is not None and isinstance(module, dynamic):
+            weight, bias = module._weight_bias()
+            state[f"{name}.weight_int8"] = weight.int_repr().contiguous()
+            state[f"{name}.weight_scale"] = torch.tensor(weight.q_scale(), dtype=torch.float64)
+            if bias is not None:
+                state[f"{name}.bias"] = bias.detach().contiguous()
+            skip.append(name + ".")
+    for key, value in model.state_dict().items():
+        if torch.is_tensor(value) and not key.startswith(tuple(skip)) and not value.is_quantized:
+            state.setdefault(key, value.contiguous())
+    seen, unique = set(), {}
+    for key, value in state.items():  # tied tensors (word embeddings / LM heads) once
+        ptr = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if ptr not in seen:
+            seen.add(ptr)
+            unique[key] = value
+    return unique
+
+
+def save_quantized(model: nn.Module, backend: str, directory: Path, head: str, tokenizer=None,
+                   extra: Optional[dict] = None) -> Path:
+    """Write the quantized model: config.json, ``model_int8.safetensors``, ``quantization.json``, the tokenizer."""
+    from safetensors.torch import save_file
+
+    from ptm_app.paths import atomic_dir
+
+    directory = Path(directory)
+    with atomic_dir(directory) as tmp:
+        model.config.save_pretrained(tmp)
+        save_file(int8_state(model, backend), str(tmp / QUANT_WEIGHTS))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        info = {"method": "dynamic_int8", "backend": backend, "head": head, "weight_scheme": "symmetric per-tensor "
+                "int8, scale max|w|/127 (Q8BERT)", "modules": sorted(quantizable_linears_of(model, backend)),
+                "torch": torch.__version__, **(extra or {})}
+        (tmp / QUANT_CONFIG).write_text(json.dumps(info, indent=2))
+    return directory
+
+
+def quantizable_linears_of(model: nn.Module, backend: str) -> list[str]:
+    kinds = (_dynamic_linear_type(),) if backend == "torch_ao" else (WeightOnlyInt8Linear,)
+    return [name for name, m in model.named_modules() if isinstance(m, kinds)]
+
+
+def is_quantized(directory) -> bool:
+    return (Path(directory) / QUANT_CONFIG).is_file()
+
+
+def load_quantized(directory, head: Optional[str] = None) -> nn.Module:
+    """The int8 model of a ``save_quantized`` directory: built from its config, quantized the same way, then its
+    int8 weights and other tensors loaded (safetensors + JSON: nothing is unpickled)."""
+    import transformers
+    from safetensors.torch import load_file
+
+    from ptm_app.backbones.heads import from_config
+
+    directory = Path(directory)
+    info = json.loads((directory / QUANT_CONFIG).read_text())
+    config = transformers.AutoConfig.from_pretrained(directory)
+    state = load_file(str(directory / QUANT_WEIGHTS))
+    linears = set(info["modules"])
+    int8 = {name: (state.pop(f"{name}.weight_int8"), float(state.pop(f"{name}.weight_scale")),
+                   state.pop(f"{name}.bias", None)) for name in linears}
+    with torch.random.fork_rng(devices=[]):
+        model = from_config(head or info["head"], config)
+    missing, unexpected = model.load_state_dict(state, strict=False)  # every tensor but the int8 linears
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k.rpartition(".")[0] not in linears and k not in tied]
+    if missing or unexpected:
+        raise PtmError(f"{directory}: int8 weights do not fit the config (missing {missing[:3]}, unexpected "
+                       f"{unexpected[:3]}); quantize the run again")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    model = quantize_dynamic_int8(model, info["backend"])
+    for name, (q, scale, bias) in int8.items():
+        module = model.get_submodule(name)
+        if info["backend"] == "torch_ao":
+            module.set_weight_bias(torch._make_per_tensor_quantized_tensor(q, scale, 0), bias)
+        else:
+            module.weight_int8.copy_(q)
+            module.weight_scale.fill_(scale)
+            if bias is not None:
+                module.bias.copy_(bias)
+    return model.eval()

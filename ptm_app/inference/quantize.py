@@ -1,0 +1,109 @@
+"""``python main.py quantize``: post-training dynamic int8 of a run, export or QAT run (``compression.quantization``),
+written as a directory ``predict`` loads, with ``summary.json``: size on disk, CPU latency at batch 1 and 32
+(median of repeats, fp32 and int8 timed alternately in one process) and, given ``--eval_source``, the accuracy of
+both on that prepared set's test split."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ptm_app.errors import PtmError
+from ptm_app.paths import atomic_file
+
+SENTENCE = "Shares in the bank fell sharply after it warned that profits would be lower than expected this year."
+
+
+def eval_records(source: str, split: str, limit: int) -> list[dict]:
+    """``(text, label)`` records of a prepared set's split (``data/<source>/<split>.jsonl``)."""
+    from ptm_app.data.formats import read_records
+    from ptm_app.data.sources import prepared_dir
+
+    path = Path(prepared_dir(source)) / f"{split}.jsonl"
+    if not path.is_file():
+        raise PtmError(f"--eval_source {source}: no {path}; prepare it with: python main.py data prepare {source}")
+    records = [r for _, r in read_records(path, ("text", "label"))]
+    return records[:limit] if limit else records
+
+
+def accuracy(loaded, records: list[dict], max_length: int) -> float:
+    from ptm_app.inference.predict import predict_rows
+
+    rows = predict_rows(loaded, [r["text"] for r in records], batch_size=32, max_length=max_length)
+    return sum(row["label"] == r["label"] for row, r in zip(rows, records)) / max(len(records), 1)
+
+
+@torch.no_grad()
+def latencies(models: dict, tokenizer, texts: list[str], max_length: int, repeats: int) -> dict:
+    """Median milliseconds per forward at batch 1 and batch 32 for each model, timed alternately."""
+    batches = {"batch_1": tokenizer(texts[:1], truncation=True, max_length=max_length, return_tensors="pt"),
+               "batch_32": tokenizer((texts * 32)[:32], truncation=True, max_length=max_length, padding=True,
+                                     return_tensors="pt")}
+    times = {name: {b: [] for b in batches} for name in models}
+    for b, inputs in batches.items():
+        for model in models.values():  # warm-up
+            model(**inputs)
+        for _ in range(repeats):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(**inputs)
+                times[name][b].append(1000 * (time.perf_counter() - start))
+    return {name: {b: round(statistics.median(v), 3) for b, v in per.items()} for name, per in times.items()}
+
+
+def quantize_command(argv: list[str]) -> int:
+    from ptm_app.backbones.delta import transformers_model
+    from ptm_app.compression.pruning import on_disk_mb
+    from ptm_app.compression.quantization import (BACKENDS, QUANT_WEIGHTS, disable_fake_quant, load_quantized,
+                                                  quantize_dynamic_int8, save_quantized)
+    from ptm_app.inference.loading import LoadedModel, load_for_inference
+
+    parser = argparse.ArgumentParser(prog="main.py quantize", description=__doc__.splitlines()[0])
+    parser.add_argument("--ckpt_path", required=True, help="a run directory, .ckpt, export directory or prepared model")
+    parser.add_argument("--output_dir", required=True, help="where to write the int8 model")
+    parser.add_argument("--backend", default="torch_ao", choices=BACKENDS,
+                        help="torch_ao: int8 kernels (faster); weight_only: int8 storage, fp32 compute (fallback)")
+    parser.add_argument("--eval_source", help="a prepared classification set (e.g. bbc): accuracy before and after")
+    parser.add_argument("--eval_split", default="test")
+    parser.add_argument("--eval_limit", type=int, default=0, help="only the first N examples (0: all)")
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=20, help="timed forwards per model and batch size")
+    parser.add_argument("--trust_checkpoint", action="store_true")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        raise PtmError("--repeats must be at least 1")
+    loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
+    fp32 = disable_fake_quant(transformers_model(loaded.model)).float().eval()  # a QAT run: its plain weights
+    int8 = quantize_dynamic_int8(fp32, args.backend)
+    out = save_quantized(int8, args.backend, Path(args.output_dir), loaded.head, loaded.tokenizer,
+                         {"source": str(args.ckpt_path)})
+    reloaded = load_quantized(out)
+    records = eval_records(args.eval_source, args.eval_split, args.eval_limit) if args.eval_source else []
+    texts = [r["text"] for r in records[:32]] or [SENTENCE]
+    summary = {"source": str(args.ckpt_path), "backend": args.backend, "threads": torch.get_num_threads(),
+               "params": sum(p.numel() for p in fp32.parameters()),
+               "fp32_mb": on_disk_mb(fp32), "int8_mb": round((out / QUANT_WEIGHTS).stat().st_size / 2**20, 3),
+               "latency_ms": latencies({"fp32": fp32, "int8": reloaded}, loaded.tokenizer, texts, args.max_length,
+                                       args.repeats)}
+    lat = summary["latency_ms"]
+    summary["speedup"] = {b: round(lat["fp32"][b] / lat["int8"][b], 3) for b in lat["fp32"]}
+    if records:
+        if loaded.head != "sequence_classification":
+            raise PtmError(f"--eval_source measures accuracy of a sequence classifier; {args.ckpt_path} is a "
+                           f"{loaded.head} model: leave --eval_source out")
+        plain = LoadedModel(loaded.ref, fp32, loaded.tokenizer, loaded.head)
+        quant = LoadedModel(str(out), reloaded, loaded.tokenizer, loaded.head)
+        summary["metric"] = {"name": f"{args.eval_split}_acc", "examples": len(records),
+                             "fp32": accuracy(plain, records, args.max_length),
+                             "int8": accuracy(quant, records, args.max_length)}
+    with atomic_file(out / "summary.json", "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2)
+    metric = summary.get("metric")
+    print(f"quantized {args.ckpt_path} -> {out}: {summary['fp32_mb']} MB -> {summary['int8_mb']} MB, batch 1 "
+          f"{lat['fp32']['batch_1']} -> {lat['int8']['batch_1']} ms" +
+          (f", {metric['name']} {metric['fp32']:.4f} -> {metric['int8']:.4f}" if metric else ""))
+    return 0
