@@ -17,7 +17,7 @@ real parameter count, the sparsity, the heads per layer and the on-disk size of 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Optional, Union
 

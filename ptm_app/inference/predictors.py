@@ -168,8 +168,8 @@ def refuse(loaded: LoadedModel, what: str) -> PtmError:
 
 # -- classification and regression ---------------------------------------------------------------
 def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
-    """The label and every label's probability (softmax of the scores), or the value (``score_rows``, as the
-    modules' ``predict_step``)."""
+    """The label and every label's probability (softmax of the scores), or the value, and any per-example extras
+    (``score_rows`` of the run's own ``predict_step``; a plain export's or an ONNX graph's scores)."""
     from ptm_app.adaptation.classification import SequenceClassificationModule
     from ptm_app.data.collators import PadCollator
     from ptm_app.data.datasets import EncodedDataset
@@ -192,8 +192,14 @@ def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> lis
     dataset = EncodedDataset(enc["input_ids"], None, enc.get("token_type_ids"))
     rows: list[Optional[dict]] = [None] * len(texts)
     for index in batches(dataset.lengths(), settings):
-        out = head_outputs(loaded, collate([dataset[i] for i in index]), "sequence_classification").float()
-        scores = {"values": out} if regression else {"probs": torch.softmax(out, dim=-1)}
+        batch = collate([dataset[i] for i in index])
+        if module is not None and loaded.session is None:  # the run's own predict_step (an early exit's exit layer)
+            scores = module.predict_step(batch, 0)
+            if "values" in scores:
+                scores["values"] = scores["values"].float()
+        else:
+            out = head_outputs(loaded, batch, "sequence_classification").float()
+            scores = {"values": out} if regression else {"probs": torch.softmax(out, dim=-1)}
         for i, row in zip(index, score_rows(scores, labels)):
             rows[i] = row
     return rows

@@ -37,9 +37,10 @@ TEACHERS = {
 CLASSIFIER = ("SequenceClassificationModule", "TaskDataModule", {**TINY_BERT, "num_hidden_layers": 6}, [])
 
 
-def tiny_teacher(runs: Path, name: str, tmp: Path, student: str, tokenizer: dict) -> Path:
-    """A tiny 6-layer model of the teacher's kind (a BERT classifier on BBC; a BERT masked LM on BBC ...) with the
-    config's tokenizer, trained 2 steps, as run ``name``."""
+def tiny_teacher(runs: Path, name: str, tmp: Path, student: str = "",
+                 tokenizer: dict = {"pretrained": "minilm"}) -> Path:
+    """A tiny 6-layer model of the teacher's kind for ``student`` (a BERT classifier on BBC by default; a BERT
+    masked LM on BBC ...) with the config's tokenizer (MiniLM's by default), trained 2 steps, as run ``name``."""
     module, datamodule, backbone, _ = TEACHERS.get(student, CLASSIFIER)
     data = {"source": "bbc", "tokenizer": tokenizer, "max_length": 32, "batch_size": 4}
     if datamodule == "PretrainDataModule":
