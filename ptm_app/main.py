@@ -66,7 +66,21 @@ def main(argv: list[str]) -> int:
     if command in ("-h", "--help", "help"):
         print(USAGE)
         return 0
+    name_cpu_for_deepspeed()
     return guarded(_dispatch, argv)
+
+
+def name_cpu_for_deepspeed() -> None:
+    """On a machine without CUDA, ``DS_ACCELERATOR=cpu`` (as the DeepSpeed strategy sets it): DeepSpeed, which
+    transformers and accelerate import when it is installed, otherwise prints "Setting accelerator to CPU ..." to
+    the console of every command that saves or loads a model."""
+    import os
+
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -70,3 +70,24 @@ def test_a_load_report_becomes_one_line():
     line = load_report_line(report)
     assert line.startswith("BertForMaskedLM from data/minilm: 1 missing (newly initialised), 2 unexpected (ignored)")
     assert "\n" not in line
+
+
+def test_deepspeed_says_nothing_about_the_cpu_once_main_has_named_it():
+    """DeepSpeed (imported by transformers when a model is saved) warns "Setting accelerator to CPU" unless
+    DS_ACCELERATOR names it; main() names it on a machine without CUDA."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA, DeepSpeed finds its accelerator and says nothing")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    code = "import deepspeed.accelerator as a; a.get_accelerator()"
+    before = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "Setting accelerator to CPU" in before.stdout + before.stderr  # the noise exists without the name
+    after = subprocess.run([sys.executable, "-c", "from ptm_app.main import name_cpu_for_deepspeed; "
+                            "name_cpu_for_deepspeed(); " + code], env=env, capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert "Setting accelerator" not in after.stdout + after.stderr
