@@ -12,6 +12,7 @@ import hashlib
 from pathlib import Path
 from typing import Optional
 
+import torch
 from torch import nn
 
 from ptm_app.backbones.heads import from_config
@@ -76,7 +77,8 @@ def checkpoint_backbone_dir(ckpt_path: str | Path) -> Path:
     if (target / "config.json").exists():
         return target
     ckpt = read_checkpoint(path)
-    model, delta = checkpoint_backbone(ckpt)
+    with torch.random.fork_rng(devices=[]):  # rebuilding the model draws a random init: the first use of a run
+        model, delta = checkpoint_backbone(ckpt)  # must leave the RNG where the cached ones do (same runs, same draws)
     if model is None:
         raise PtmError(f"{ckpt_path} holds a {delta[0].method} delta, which cannot be merged into the weights; "
                        f"start from it with init_from (or export it and use backbones.delta.load_delta)")
