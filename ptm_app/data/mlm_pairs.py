@@ -8,7 +8,6 @@ only ``{epoch, consumed}`` to resume exactly.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Iterator, Literal, Optional
 
 import lightning.pytorch as pl
@@ -16,7 +15,7 @@ import lightning.pytorch as pl
 from ptm_app.data.collators import TaggedCollator
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.datamodules import PretrainDataModule, TaskDataModule
-from ptm_app.data.multitask import MultitaskLoader, TaskSchedule
+from ptm_app.data.multitask import MultitaskLoader, TaskSchedule, nested_data_module
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import PtmError
 
@@ -48,18 +47,6 @@ class SummedLoader(MultitaskLoader):
             yield {name: next(stream) for name, stream in zip(self.names, streams)}
 
 
-def _options(cls, name: str, args: Optional[dict], shared: dict, tokenizer: TokenizerSpec):
-    args = dict(args or {})
-    allowed = set(inspect.signature(cls).parameters) - {"tokenizer"}
-    unknown = sorted(set(args) - allowed)
-    if unknown:
-        raise PtmError(f"data.init_args.{name}: unknown option '{unknown[0]}' for {cls.__name__}; "
-                       f"the options are {', '.join(sorted(allowed))}")
-    for key, value in shared.items():
-        args.setdefault(key, value)
-    return cls(tokenizer=tokenizer, **args)
-
-
 class MLMPairsDataModule(pl.LightningDataModule):
     """A pre-training corpus and a word-pair task behind one tokenizer (trained on the corpus), for
     ``LexicalRelationMLMModule`` (LIBERT).
@@ -81,9 +68,11 @@ class MLMPairsDataModule(pl.LightningDataModule):
         super().__init__()
         shared = {"batch_size": batch_size, "eval_batch_size": eval_batch_size, "num_workers": num_workers,
                   "seed": seed}
-        self.corpus = _options(PretrainDataModule, "corpus", corpus or {"source": "brown"}, shared, tokenizer)
-        self.pairs = _options(TaskDataModule, "pairs", pairs or {"source": "wordnet_lexrel",
-                                                                 "text_pair_field": "text_pair"}, shared, tokenizer)
+        self.corpus = nested_data_module(PretrainDataModule, corpus or {"source": "brown"}, shared, tokenizer,
+                                         "data.init_args.corpus")
+        self.pairs = nested_data_module(TaskDataModule, pairs or {"source": "wordnet_lexrel",
+                                                                  "text_pair_field": "text_pair"},
+                                        shared, tokenizer, "data.init_args.pairs")
         if self.pairs.text_pair_field is None:
             raise PtmError("data.init_args.pairs needs text_pair_field (the second word, e.g. text_pair): "
                            "LIBERT classifies [CLS] w1 [SEP] w2 [SEP]")

@@ -250,11 +250,17 @@ def _task_module(name: str, spec: dict, tokenizer: TokenizerSpec, shared: dict) 
     if cls is None:
         raise PtmError(f"multitask task '{name}': unknown class_path '{spec['class_path']}'; "
                        f"use one of {', '.join(TASK_MODULES)}")
-    args = dict(spec.get("init_args") or {})
+    return nested_data_module(cls, spec.get("init_args"), shared, tokenizer, f"multitask task '{name}'")
+
+
+def nested_data_module(cls, args: Optional[dict], shared: dict, tokenizer: TokenizerSpec, where: str):
+    """``cls(tokenizer=tokenizer, **args)`` with the ``shared`` settings as defaults; an option ``cls`` does not
+    take is one line naming ``where`` and the options there are."""
+    args = dict(args or {})
     allowed = set(inspect.signature(cls).parameters) - {"tokenizer"}
     unknown = sorted(set(args) - allowed)
     if unknown:
-        raise PtmError(f"multitask task '{name}': unknown option '{unknown[0]}' for {cls.__name__}; "
+        raise PtmError(f"{where}: unknown option '{unknown[0]}' for {cls.__name__}; "
                        f"the options are {', '.join(sorted(allowed))}")
     for key, value in shared.items():
         args.setdefault(key, value)

@@ -133,11 +133,12 @@ _SUFFIX = re.compile(r"-(tl|hl|nc)$")
 _TRUNCATED = re.compile(r"\+.*-(t|n)$")  # fw-in+at-t, ppss+ber-n: cut-off -tl / -nc
 
 
-def universal_tag(raw: str) -> str:
-    """The universal tag of a raw Brown tag (see the module docstring for the rules)."""
+def base_tag(raw: str) -> str | None:
+    """A raw Brown tag without its -tl/-hl/-nc suffixes (and truncations), the first part of a '+' compound; None
+    for a foreign word (fw-)."""
     tag = raw.lower()
     if tag.startswith("fw-"):
-        return "X"
+        return None
     while True:
         if _TRUNCATED.search(tag):
             tag = tag[:tag.rindex("-")]
@@ -146,7 +147,14 @@ def universal_tag(raw: str) -> str:
         if stripped == tag or not stripped:
             break
         tag = stripped
-    tag = tag.split("+", 1)[0]
+    return tag.split("+", 1)[0]
+
+
+def universal_tag(raw: str) -> str:
+    """The universal tag of a raw Brown tag (see the module docstring for the rules)."""
+    tag = base_tag(raw)
+    if tag is None:
+        return "X"
     if len(tag) > 1 and tag.endswith("*"):
         tag = tag[:-1]
     if tag in BROWN_TO_UNIVERSAL:

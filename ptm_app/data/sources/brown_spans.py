@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from ptm_app.data.sources import brown, wordnet
-from ptm_app.data.sources.brown_pos import _SUFFIX, _TRUNCATED
+from ptm_app.data.sources.brown_pos import base_tag
 from ptm_app.data.sources.fetch import progress
 
 ARTIFACT = brown.ARTIFACT
@@ -55,18 +55,7 @@ DERIVATION = {
 
 def entity_tag(raw: str) -> bool:
     """Is a raw Brown tag a proper-noun tag (np, np$, nps, nps$ with -tl/-hl/-nc, '+' compounds)?"""
-    tag = raw.lower()
-    if tag.startswith("fw-"):
-        return False
-    while True:
-        if _TRUNCATED.search(tag):
-            tag = tag[:tag.rindex("-")]
-            continue
-        stripped = _SUFFIX.sub("", tag)
-        if stripped == tag or not stripped:
-            break
-        tag = stripped
-    return tag.split("+", 1)[0] in ENTITY_TAGS
+    return base_tag(raw) in ENTITY_TAGS
 
 
 def word_offsets(words: list[str]) -> list[tuple[int, int]]:
