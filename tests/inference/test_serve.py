@@ -138,3 +138,32 @@ def test_the_embed_and_generate_tasks_answer_as_their_commands_in_a_batch(classi
     assert out[2]["generated"] == generate(str(clm_run), "markets", 6, do_sample=True, seed=3, stream=False)
     response = api.encode_response(out[1])
     assert response.status_code == 400 and b'"error"' in response.body
+
+
+def test_served_embeddings_over_http_with_two_workers_equal_the_embed_command(classifier_run):
+    """The embed task through HTTP, with two worker processes answering concurrent requests: the vectors
+    ``embed`` computes."""
+    import numpy as np
+
+    from ptm_app.inference.embed import embed_texts
+    from ptm_app.inference.loading import load_for_inference
+
+    texts = ["the cat sat on a mat", "markets rose as shares fell", "birds sang", "a dog ran", "rain fell", "no"]
+    expected = embed_texts(load_for_inference(str(classifier_run)), texts)
+    port = free_port()
+    server = main_py("serve", "--ckpt_path", str(classifier_run), "--task", "embed", "--workers", "2",
+                     "--port", str(port), "--max_batch_size", "2", "--batch_timeout", "0.05")
+    try:
+        wait_healthy(port, server)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            answers = list(pool.map(lambda t: post(port, json.dumps({"text": t}).encode()), texts))
+        assert all(status == 200 for status, _ in answers), answers
+        assert [row["text"] for _, row in answers] == texts
+        np.testing.assert_allclose(np.array([row["embedding"] for _, row in answers]), expected, atol=1e-5)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
