@@ -55,6 +55,7 @@ analysis: data
 	$(PY) main.py attention --config configs/analysis/attention_minilm.yaml
 	$(PY) main.py knowledge-probe --config configs/analysis/knowledge_probe_smollm2.yaml
 	test -f checkpoints/tweets_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm.yaml
+	test -f checkpoints/lora_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_tweets.yaml
 	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume

@@ -16,11 +16,12 @@ backbone, then runs each policy's ``apply`` in order, and every checkpoint save 
 """
 from __future__ import annotations
 
+import logging
+
 from dataclasses import asdict
 from typing import Iterator, Optional
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from ptm_app.adaptation.chaining import InitFrom as InitFromSpec, apply_init_from, as_init_from, freeze_prefixes
@@ -68,9 +69,9 @@ class Delta(BackbonePolicy):
             return
         self.delta_only = self.delta_only and bool(module.hparams.backbone)
         module.backbone = apply_delta(module.backbone, self.spec, module.head)
-        report = trainable_report(module.backbone)
-        rank_zero_info(f"delta {self.spec.method}: {report['trainable']:,} of {report['total']:,} parameters "
-                       f"trainable ({report['percent']:.3f} %)")
+        report = trainable_report(module.backbone)  # the console's model line shows the trainable share
+        logging.getLogger(__name__).info(f"delta {self.spec.method}: {report['trainable']:,} of {report['total']:,} "
+                                         f"parameters trainable ({report['percent']:.3f} %)")
 
     def virtual_positions(self) -> int:
         """Prefix, prompt and P-tuning put ``num_virtual_tokens`` before the input (Li & Liang 2021 §4.2; Lester et

@@ -13,7 +13,10 @@ from ptm_app.errors import PtmError
 def run_command(function: Callable[..., Any], argv: list[str], prog: str, positional: str | None = None) -> Any:
     """Parse ``argv`` (``--config FILE.yaml``, ``--key value``, ``--key v1 v2 ...`` for list settings, and the
     leading values for the list setting ``positional``) into ``function``'s arguments and call it."""
+    from ptm_app.training.console import quiet_third_party
+
     settings = parse_settings(function, argv, prog, positional)
+    quiet_third_party()  # the known third-party notices stay off the console, as in a training run
     return function(**settings)
 
 

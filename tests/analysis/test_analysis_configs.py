@@ -16,8 +16,9 @@ TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5
         "attention": ["--sentences", "4"],
         "knowledge-probe": ["--facts_per_relation", "3"],
         "robustness": ["--examples", "8"]}
-# the run a robustness recipe evaluates: its fine-tuning config, run for 2 steps
-CLASSIFIERS = {"robustness_tweets_minilm": ROOT / "configs" / "finetune" / "tweets_minilm.yaml"}
+# the runs a robustness recipe evaluates: their fine-tuning configs, run for 2 steps
+CLASSIFIERS = {"robustness_tweets_minilm": [ROOT / "configs" / "finetune" / "tweets_minilm.yaml",
+                                            ROOT / "configs" / "adapt" / "lora_tweets.yaml"]}
 COMMANDS = {"knowledge_probe": "knowledge-probe"}  # file-name prefix -> command, where the two differ
 
 
@@ -48,10 +49,12 @@ def test_recipe_runs_at_tiny_size(config, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     extra = []
     if config.stem in CLASSIFIERS:
-        fit = CLASSIFIERS[config.stem]
-        assert run_main(["fit", "--config", str(fit), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
-                         "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false"], tmp_path) == 0
-        extra = ["--runs", str(tmp_path / fit.stem)]
+        fits = CLASSIFIERS[config.stem]
+        for fit in fits:
+            assert run_main(["fit", "--config", str(fit), "--trainer.max_steps", "2", "--trainer.val_check_interval",
+                             "2", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false"],
+                            tmp_path) == 0
+        extra = ["--runs", "[" + ", ".join(str(tmp_path / fit.stem) for fit in fits) + "]"]
     assert run_main([command, "--config", str(config), *TINY[command], *extra, "--output_dir", str(out)],
                     tmp_path) == 0
     stem = command.replace("-", "_")
@@ -61,12 +64,15 @@ def test_recipe_runs_at_tiny_size(config, tmp_path, capsys, monkeypatch):
         assert {r["perturbation"] for r in rows} == {"clean", "typo_swap", "typo_drop", "typo_insert",
                                                       "typo_replace", "word_dropout", "synonym"}
         assert all(0.0 <= r["accuracy"] <= 1.0 and r["examples"] == 8 for r in rows)
+        assert {r["model"] for r in rows} == {"tweets_minilm", "lora_tweets"}  # full fine-tuning and LoRA
     elif command == "knowledge-probe":
         assert {r["relation"] for r in rows} >= {"hypernym", "antonym", "all"}
         assert all(r["p_at_1"] is None or 0.0 <= r["p_at_1"] <= r["p_at_10"] <= 1.0 for r in rows)
     else:
         assert rows and all(0.0 <= r["layer"] for r in rows)
-    assert capsys.readouterr().out.strip().endswith(f"wrote {out}")
+    shown = capsys.readouterr()
+    assert shown.out.strip().endswith(f"wrote {out}")
+    assert "Warning" not in shown.err and "warnings.warn" not in shown.err  # known notices go to no console
 
 
 @pytest.mark.parametrize("command", ["probe", "contextuality", "attention", "plot", "knowledge-probe",
