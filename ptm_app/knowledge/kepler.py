@@ -125,6 +125,10 @@ class KeplerModule(MaskedLMModule):
             pad_id = self.tokenizer.pad_token_id
             parts = []
             for start in range(0, len(candidates), self.entity_batch_size):
+                if self._trainer is not None and self.trainer.received_sigterm:
+                    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+                    raise SIGTERMException  # tens of minutes over every entity: stop now, not after the batch
                 ids = [tokens[i] for i in candidates[start:start + self.entity_batch_size].tolist()]
                 input_ids = pad(ids, pad_id).to(self.device)
                 mask = pad([torch.ones_like(i) for i in ids], 0).to(self.device)

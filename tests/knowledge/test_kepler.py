@@ -4,6 +4,7 @@ import json
 import math
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
@@ -222,3 +223,31 @@ def test_eval_candidates_keeps_every_evaluated_entity_and_samples_the_rest(tmp_p
     assert len(picked) == 7 and own <= set(picked) and picked == sorted(picked)
     assert picked == some.candidates("test").tolist()  # seeded
     assert some.candidates("inductive/test").tolist() == full.candidates("inductive/test").tolist()  # 2 < 7
+
+
+class SigtermAtLinkPrediction(pl.Callback):
+    """What Lightning's SIGTERM handler sets, at the first link-prediction batch of ``test``."""
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if dataloader_idx > 0:
+            trainer._signal_connector.received_sigterm = True
+
+
+def test_a_sigterm_stops_the_entity_embedding_at_once(tiny_corpus, tmp_path, monkeypatch):
+    """Embedding every candidate entity takes tens of minutes on WordNet: a SIGTERM stops it between chunks (exit
+    143) instead of after the whole evaluation batch."""
+    from ptm_app.knowledge.kepler import KeplerModule
+
+    graph = make_graph(tmp_path / "kg")
+    cfg = kepler_config(tiny_corpus, graph, tmp_path, max_steps=2)
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(cfg), "--run_name", "k"], runs) == 0
+    calls = []
+    encode = KeplerModule.encode_entities
+    monkeypatch.setattr(KeplerModule, "encode_entities", lambda self, *a: calls.append(1) or encode(self, *a))
+    data = yaml.safe_load(cfg.read_text())
+    data["model"]["init_args"]["entity_batch_size"] = 2  # several chunks for the tiny graph's candidates
+    data["trainer"]["callbacks"] = [{"class_path": f"{__name__}.SigtermAtLinkPrediction"}]
+    cfg.write_text(yaml.safe_dump(data))
+    assert run_main(["test", "--config", str(cfg), "--run_name", "k", "--ckpt_path", "last"], runs) == 143
+    assert calls == []  # not one chunk embedded after the signal
