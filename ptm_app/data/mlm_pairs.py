@@ -35,12 +35,7 @@ class SummedLoader(MultitaskLoader):
     ``e * length + k``-th batch, so a resumed run continues exactly."""
 
     def __iter__(self) -> Iterator[dict]:
-        if self._resume is not None:
-            self.sampler.set_epoch(self._resume["epoch"])
-            self.consumed, self._resume = self._resume["consumed"], None
-        else:
-            self.consumed = 0
-        start = self.consumed
+        start = self._begin()
         served = self.sampler.epoch * len(self) + start
         streams = [self._stream(self.loaders[name], served) for name in self.names]
         for _ in range(start, len(self)):

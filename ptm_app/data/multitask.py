@@ -112,13 +112,18 @@ class MultitaskLoader:
             epoch += 1
             loader.epoch_sampler.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[dict]:
+    def _begin(self) -> int:
+        """Where this epoch's iteration starts: the restored position once after a resume, else 0."""
         if self._resume is not None:
             self.sampler.set_epoch(self._resume["epoch"])
             self.consumed, self._resume = self._resume["consumed"], None
         else:
             self.consumed = 0
-        epoch, start = self.sampler.epoch, self.consumed
+        return self.consumed
+
+    def __iter__(self) -> Iterator[dict]:
+        start = self._begin()
+        epoch = self.sampler.epoch
         order = self.sampler.order(epoch)
         served = self.batches_before(epoch)
         for task in order[:start]:
