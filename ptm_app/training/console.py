@@ -120,7 +120,9 @@ def _repoint_handlers(old: tuple, new: tuple) -> None:
                                        if isinstance(lg, logging.Logger)]
     for logger in loggers:
         for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                    and not isinstance(type(handler).__dict__.get("stream"), property):  # logging.lastResort's
+                # kind reads sys.stderr at each record, so it follows by itself (and its stream cannot be set)
                 for before, after in zip(old, new):
                     if handler.stream is before:
                         handler.setStream(after)

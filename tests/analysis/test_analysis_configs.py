@@ -4,21 +4,28 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs" / "analysis").glob("*.yaml"))
 SLOW = {"probe_mlp_minilm_smollm2", "knowledge_probe_smollm2",  # load the 135M-parameter SmolLM2: about 30 s
-        "robustness_tweets_minilm"}  # fine-tunes MiniLM for 2 steps first
+        "robustness_tweets_minilm", "robustness_bbc_minilm",  # fine-tune MiniLM for 2 steps first
+        "probe_own_pretrained"}  # pre-trains three recipes for 2 steps first
 TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5"],
         "contextuality": ["--sentences", "30", "--baseline_pairs", "200"],
         "attention": ["--sentences", "4"],
         "knowledge-probe": ["--facts_per_relation", "3"],
         "robustness": ["--examples", "8"]}
-# the runs a robustness recipe evaluates: their fine-tuning configs, run for 2 steps
-CLASSIFIERS = {"robustness_tweets_minilm": [ROOT / "configs" / "finetune" / "tweets_minilm.yaml",
-                                            ROOT / "configs" / "adapt" / "lora_tweets.yaml"]}
+# the runs a recipe reads from checkpoints/: the option naming them, and the configs that make them (run for 2 steps)
+# before the prepared models the recipe also names
+RUNS_MADE_FIRST = {
+    "robustness_tweets_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "tweets_minilm.yaml",
+                                                ROOT / "configs" / "adapt" / "lora_tweets.yaml"]),
+    "robustness_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml"]),
+    "probe_own_pretrained": ("--models", ["minilm"], [ROOT / "configs" / "pretrain" / f"{name}.yaml"
+                                                      for name in ("bert_mlm", "gpt_clm", "elmo")])}
 COMMANDS = {"knowledge_probe": "knowledge-probe"}  # file-name prefix -> command, where the two differ
 
 
@@ -48,13 +55,15 @@ def test_recipe_runs_at_tiny_size(config, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PTM_DOWNLOAD_CACHE", str(paths.data_root() / ".cache" / "downloads"))  # WordNet's .deb
     out = tmp_path / "out"
     extra = []
-    if config.stem in CLASSIFIERS:
-        fits = CLASSIFIERS[config.stem]
+    if config.stem in RUNS_MADE_FIRST:
+        option, prepared, fits = RUNS_MADE_FIRST[config.stem]
+        assert yaml.safe_load(config.read_text())[option.strip("-")] == prepared + [f"checkpoints/{fit.stem}"
+                                                                                    for fit in fits]
         for fit in fits:
             assert run_main(["fit", "--config", str(fit), "--trainer.max_steps", "2", "--trainer.val_check_interval",
                              "2", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false"],
                             tmp_path) == 0
-        extra = ["--runs", "[" + ", ".join(str(tmp_path / fit.stem) for fit in fits) + "]"]
+        extra = [option, "[" + ", ".join(prepared + [str(tmp_path / fit.stem) for fit in fits]) + "]"]
     assert run_main([command, "--config", str(config), *TINY[command], *extra, "--output_dir", str(out)],
                     tmp_path) == 0
     stem = command.replace("-", "_")
@@ -64,12 +73,15 @@ def test_recipe_runs_at_tiny_size(config, tmp_path, capsys, monkeypatch):
         assert {r["perturbation"] for r in rows} == {"clean", "typo_swap", "typo_drop", "typo_insert",
                                                       "typo_replace", "word_dropout", "synonym"}
         assert all(0.0 <= r["accuracy"] <= 1.0 and r["examples"] == 8 for r in rows)
-        assert {r["model"] for r in rows} == {"tweets_minilm", "lora_tweets"}  # full fine-tuning and LoRA
+        assert {r["model"] for r in rows} == {fit.stem for fit in RUNS_MADE_FIRST[config.stem][2]}
     elif command == "knowledge-probe":
         assert {r["relation"] for r in rows} >= {"hypernym", "antonym", "all"}
         assert all(r["p_at_1"] is None or 0.0 <= r["p_at_1"] <= r["p_at_10"] <= 1.0 for r in rows)
     else:
         assert rows and all(0.0 <= r["layer"] for r in rows)
+        if config.stem in RUNS_MADE_FIRST:  # the prepared model and every run made first are probed
+            option, prepared, fits = RUNS_MADE_FIRST[config.stem]
+            assert {r["model"] for r in rows} == set(prepared) | {fit.stem for fit in fits}
     shown = capsys.readouterr()
     assert shown.out.strip().endswith(f"wrote {out}")
     assert "Warning" not in shown.err and "warnings.warn" not in shown.err  # known notices go to no console

@@ -91,3 +91,23 @@ def test_deepspeed_says_nothing_about_the_cpu_once_main_has_named_it():
                             "name_cpu_for_deepspeed(); " + code], env=env, capture_output=True, text=True, timeout=120)
     assert after.returncode == 0, after.stderr[-2000:]
     assert "Setting accelerator" not in after.stdout + after.stderr
+
+
+def test_the_console_log_opens_and_closes_with_logging_last_resort_attached(tmp_path):
+    """A library that attaches ``logging.lastResort`` (its stream is a read-only property that follows sys.stderr)
+    must not break closing the console log: a second run in the same process crashed there with AttributeError."""
+    import logging
+    import sys
+
+    from ptm_app.training.console import close_console_log, open_console_log
+
+    logger = logging.getLogger("test_console.last_resort")
+    logger.addHandler(logging.lastResort)
+    try:
+        open_console_log(tmp_path)
+        print("inside the run", file=sys.stderr)
+        close_console_log()
+    finally:
+        logger.removeHandler(logging.lastResort)
+    assert "inside the run" in (tmp_path / "logs" / "console.log").read_text()
+    assert logging.lastResort.stream is sys.stderr
