@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs" / "analysis").glob("*.yaml"))
 SLOW = {"probe_mlp_minilm_smollm2", "knowledge_probe_smollm2",  # load the 135M-parameter SmolLM2: about 30 s
         "robustness_tweets_minilm", "robustness_bbc_minilm",  # fine-tune MiniLM for 2 steps first
-        "probe_own_pretrained"}  # pre-trains three recipes for 2 steps first
+        "probe_own_pretrained"}  # pre-trains BERT for 2 steps first
 TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5"],
         "contextuality": ["--sentences", "30", "--baseline_pairs", "200"],
         "attention": ["--sentences", "4"],
@@ -25,7 +25,7 @@ RUNS_MADE_FIRST = {
                                                 ROOT / "configs" / "adapt" / "lora_tweets.yaml"]),
     "robustness_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml"]),
     "probe_own_pretrained": ("--models", ["minilm"], [ROOT / "configs" / "pretrain" / f"{name}.yaml"
-                                                      for name in ("bert_mlm", "gpt_clm", "elmo")])}
+                                                      for name in ("bert_mlm",)])}
 COMMANDS = {"knowledge_probe": "knowledge-probe"}  # file-name prefix -> command, where the two differ
 
 
