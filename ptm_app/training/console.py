@@ -118,9 +118,11 @@ def _repoint_handlers(old: tuple, new: tuple) -> None:
     """Logging handlers made at import time hold the streams of then: point them at ``new``."""
     loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
                                        if isinstance(lg, logging.Logger)]
+    follows_stderr = getattr(logging, "_StderrHandler", ())  # writes to sys.stderr as it is now (dill adds one)
     for logger in loggers:
         for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, (logging.FileHandler,
+                                                                                       follows_stderr)):
                 for before, after in zip(old, new):
                     if handler.stream is before:
                         handler.setStream(after)
