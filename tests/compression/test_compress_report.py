@@ -37,72 +37,120 @@ def params_of(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.slow  # ~30 s on 2 shared cores: two tiny fits, quantize, prune, the report
-def test_report_measures_every_row_and_names_the_command_of_a_missing_one(tmp_path, capsys, monkeypatch):
+def plain_teacher(tmp: Path) -> Path:
+    """A tiny 6-layer BERT classifier over BBC's labels with MiniLM's tokenizer, as a plain export directory."""
+    import transformers
+
+    from ptm_app.backbones.heads import from_config
+    from ptm_app.data.sources import prepared_dir
+    from ptm_app.inference.loading import EXPORT_INFO
+    from ptm_app.inference.quantize import eval_records
+
+    labels = sorted({r["label"] for r in eval_records("bbc", "test", 0)})
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**{**TINY_BERT, "num_hidden_layers": 6}, vocab_size=30522,
+                                               num_labels=len(labels), id2label=dict(enumerate(labels)),
+                                               label2id={label: i for i, label in enumerate(labels)})
+    out = tmp / "teacher"
+    from_config("sequence_classification", config).save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(prepared_dir("minilm")).save_pretrained(out)
+    (out / EXPORT_INFO).write_text(json.dumps({"head": "sequence_classification"}))
+    return out
+
+
+def report_config(tmp: Path, teacher: str, rows: list[dict]) -> Path:
+    cfg = {"source": "bbc", "examples": EXAMPLES, "max_length": MAX_LENGTH, "repeats": 3, "run_name": "table",
+           "teacher": {"name": "teacher", "model": teacher}, "rows": rows}
+    config = tmp / "report.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def scored_records() -> list[dict]:
     from ptm_app.analysis.representations import sample_indices
-    from ptm_app.compression.early_exit import EarlyExitModule
+    from ptm_app.inference.quantize import eval_records
+
+    records = eval_records("bbc", "test", 0)
+    return [records[i] for i in sample_indices(len(records), EXAMPLES, 0)]
+
+
+def check_table(out: Path, names: list[str]) -> dict:
+    """The table's rows by name, after the checks every row passes: metric % and speed-ups from its own numbers."""
+    rows = json.loads((out / "compression.json").read_text())
+    assert [r["model"] for r in rows] == names
+    assert (out / "compression.png").stat().st_size > 0 and f"| {names[-1]} |" in (out / "compression.md").read_text()
+    teacher = rows[0]
+    for r in rows:
+        assert r["metric_pct_of_teacher"] == pytest.approx(100 * r["metric"] / teacher["metric"], abs=0.01)
+        for b in ("b1", "b32"):
+            assert r[f"latency_{b}_ms"] > 0
+            assert r[f"speedup_{b}"] == pytest.approx(teacher[f"latency_{b}_ms"] / r[f"latency_{b}_ms"], abs=2e-3)
+    return {r["model"]: r for r in rows}
+
+
+def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
+    """The rows' make commands (quantize, prune) run first; parameters, size and accuracy are the models' own."""
     from ptm_app.compression.quantization import QUANT_WEIGHTS
     from ptm_app.inference.loading import load_for_inference
-    from ptm_app.inference.quantize import accuracy, eval_records
+    from ptm_app.inference.quantize import accuracy
+
+    runs = tmp_path / "runs"
+    teacher = plain_teacher(tmp_path)
+    int8, pruned = tmp_path / "int8", tmp_path / "pruned"
+    config = report_config(tmp_path, str(teacher), [
+        {"name": "int8", "model": str(int8),
+         "make": f"python main.py quantize --ckpt_path {teacher} --output_dir {int8} --repeats 1"},
+        {"name": "3 layers", "model": str(pruned),
+         "make": f"python main.py prune --ckpt_path {teacher} --output_dir {pruned} --drop_layers top:3 --repeats 1"}])
+    assert run_main(["compress-report", "--config", str(config), "--make_missing", "true"], runs) == 0
+    by = check_table(runs / "table", ["teacher", "int8", "3 layers"])
+    records = scored_records()
+    fp32, small, quant = (load_for_inference(str(d)) for d in (teacher, pruned, int8))
+    assert by["teacher"]["params"] == params_of(fp32.model)
+    assert by["int8"]["params"] == params_of(fp32.model)  # the int8 weights counted as weights
+    assert by["3 layers"]["params"] == params_of(small.model) < params_of(fp32.model)
+    assert by["int8"]["size_mb"] == round((int8 / QUANT_WEIGHTS).stat().st_size / 2**20, 3) < by["teacher"]["size_mb"]
+    for name, loaded in (("teacher", fp32), ("int8", quant), ("3 layers", small)):
+        assert by[name]["metric"] == pytest.approx(accuracy(loaded, records, MAX_LENGTH))
+
+
+def test_report_on_runs_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, capsys, monkeypatch):
+    from ptm_app.compression.early_exit import EarlyExitModule
+    from ptm_app.inference.loading import load_for_inference
+    from ptm_app.inference.quantize import accuracy
     from tests.compression.test_compress_configs import tiny_teacher
 
     runs = tmp_path / "runs"
     teacher = tiny_teacher(runs, "teacher", tmp_path)
     exit_run = early_exit_run(runs, tmp_path)
-    int8, pruned = tmp_path / "int8", tmp_path / "pruned"
-    cfg = {"source": "bbc", "examples": EXAMPLES, "max_length": MAX_LENGTH, "repeats": 3, "run_name": "table",
-           "teacher": {"name": "teacher", "model": "teacher"},
-           "rows": [{"name": "int8", "model": str(int8),
-                     "make": f"python main.py quantize --ckpt_path {teacher} --output_dir {int8} --repeats 1"},
-                    {"name": "3 layers", "model": str(pruned),
-                     "make": f"python main.py prune --ckpt_path {teacher} --output_dir {pruned} "
-                             f"--drop_layers top:3 --repeats 1"},
-                    {"name": "exit entropy", "model": "exit", "exit": "entropy:1.6"},
-                    {"name": "exit patience", "model": "exit", "exit": "patience:1"}]}
-    config = tmp_path / "report.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    int8 = tmp_path / "int8"
+    make = f"python main.py quantize --ckpt_path {teacher} --output_dir {int8} --repeats 1"
+    config = report_config(tmp_path, "teacher", [  # run names under the runs directory
+        {"name": "int8", "model": str(int8), "make": make},
+        {"name": "exit entropy", "model": "exit", "exit": "entropy:1.6"},
+        {"name": "exit patience", "model": "exit", "exit": "patience:1"}])
     capsys.readouterr()
     assert run_main(["compress-report", "--config", str(config)], runs) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "'int8'" in err[0] and cfg["rows"][0]["make"] in err[0] and "1 more" in err[0], err
+    assert len(err) == 1 and "'int8'" in err[0] and make in err[0], err
+    assert run_main(["quantize", "--ckpt_path", str(teacher), "--output_dir", str(int8), "--repeats", "1"], runs) == 0
 
     sizes = []  # the timed forwards of the early-exit rows: the forward that stops
     real_exit_forward = EarlyExitModule.exit_forward
     monkeypatch.setattr(EarlyExitModule, "exit_forward",
                         lambda self, batch, rule=None: sizes.append(len(batch["input_ids"])) or
                         real_exit_forward(self, batch, rule))
-    assert run_main(["compress-report", "--config", str(config), "--make_missing", "true"], runs) == 0
-    assert int8.is_dir() and pruned.is_dir()  # made by the rows' commands
-    out = runs / "table"
-    rows = json.loads((out / "compression.json").read_text())
-    assert [r["model"] for r in rows] == ["teacher", "int8", "3 layers", "exit entropy", "exit patience"]
-    assert (out / "compression.png").stat().st_size > 0 and "| exit patience |" in (out / "compression.md").read_text()
+    assert run_main(["compress-report", "--config", str(config)], runs) == 0
     assert 32 in sizes and 1 in sizes  # batch 32 and batch 1 timed through exit_forward
-    by = {r["model"]: r for r in rows}
-
-    records = eval_records("bbc", "test", 0)
-    records = [records[i] for i in sample_indices(len(records), EXAMPLES, 0)]
-    fp32, small = load_for_inference(str(teacher)), load_for_inference(str(pruned))
-    early = load_for_inference(str(exit_run))
-    assert by["teacher"]["params"] == params_of(fp32.model)
-    assert by["int8"]["params"] == params_of(fp32.model)  # the int8 weights counted as weights
-    assert by["3 layers"]["params"] == params_of(small.model) < params_of(fp32.model)
+    by = check_table(runs / "table", ["teacher", "int8", "exit entropy", "exit patience"])
+    records = scored_records()
+    fp32, early = load_for_inference(str(teacher)), load_for_inference(str(exit_run))
+    assert by["teacher"]["params"] == by["int8"]["params"] == params_of(fp32.model)
+    assert by["teacher"]["metric"] == pytest.approx(accuracy(fp32, records, MAX_LENGTH))
     assert by["exit patience"]["params"] == params_of(early.model) + params_of(early.module.exits)
-    assert by["int8"]["size_mb"] == round((int8 / QUANT_WEIGHTS).stat().st_size / 2**20, 3)
-    assert by["int8"]["size_mb"] < by["teacher"]["size_mb"]
-
-    teacher_acc = accuracy(fp32, records, MAX_LENGTH)
-    assert by["teacher"]["metric"] == pytest.approx(teacher_acc)
-    assert by["3 layers"]["metric"] == pytest.approx(accuracy(small, records, MAX_LENGTH))
-    for r in rows:
-        assert r["metric_pct_of_teacher"] == pytest.approx(100 * r["metric"] / teacher_acc, abs=0.01)
-        for b in ("b1", "b32"):
-            assert r[f"latency_{b}_ms"] > 0
-            assert r[f"speedup_{b}"] == pytest.approx(by["teacher"][f"latency_{b}_ms"] / r[f"latency_{b}_ms"],
-                                                      abs=2e-3)
+    labels = list(early.module.hparams.labels)
     for name, rule in (("exit entropy", ("entropy", 1.6)), ("exit patience", ("patience", 1))):
         exits, correct = [], 0
-        labels = list(early.module.hparams.labels)
         with torch.no_grad():
             for r in records:  # one at a time: each example's own exit
                 enc = early.tokenizer([r["text"]], truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
@@ -124,19 +172,36 @@ def test_bad_rows_are_one_line(tmp_path, capsys):
     assert len(err) == 1 and "not a 'python main.py COMMAND ...' command" in err[0], err
 
 
+def made_by(argv: list[str]) -> str:
+    """The directory a make step writes: a fit's run directory, a quantize / prune output directory."""
+    flags = dict(zip(argv[1::2], argv[2::2]))  # every option of these commands takes one value
+    if argv[0] == "fit":
+        return f"checkpoints/{flags.get('--run_name') or Path(flags['--config']).stem}"
+    return flags["--output_dir"]
+
+
 @pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
 def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys):
-    """As shipped, with no runs: one line naming the teacher's fine-tuning command; every row's make command is a
-    main.py command whose configs exist."""
+    """As shipped, with no runs: one line naming the teacher's fine-tuning command.  Every row's make command is a
+    main.py command whose last step writes the row's model, and every fit step parses (``--print_config``: the
+    overrides that retarget a BBC recipe are real keys)."""
     from ptm_app.compression.report import CompressionRow, make_steps
 
     path = ROOT / "configs" / "compress" / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
     for row in [cfg["teacher"], *cfg["rows"]]:
-        for argv in make_steps(CompressionRow(**row)):
-            for i, word in enumerate(argv[:-1]):
-                if word == "--config":
-                    assert (ROOT / argv[i + 1]).is_file(), argv
+        steps = make_steps(CompressionRow(**row))
+        assert made_by(steps[-1]) == row["model"], row
+        for argv in steps:
+            assert argv[0] in ("fit", "quantize", "prune"), argv
+            if argv[0] == "fit":
+                capsys.readouterr()
+                with pytest.raises(SystemExit) as stop:
+                    run_main([*argv, "--print_config"], tmp_path / "runs")
+                assert stop.value.code in (0, None), argv
+                printed = yaml.safe_load(capsys.readouterr().out)
+                assert printed["run_name"] in (None, made_by(argv).rpartition("/")[2]) and (
+                    (ROOT / argv[argv.index("--config") + 1]).is_file())
     assert run_main(["compress-report", "--config", str(path)], tmp_path / "runs") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and cfg["teacher"]["make"] in err[0] and f"{len(cfg['rows'])} more" in err[0], err
