@@ -1,6 +1,8 @@
-"""``main.py compress-report``: the compression table measured from tiny runs of different kinds (a tiny 6-layer
-BERT teacher fine-tuned 2 steps on BBC, its dynamic int8 and top-3-layers-dropped versions made by the rows' own
-``make`` commands, an early-exit run at two exit rules); every number is checked against the models themselves."""
+"""``main.py compress-report``: the compression table measured from tiny models of different kinds (a tiny 6-layer
+BERT teacher as a plain export, its dynamic int8 and top-3-layers-dropped versions made by the rows' own ``make``
+commands, an early-exit run at two exit rules); every number is checked against the models themselves.  The shipped
+report configs: their make commands parse and write their rows' models, and (slow) they run as shipped with every
+row substituted by a tiny model of its kind."""
 import json
 from pathlib import Path
 
@@ -15,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES, MAX_LENGTH = 12, 32
 
 
-def early_exit_run(runs: Path, tmp: Path) -> Path:
-    """A tiny 6-layer PABEE run on BBC (MiniLM's tokenizer), 2 steps."""
+def early_exit_run(runs: Path, tmp: Path, source: str = "bbc") -> Path:
+    """A tiny 6-layer PABEE run on ``source`` (MiniLM's tokenizer), 2 steps."""
     cfg = {"seed_everything": 3,
            "trainer": {"max_steps": 2, "max_epochs": 1, "accelerator": "cpu", "limit_val_batches": 1,
                        "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
@@ -25,7 +27,7 @@ def early_exit_run(runs: Path, tmp: Path) -> Path:
                      "init_args": {"backbone_config": {**TINY_BERT, "num_hidden_layers": 6}, "method": "pabee",
                                    "entropy_thresholds": [1.6], "patiences": [1]}},
            "data": {"class_path": "TaskDataModule",
-                    "init_args": {"source": "bbc", "tokenizer": {"pretrained": "minilm"}, "max_length": MAX_LENGTH,
+                    "init_args": {"source": source, "tokenizer": {"pretrained": "minilm"}, "max_length": MAX_LENGTH,
                                   "batch_size": 4}}}
     path = tmp / "exit.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -37,8 +39,9 @@ def params_of(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def plain_teacher(tmp: Path) -> Path:
-    """A tiny 6-layer BERT classifier over BBC's labels with MiniLM's tokenizer, as a plain export directory."""
+def plain_teacher(tmp: Path, source: str = "bbc") -> Path:
+    """A tiny 6-layer BERT classifier over ``source``'s labels with MiniLM's tokenizer, as a plain export
+    directory."""
     import transformers
 
     from ptm_app.backbones.heads import from_config
@@ -46,7 +49,7 @@ def plain_teacher(tmp: Path) -> Path:
     from ptm_app.inference.loading import EXPORT_INFO
     from ptm_app.inference.quantize import eval_records
 
-    labels = sorted({r["label"] for r in eval_records("bbc", "test", 0)})
+    labels = sorted({r["label"] for r in eval_records(source, "test", 0)})
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(**{**TINY_BERT, "num_hidden_layers": 6}, vocab_size=30522,
                                                num_labels=len(labels), id2label=dict(enumerate(labels)),
@@ -114,18 +117,17 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
         assert by[name]["metric"] == pytest.approx(accuracy(loaded, records, MAX_LENGTH))
 
 
-def test_report_on_runs_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, capsys, monkeypatch):
+def test_report_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, capsys, monkeypatch):
     from ptm_app.compression.early_exit import EarlyExitModule
     from ptm_app.inference.loading import load_for_inference
     from ptm_app.inference.quantize import accuracy
-    from tests.compression.test_compress_configs import tiny_teacher
 
     runs = tmp_path / "runs"
-    teacher = tiny_teacher(runs, "teacher", tmp_path)
+    teacher = plain_teacher(tmp_path)
     exit_run = early_exit_run(runs, tmp_path)
     int8 = tmp_path / "int8"
     make = f"python main.py quantize --ckpt_path {teacher} --output_dir {int8} --repeats 1"
-    config = report_config(tmp_path, "teacher", [  # run names under the runs directory
+    config = report_config(tmp_path, str(teacher), [  # the early exit: a run name under the runs directory
         {"name": "int8", "model": str(int8), "make": make},
         {"name": "exit entropy", "model": "exit", "exit": "entropy:1.6"},
         {"name": "exit patience", "model": "exit", "exit": "patience:1"}])
@@ -205,3 +207,31 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys):
     assert run_main(["compress-report", "--config", str(path)], tmp_path / "runs") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and cfg["teacher"]["make"] in err[0] and f"{len(cfg['rows'])} more" in err[0], err
+
+
+@pytest.mark.slow  # ~30 s: an early-exit fit, 16 tiny models scored and timed
+@pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
+def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path):
+    """Every row of the shipped config SUBSTITUTED under its run name by a tiny model of its kind (a plain export,
+    its int8 directory, an early-exit run): the config runs with only the repeats, examples and length changed."""
+    from ptm_app.compression.quantization import quantize_dynamic_int8, save_quantized
+    from ptm_app.inference.loading import load_for_inference
+
+    path = ROOT / "configs" / "compress" / f"{name}.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    runs = tmp_path / "runs"
+    plain = plain_teacher(tmp_path, cfg["source"])
+    loaded = load_for_inference(str(plain))
+    int8 = save_quantized(quantize_dynamic_int8(loaded.model), "torch_ao", tmp_path / "int8", loaded.head,
+                          loaded.tokenizer)
+    exit_run = early_exit_run(runs, tmp_path, cfg["source"])
+    for row in [cfg["teacher"], *cfg["rows"]]:
+        target = exit_run if row.get("exit") else int8 if Path(row["model"]).name.startswith("int8_") else plain
+        link = runs / Path(row["model"]).name
+        if not link.exists():
+            link.symlink_to(target, target_is_directory=True)
+    argv = ["compress-report", "--config", str(path), "--repeats", "1", "--examples", "6", "--max_length", "16"]
+    assert run_main(argv, runs) == 0
+    rows = json.loads((runs / cfg["run_name"] / "compression.json").read_text())
+    assert [r["model"] for r in rows] == [cfg["teacher"]["name"]] + [r["name"] for r in cfg["rows"]]
+    assert all(r["exit_layer"] is not None for r, c in zip(rows[1:], cfg["rows"]) if c.get("exit"))
