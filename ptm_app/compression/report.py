@@ -265,7 +265,8 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
                  metric_pct_of_teacher=round(100.0 * r["metric"] / base["metric"], 2) if base["metric"] else None)
     out = Path(output_dir) if output_dir else runs_root() / run_name
     write_json(out / "settings.json", {**resolved, "threads": torch.get_num_threads(), "examples_scored":
-                                       len(records), "labels": labels})
+                                       len(records), "labels": labels,
+                                       "resolved": {row.name: locate(row) for row in everything}})
     title = (f"Compression on {source} ({split}, {len(records)} examples, {metric}); CPU latency: median of "
              f"{repeats} rounds, {torch.get_num_threads()} threads, max_length {max_length}")
     md = write_table(measured, COLUMNS, out / "compression", title)

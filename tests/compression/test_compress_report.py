@@ -235,3 +235,23 @@ def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path):
     rows = json.loads((runs / cfg["run_name"] / "compression.json").read_text())
     assert [r["model"] for r in rows] == [cfg["teacher"]["name"]] + [r["name"] for r in cfg["rows"]]
     assert all(r["exit_layer"] is not None for r, c in zip(rows[1:], cfg["rows"]) if c.get("exit"))
+
+
+@pytest.mark.slow  # ~60 s: a tiny teacher fit, three student fits, the report
+def test_report_on_distilled_and_theseus_runs(tmp_path):
+    """Students of other structures as rows: the shipped BiLSTM, CNN and Theseus recipes, shortened, from a tiny
+    teacher run; their parameters are their own backbones' (the teacher is not counted)."""
+    from ptm_app.inference.loading import load_for_inference
+    from tests.compression.test_compress_configs import QUICK, tiny_teacher
+
+    runs = tmp_path / "runs"
+    tiny_teacher(runs, "bbc_minilm", tmp_path)
+    recipes = ["distill_bbc_bilstm", "distill_bbc_cnn", "theseus_bbc"]
+    for recipe in recipes:
+        config = ROOT / "configs" / "compress" / f"{recipe}.yaml"
+        assert run_main(["fit", "--config", str(config), *QUICK], runs) == 0
+    config = report_config(tmp_path, "bbc_minilm", [{"name": r, "model": r} for r in recipes])
+    assert run_main(["compress-report", "--config", str(config)], runs) == 0
+    by = check_table(runs / "table", ["teacher", *recipes])
+    for recipe in recipes:
+        assert by[recipe]["params"] == params_of(load_for_inference(str(runs / recipe)).model)
