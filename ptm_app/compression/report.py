@@ -11,8 +11,8 @@ rows' order: ``make compress``).  For each row, all in one process:
   safetensors file of a quantized directory, else the safetensors of the model and any off-ramps);
 * CPU latency at batch 1 and batch 32: the median of ``repeats`` forwards, every row timed in turn within each
   round (``inference.quantize.alternating_medians``), and the speed-up against the teacher;
-* the task metric (accuracy or macro F1) on the same examples of ``source``'s ``split`` and its percentage of
-  the teacher's; an early-exit row also gets its mean exit layer.
+* the task metric (accuracy or macro F1) on the same examples of ``source``'s ``split``, computed in fp32 as the
+  rows are timed, and its percentage of the teacher's; an early-exit row also gets its mean exit layer.
 
 Writes ``compression.md|csv|json``, ``compression.png`` (size and batch-32 latency against the metric) and
 ``settings.json`` into the report's run directory.
@@ -169,7 +169,8 @@ def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], ma
 
     if rule is not None:
         loaded.module.exit_rule = rule
-    rows = predict_rows(loaded, [r["text"] for r in records], batch_size=batch_size, max_length=max_length)
+    rows = predict_rows(loaded, [r["text"] for r in records], batch_size=batch_size, max_length=max_length,
+                        precision="32")  # as timed: fp32 (a bf16 run's autocast would score another model)
     index = {label: i for i, label in enumerate(labels)}
     predicted = [index.setdefault(str(row["label"]), len(index)) for row in rows]
     value = scores([index[str(r["label"])] for r in records], predicted, len(index))[metric]
@@ -185,6 +186,8 @@ def draw(rows: list[dict]):
     for ax, key, label in ((axes[0], "size_mb", "weights on disk (MiB)"),
                            (axes[1], "latency_b32_ms", "CPU latency, batch 32 (ms, median)")):
         for i, r in enumerate(rows):
+            if r["metric_pct_of_teacher"] is None:  # a teacher scoring 0 has no percentages
+                continue
             ax.scatter(r[key], r["metric_pct_of_teacher"], color=f"C{i % 10}")
             ax.annotate(r["model"], (r[key], r["metric_pct_of_teacher"]), fontsize="x-small",
                         xytext=(3, 3), textcoords="offset points")
