@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis bench clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis compress bench clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,13 @@ analysis: data
 	$(PY) main.py robustness --config configs/analysis/robustness_bbc_minilm.yaml
 	test -f checkpoints/bert_mlm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm.yaml
 	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml
+
+# The compression tables (README, issue 14): every configs/compress recipe for the BBC and the tweets teachers
+# (each report config names the command of each row; --make_missing true runs the ones not yet made, in order),
+# then the tables, latencies measured in one process.  Hours on 2 CPU cores; not part of `make test`.
+compress: data
+	$(PY) main.py compress-report --config configs/compress/report_bbc.yaml --make_missing true
+	$(PY) main.py compress-report --config configs/compress/report_tweets.yaml --make_missing true
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).

@@ -31,6 +31,9 @@ commands:
         [--eval_source bbc]
                                      one-shot pruning without fine-tuning (PruningModule prunes while fine-tuning);
                                      summary.json: parameters, size, sparsity, latency, accuracy before and after
+  compress-report --config configs/compress/report_bbc.yaml [--key value ...]
+                                     the compression table (Qiu et al. Table 3) measured from the rows' runs:
+                                     parameters, size, CPU latency at batch 1 / 32, speed-up, metric % of teacher
   report RUN_DIR_OR_GLOB ... [--output results]
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
@@ -56,7 +59,8 @@ ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command"),
             "contextuality": ("ptm_app.analysis.contextuality", "contextuality_command"),
             "attention": ("ptm_app.analysis.attention", "attention_command"),
             "knowledge-probe": ("ptm_app.analysis.knowledge_probe", "knowledge_probe_command"),
-            "robustness": ("ptm_app.analysis.robustness", "robustness_command")}
+            "robustness": ("ptm_app.analysis.robustness", "robustness_command"),
+            "compress-report": ("ptm_app.compression.report", "compress_report_command")}
 
 
 def main(argv: list[str]) -> int:

@@ -86,10 +86,11 @@ class DistillationModule(SequenceClassificationModule):
         shared_student: an ALBERT student (``compression.students.SharedStudent``: factorised embeddings and
             cross-layer sharing, Lan et al. 2020 §3.1) shaped by the teacher's config, trained from scratch.
             ``summary.json`` reports ``student_params``, ``teacher_params`` and ``compression`` (their ratio).
-        cache_teacher_logits: compute the teacher's logits once per training example (the first epoch) and reuse
-            them afterwards, so later epochs do not run the teacher; the cache (examples × labels) is kept in the
-            checkpoint, so a resumed run reuses it too.  Logs ``train/teacher_cached`` (the batch's share served
-            from the cache).  Only for the logit losses (kd, logit_mse): the others need the teacher's states.
+        cache_teacher_logits: compute the teacher's logits once per training example and reuse them afterwards
+            (``compression.logit_cache``: a file on disk keyed by the teacher's path and weights and by each
+            example's tokens), so later epochs, a resumed run, a second run and other students of the same teacher
+            do not run it.  Logs ``train/teacher_cached`` (the batch's share served from the cache).  Only for the
+            logit losses (kd, logit_mse): the others need the teacher's states.
     """
 
     def __init__(self, teacher: str, student_layers: Optional[StudentLayers] = None,
@@ -100,7 +101,7 @@ class DistillationModule(SequenceClassificationModule):
                  teacher_embeddings: bool = False, shared_student: Optional[SharedStudent] = None,
                  cache_teacher_logits: bool = False):
         self.spec = as_distill_spec(distill)
-        self.logit_cache: dict[int, torch.Tensor] = {}  # training example index -> the teacher's raw logits
+        self.logit_cache = None  # compression.logit_cache.TeacherLogitCache, opened at the first cached batch
         if cache_teacher_logits and any(getattr(self.spec, n) > 0 for n in TOKEN_LOSSES):
             raise PtmError("cache_teacher_logits keeps only the teacher's logits, and "
                            f"{', '.join(n for n in TOKEN_LOSSES if getattr(self.spec, n) > 0)} need(s) its hidden "
@@ -238,31 +239,48 @@ class DistillationModule(SequenceClassificationModule):
         return TeacherInputs(base, tokenizer, teacher_tok, min(limit) if limit else 512)
 
     # -- training -----------------------------------------------------------------------------------------------
+    def teacher_inputs(self, batch: dict) -> dict:
+        """The batch as the teacher reads it (its own tokens when its tokenizer is another)."""
+        if "teacher_input_ids" in batch:
+            return {k[len("teacher_"):]: v for k, v in batch.items() if k.startswith("teacher_")}
+        return self.model_inputs(batch)
+
     def teacher_forward(self, batch: dict, hidden: bool):
         teacher = self.teacher
         if next(teacher.parameters()).device != self.device:
             teacher.to(self.device)
-        if "teacher_input_ids" in batch:
-            inputs = {k[len("teacher_"):]: v for k, v in batch.items() if k.startswith("teacher_")}
-        else:
-            inputs = self.model_inputs(batch)
         with torch.no_grad():
-            out = teacher(**inputs, output_hidden_states=hidden)
+            out = teacher(**self.teacher_inputs(batch), output_hidden_states=hidden)
         logits = out.logits if self.label_order is None else out.logits[:, self.label_order]
         return out, logits
 
     def cached_teacher_logits(self, batch: dict) -> tuple[torch.Tensor, float]:
         """The teacher's logits for a training batch from the cache, running the teacher only for examples it has
         not seen; also the share served from the cache."""
-        indices = [int(k[1]) if isinstance(k, (tuple, list)) else int(k) for k in batch["keys"]]
-        missing = [i for i in indices if i not in self.logit_cache]
+        from ptm_app.compression.logit_cache import TeacherLogitCache, autocast_precision, example_digests
+
+        if self.logit_cache is None:
+            self.logit_cache = TeacherLogitCache(resolve_teacher(self.hparams.teacher), self.teacher,
+                                                 autocast_precision(self.device.type))
+        digests = example_digests(self.teacher_inputs(batch))
+        missing = [d for d in digests if self.logit_cache.get(d) is None]
         if missing:
             out, _ = self.teacher_forward(batch, hidden=False)
-            for row, index in enumerate(indices):
-                self.logit_cache.setdefault(index, out.logits[row].detach().float().cpu())
-        logits = torch.stack([self.logit_cache[i] for i in indices]).to(self.device)
+            for row, digest in enumerate(digests):
+                self.logit_cache.put(digest, out.logits[row])
+        logits = torch.stack([self.logit_cache.get(d) for d in digests]).to(self.device)
         logits = logits if self.label_order is None else logits[:, self.label_order]
-        return logits, 1.0 - len(missing) / len(indices)
+        return logits, 1.0 - len(missing) / len(digests)
+
+    def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
+        if self.logit_cache is not None:
+            self.logit_cache.save()
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.logit_cache is not None:
+            self.logit_cache.save()
 
     def distill_losses(self, batch: dict) -> dict[str, torch.Tensor]:
         """Every loss with a weight above 0, unweighted, by name."""
@@ -376,14 +394,9 @@ class DistillationModule(SequenceClassificationModule):
         checkpoint[CKPT_KEY]["training_only"] = ["distill_projection."]  # export leaves W_h out
         # a run resumed from a checkpoint written after the teacher's evaluation does not repeat it
         checkpoint[CKPT_KEY]["teacher_logged"] = bool(getattr(self, "teacher_logged", False))
-        if self.logit_cache:
-            indices = sorted(self.logit_cache)
-            checkpoint[CKPT_KEY]["teacher_logits"] = {"index": torch.tensor(indices),
-                                                      "logits": torch.stack([self.logit_cache[i] for i in indices])}
+        if self.logit_cache is not None:  # a run resumed from this checkpoint finds every logit computed so far
+            self.logit_cache.save()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         object.__setattr__(self, "teacher_logged", bool(checkpoint.get(CKPT_KEY, {}).get("teacher_logged")))
-        cache = checkpoint.get(CKPT_KEY, {}).get("teacher_logits")
-        if cache is not None:
-            self.logit_cache = dict(zip(cache["index"].tolist(), cache["logits"].float()))

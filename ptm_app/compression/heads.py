@@ -12,15 +12,20 @@ from torch import nn
 
 from ptm_app.backbones.pruned_heads import (PrunedHeads, attention_blocks, head_size, heads_per_layer,  # noqa: F401
                                             is_head_pruned, kept_heads, load_pruned, prune_heads, recorded_pruned,
-                                            restructure)
+                                            restructure, unit_width)
+
+__all__ = ["PrunedHeads", "attention_blocks", "head_size", "heads_per_layer", "is_head_pruned", "kept_heads",
+           "load_pruned", "prune_heads", "recorded_pruned", "restructure", "unit_width", "head_gates",
+           "michel_scores", "heads_to_prune"]
 
 
 # -- gates and Michel et al.'s importance ------------------------------------------------------------------------------
 @contextlib.contextmanager
 def head_gates(model: nn.Module, gates: list[torch.Tensor]) -> Iterator[None]:
     """Multiply head h of layer i by ``gates[i][h]`` (Michel et al.'s ξ): the input of the attention output
-    projection (the heads' concatenated outputs) is scaled per head while the context is active."""
-    d = head_size(model)
+    projection (the heads' concatenated outputs) is scaled per head (per key/value group of query heads under
+    grouped-query attention: the unit ``prune_heads`` removes) while the context is active."""
+    d = unit_width(model)
 
     def hook_for(gate: torch.Tensor) -> Callable:
         def scale(module, args):
@@ -29,7 +34,7 @@ def head_gates(model: nn.Module, gates: list[torch.Tensor]) -> Iterator[None]:
             return (x.reshape(*shape[:-1], -1, d) * gate.to(x.dtype)[:, None]).reshape(shape),
         return scale
 
-    handles = [block.output.dense.register_forward_pre_hook(hook_for(gate))
+    handles = [block.output.register_forward_pre_hook(hook_for(gate))
                for block, gate in zip(attention_blocks(model), gates)]
     try:
         yield

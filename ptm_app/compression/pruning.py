@@ -188,7 +188,7 @@ class PruningModule(SequenceClassificationModule):
                 rank_zero_info(f"pruning: dropping layers {drop} of {model.config.num_hidden_layers}")
                 drop_layers(model, drop)
         if self.spec.heads is not None:
-            head_pruning.attention_blocks(model)  # a backbone without BERT-style attention: one line, now
+            head_pruning.attention_blocks(model)  # neither BERT- nor Llama-style attention: one line, now
         return model
 
     def configure_model(self) -> None:

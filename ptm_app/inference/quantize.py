@@ -5,6 +5,7 @@ both on that prepared set's test split."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -37,22 +38,36 @@ def accuracy(loaded, records: list[dict], max_length: int) -> float:
     return sum(row["label"] == r["label"] for row, r in zip(rows, records)) / max(len(records), 1)
 
 
+def latency_batches(tokenizer, texts: list[str], max_length: int) -> dict:
+    """The timed inputs: the first text alone (``batch_1``) and 32 texts padded together (``batch_32``)."""
+    return {"batch_1": tokenizer(texts[:1], truncation=True, max_length=max_length, return_tensors="pt"),
+            "batch_32": tokenizer((texts * 32)[:32], truncation=True, max_length=max_length, padding=True,
+                                  return_tensors="pt")}
+
+
 @torch.no_grad()
-def latencies(models: dict, tokenizer, texts: list[str], max_length: int, repeats: int) -> dict:
-    """Median milliseconds per forward at batch 1 and batch 32 for each model, timed alternately."""
-    batches = {"batch_1": tokenizer(texts[:1], truncation=True, max_length=max_length, return_tensors="pt"),
-               "batch_32": tokenizer((texts * 32)[:32], truncation=True, max_length=max_length, padding=True,
-                                     return_tensors="pt")}
-    times = {name: {b: [] for b in batches} for name in models}
-    for b, inputs in batches.items():
-        for model in models.values():  # warm-up
-            model(**inputs)
+def alternating_medians(calls: dict, repeats: int) -> dict:
+    """Median milliseconds of ``calls[name][batch]()`` (a forward on prepared inputs) for every name and batch:
+    one warm-up call each, then ``repeats`` rounds that time every name in turn (so a busy moment of a shared
+    machine falls on all of them, not on one)."""
+    batches = list(dict.fromkeys(b for per in calls.values() for b in per))
+    times = {name: {b: [] for b in per} for name, per in calls.items()}
+    for b in batches:
+        for per in calls.values():  # warm-up
+            per[b]()
         for _ in range(repeats):
-            for name, model in models.items():
+            for name, per in calls.items():
                 start = time.perf_counter()
-                model(**inputs)
+                per[b]()
                 times[name][b].append(1000 * (time.perf_counter() - start))
     return {name: {b: round(statistics.median(v), 3) for b, v in per.items()} for name, per in times.items()}
+
+
+def latencies(models: dict, tokenizer, texts: list[str], max_length: int, repeats: int) -> dict:
+    """Median milliseconds per forward at batch 1 and batch 32 for each model, timed alternately."""
+    batches = latency_batches(tokenizer, texts, max_length)
+    return alternating_medians({name: {b: functools.partial(model, **inputs) for b, inputs in batches.items()}
+                                for name, model in models.items()}, repeats)
 
 
 def quantize_command(argv: list[str]) -> int:

@@ -122,7 +122,7 @@ def _repoint_handlers(old: tuple, new: tuple) -> None:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
                     and not isinstance(type(handler).__dict__.get("stream"), property):  # logging.lastResort's
-                # kind reads sys.stderr at each record, so it follows by itself (and its stream cannot be set)
+                # kind (dill attaches one) reads sys.stderr at each record, so it follows by itself
                 for before, after in zip(old, new):
                     if handler.stream is before:
                         handler.setStream(after)

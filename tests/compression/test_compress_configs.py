@@ -16,7 +16,8 @@ from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[2]
 COMPRESS = sorted(c for c in (ROOT / "configs" / "compress").glob("*.yaml")
-                  if not c.stem.startswith(("prune_", "quantize_")))  # test_pruning.py / test_quantization.py
+                  if not c.stem.startswith(("prune_", "quantize_", "report_")))
+# prune_ / quantize_ / report_: test_pruning.py / test_quantization.py / test_compress_report.py
 QUICK = ["--trainer.max_steps", "4", "--trainer.max_epochs", "1", "--trainer.val_check_interval", "4",
          "--trainer.check_val_every_n_epoch", "null", "--trainer.limit_val_batches", "1",
          "--trainer.num_sanity_val_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.precision", "32-true",

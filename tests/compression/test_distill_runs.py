@@ -1,6 +1,7 @@
 """Distillation end to end through main.py: a tiny teacher trained here for a few steps, a student made from every
 other teacher layer that trains with every loss, resumes exactly, exports and reloads; the bad inputs are one line."""
 import csv
+import shutil
 
 import pytest
 import torch
@@ -283,29 +284,63 @@ def test_adapter_tuned_teacher_teaches_with_its_adapters(tiny_corpus, tmp_path):
     assert run_main(["fit", "--config", str(path)], runs) == 0
 
 
-def test_cached_teacher_logits_skip_the_teacher_after_the_first_epoch(tiny_corpus, teacher, tmp_path):
+def cached_shares(run) -> list[float]:
+    return [float(r["train/teacher_cached"]) for r in csv.DictReader(open(run / "logs" / "metrics.csv"))
+            if r.get("train/teacher_cached")]
+
+
+def test_cached_teacher_logits_skip_the_teacher_after_the_first_epoch(tiny_corpus, teacher, tmp_path, monkeypatch):
     """60 training examples in batches of 8: steps 0-7 are epoch 1 (the teacher runs), steps 8-11 reuse its cached
-    logits; the losses equal a run without the cache, and a run resumed in epoch 2 reads the cache from the
-    checkpoint (exactly the uninterrupted run's losses)."""
+    logits; the losses equal a run without the cache, and a run resumed in epoch 2 reads the cache from disk
+    (exactly the uninterrupted run's losses).  The cache is a file keyed by the teacher: another student of it
+    reads every logit from the first step, and the same teacher path with changed weights starts a new one."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("PTM_CACHE_DIR", str(tmp_path / "cache"))
     model = {"backbone_config": TINY_BERT, "distill": {"kd": 0.5, "hard": 0.5}, "optim": {"lr": 1e-3}}
     runs = tmp_path / "runs"
     cached = distill_config(tmp_path, tiny_corpus, teacher, {**model, "cache_teacher_logits": True}, steps=12)
     assert_resumes_exactly(["fit", "--config", str(cached)], runs, stop=10, steps=12)
-    rows = [r for r in csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")) if r.get("train/teacher_cached")]
-    assert [float(r["train/teacher_cached"]) for r in rows] == [0.0] * 8 + [1.0] * 4
+    assert cached_shares(runs / "full") == [0.0] * 8 + [1.0] * 4
     plain = tmp_path / "plain"
     plain.mkdir()
     path = distill_config(plain, tiny_corpus, teacher, model, steps=12)
     assert run_main(["fit", "--config", str(path), "--run_name", "plain"], runs) == 0
     fresh = {int(r["step"]): float(r["train/kd"]) for r in csv.DictReader(open(runs / "plain" / "logs" / "metrics.csv"))
              if r.get("train/kd")}
+    rows = [r for r in csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")) if r.get("train/teacher_cached")]
     reused = {int(r["step"]): float(r["train/kd"]) for r in rows}
     assert sorted(fresh) == sorted(reused) == list(range(12))
     for step in range(12):
         assert reused[step] == pytest.approx(fresh[step], rel=1e-4, abs=1e-6), step
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["ptm_app"]["teacher_logits"]["logits"].shape == (60, 2)
-    assert not any("teacher" in k for k in ckpt["state_dict"])
+    assert "teacher_logits" not in ckpt["ptm_app"] and not any("teacher" in k for k in ckpt["state_dict"])
+    files = list((tmp_path / "cache" / "teacher_logits").glob("*.safetensors"))
+    assert len(files) == 1 and load_file(str(files[0]))["logits"].shape == (60, 2)
+
+
+
+def test_teacher_logit_cache_serves_other_students_and_follows_the_teachers_weights(tiny_corpus, teacher, tmp_path,
+                                                                                    monkeypatch):
+    """The cache is a file per teacher: another student of it reads every logit from its first step; the same
+    teacher path with changed weights starts a new file (the teacher runs again)."""
+    monkeypatch.setenv("PTM_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "t" / "teacher"
+    shutil.copytree(teacher, copy)
+    model = {"backbone_config": TINY_BERT, "distill": {"kd": 0.5, "hard": 0.5}, "cache_teacher_logits": True}
+    runs = tmp_path / "runs"
+    one_layer = {**model, "backbone_config": {**TINY_BERT, "num_hidden_layers": 1}}
+    for run, student, share in (("first", model, 0.0), ("other", one_layer, 1.0), ("changed", model, 0.0)):
+        if run == "changed":  # the classifier of the teacher's last checkpoint moved
+            last = copy / "checkpoints" / "last.ckpt"
+            state = torch.load(last, weights_only=True)
+            key = next(k for k in state["state_dict"] if k.endswith("classifier.weight"))
+            state["state_dict"][key] = state["state_dict"][key] + 1.0
+            torch.save(state, last)
+        path = distill_config(tmp_path, tiny_corpus, copy, student, steps=2)
+        assert run_main(["fit", "--config", str(path), "--run_name", run], runs) == 0
+        assert cached_shares(runs / run) == [share] * 2, run
+    assert len(list((tmp_path / "cache" / "teacher_logits").glob("*.safetensors"))) == 2
 
 
 def test_caching_logits_with_a_hidden_state_loss_is_one_line(tiny_corpus, teacher, tmp_path, capsys):

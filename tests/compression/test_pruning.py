@@ -92,6 +92,47 @@ def test_iterative_pruning_records_original_head_ids_and_reloads(tmp_path):
     assert hp.heads_per_layer(rebuilt) == [2, 4, 4]
 
 
+def tiny_llama(kv_heads: int, seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model("llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=60,
+                                               max_position_embeddings=32, num_labels=3, pad_token_id=0,
+                                               initializer_range=0.3)
+    return from_config("sequence_classification", config).eval()
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])  # grouped-query attention (2 query heads per key/value head), MHA
+def test_llama_units_pruned_equal_the_masked_model_and_reload(kv_heads, tmp_path):
+    """A unit is a key/value head with its query heads (one head without grouping): removing unit 1 of layer 0
+    equals gating it to zero, drops exactly its rows and columns, and a save_pretrained directory reloads it."""
+    model = tiny_llama(kv_heads)
+    b = batch()
+    units, group, d, hidden = kv_heads, 4 // kv_heads, 8, 32
+    assert hp.heads_per_layer(model) == [units, units]
+    gates = [torch.ones(units), torch.ones(units)]
+    gates[0][1] = 0.0
+    with torch.no_grad(), hp.head_gates(model, gates):
+        masked = logits(model, b)
+    with torch.no_grad():
+        full = logits(model, b)
+    pruned = copy.deepcopy(model)
+    hp.prune_heads(pruned, {0: [1]})
+    with torch.no_grad():
+        out = logits(pruned, b)
+    assert not torch.allclose(masked, full, atol=1e-4)
+    torch.testing.assert_close(out, masked, atol=1e-5, rtol=0)
+    assert hp.heads_per_layer(pruned) == [units - 1, units]
+    # q rows and o columns of `group` heads, k and v rows of one head (no biases)
+    assert n_params(model) - n_params(pruned) == 2 * group * d * hidden + 2 * d * hidden
+    pruned.save_pretrained(tmp_path / "pruned")
+    reloaded = build_backbone("sequence_classification", str(tmp_path / "pruned"), None).eval()
+    assert hp.heads_per_layer(reloaded) == [units - 1, units]
+    with torch.no_grad():
+        torch.testing.assert_close(logits(reloaded, b), out, atol=1e-6, rtol=0)
+    scores = hp.michel_scores(pruned, [b], loss_fn)
+    assert [len(s) for s in scores] == [units - 1, units] and all(float(s.sum()) > 0 for s in scores)
+
+
 def test_michel_scores_match_finite_differences():
     """I_h = Σ_batches |∂L/∂ξ_h|, checked against central differences of the loss in float64."""
     model = tiny_bert(dtype=torch.float64)

@@ -1,0 +1,286 @@
+"""``python main.py compress-report --config configs/compress/report_bbc.yaml``: the compression table, in the
+style of Qiu et al. 2020's Table 3 (§4.5), measured here and never typed by hand.
+
+Every row is a trained model named in the config: a run directory, ``.ckpt``, export, ``prune`` or ``quantize``
+directory (``inference.loading``), and for an early-exit run an exit rule (``entropy:S`` / ``patience:t``), with
+which it is timed and scored through ``EarlyExitModule.exit_forward``, the forward that really stops.  A row whose
+model is missing is one line naming its ``make`` command (``make_missing: true`` runs those commands first, in the
+rows' order: ``make compress``).  For each row, all in one process:
+
+* parameters (int8 weights counted as weights) and non-zero parameters, the weights' size on disk (the int8
+  safetensors file of a quantized directory, else the safetensors of the model and any off-ramps);
+* CPU latency at batch 1 and batch 32: the median of ``repeats`` forwards, every row timed in turn within each
+  round (``inference.quantize.alternating_medians``), and the speed-up against the teacher;
+* the task metric (accuracy or macro F1) on the same examples of ``source``'s ``split``, computed in fp32 as the
+  rows are timed, and its percentage of the teacher's; an early-exit row also gets its mean exit layer.
+
+Writes ``compression.md|csv|json``, ``compression.png`` (size and batch-32 latency against the metric) and
+``settings.json`` into the report's run directory.
+"""
+from __future__ import annotations
+
+import functools
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import torch
+
+from ptm_app.errors import PtmError
+from ptm_app.paths import runs_root, write_json
+
+COLUMNS = ["model", "params", "nonzero_params", "size_mb", "latency_b1_ms", "latency_b32_ms", "speedup_b1",
+           "speedup_b32", "metric", "metric_pct_of_teacher", "exit_layer"]
+
+
+@dataclass
+class CompressionRow:
+    """Args:
+        name: the row's label in the table.
+        model: a run directory (or run name under the runs directory), ``.ckpt``, export, ``prune`` or
+            ``quantize`` output directory.
+        make: the command(s) that produce ``model`` (``python main.py ...``, several joined by ``&&``); named when
+            the model is missing, run by ``make_missing``.
+        exit: for an early-exit run: ``entropy:S`` (DeeBERT) or ``patience:t`` (PABEE).
+    """
+
+    name: str
+    model: str
+    make: str = ""
+    exit: Optional[str] = None
+
+
+def as_row(row) -> CompressionRow:
+    """A row from its settings (the parsed YAML gives a mapping)."""
+    return row if isinstance(row, CompressionRow) else CompressionRow(**row)
+
+
+def make_steps(row: CompressionRow) -> list[list[str]]:
+    """The ``main.py`` argument lists of ``row.make`` (only ``python main.py ...`` commands are accepted)."""
+    steps = []
+    for part in row.make.split("&&"):
+        words = shlex.split(part)
+        if len(words) < 3 or words[0] not in ("python", "python3") or Path(words[1]).name != "main.py":
+            raise PtmError(f"row {row.name!r}: make {row.make!r} is not a 'python main.py COMMAND ...' command "
+                           f"(several joined by &&); write the commands that produce {row.model}")
+        steps.append(words[2:])
+    return steps
+
+
+def locate(row: CompressionRow) -> Optional[str]:
+    """The row's model as a local path (as given or under the runs directory) or prepared name; None if missing."""
+    from ptm_app.compression.teacher import resolve_teacher
+
+    try:
+        return resolve_teacher(row.model)
+    except PtmError:
+        return None
+
+
+def run_make(row: CompressionRow) -> None:
+    """Run the row's ``make`` commands in this process (``main.py``'s dispatch); a failing one stops the report."""
+    from ptm_app.main import main
+
+    for argv in make_steps(row):
+        if main(argv) != 0:
+            raise PtmError(f"row {row.name!r}: 'python main.py {shlex.join(argv)}' failed (its error is above); "
+                           f"fix it and run the report again")
+
+
+def missing_line(rows: list[CompressionRow]) -> str:
+    first = rows[0]
+    more = f" ({len(rows) - 1} more rows are missing too)" if len(rows) > 1 else ""
+    how = f"make it with: {first.make}" if first.make else "give the path of a trained model"
+    return (f"compression row {first.name!r}: {first.model} not found (nor under {runs_root()}); {how}{more}; "
+            f"or set make_missing: true to run every missing row's commands")
+
+
+def weight_tensors(model: torch.nn.Module):
+    """Every weight of ``model``, an int8 linear layer's weights included (torch.ao's are packed, not parameters)."""
+    from ptm_app.compression.quantization import WeightOnlyInt8Linear, _dynamic_linear_type, torch_ao_available
+
+    dynamic = _dynamic_linear_type() if torch_ao_available() else ()
+    yield from model.parameters()
+    for module in model.modules():
+        if isinstance(module, dynamic):
+            weight, bias = module._weight_bias()
+            yield weight.int_repr()
+            if bias is not None:
+                yield bias
+        elif isinstance(module, WeightOnlyInt8Linear):
+            yield from (t for t in (module.weight_int8, module.bias) if t is not None)
+
+
+def counts(modules: list[torch.nn.Module]) -> tuple[int, int]:
+    """``(parameters, non-zero parameters)`` of the modules (each tensor once)."""
+    tensors = [t for module in modules for t in weight_tensors(module)]  # all alive: their ids are distinct
+    unique = list({id(t): t for t in tensors}.values())
+    return sum(t.numel() for t in unique), sum(int((t != 0).sum()) for t in unique)
+
+
+def size_mb(loaded, extra: list[torch.nn.Module]) -> float:
+    """The weights on disk: a quantized directory's int8 file, else the safetensors ``export`` would write."""
+    from ptm_app.compression.pruning import on_disk_mb
+    from ptm_app.compression.quantization import QUANT_WEIGHTS, is_quantized
+
+    if loaded.directory is not None and is_quantized(loaded.directory):
+        return round((Path(loaded.directory) / QUANT_WEIGHTS).stat().st_size / 2**20, 3)
+    return round(sum(on_disk_mb(m) for m in [loaded.model, *extra]), 3)
+
+
+def load_row(row: CompressionRow, where: str):
+    """``(loaded model, early-exit rule or None)``; an exit rule on anything but an early-exit run is one line."""
+    from ptm_app.compression.early_exit import EarlyExitModule, parse_exit_rule
+    from ptm_app.inference.loading import load_for_inference
+
+    loaded = load_for_inference(where)
+    if loaded.head != "sequence_classification":
+        raise PtmError(f"row {row.name!r}: {row.model} is a {loaded.kind} ({loaded.head}); the compression table "
+                       f"compares sequence classifiers")
+    module = loaded.module
+    if row.exit is None:
+        if isinstance(module, EarlyExitModule):
+            raise PtmError(f"row {row.name!r}: {row.model} is an early-exit run; give its exit rule (exit: "
+                           f"entropy:S or patience:t)")
+        return loaded, None
+    if not isinstance(module, EarlyExitModule):
+        raise PtmError(f"row {row.name!r}: exit {row.exit!r} needs an EarlyExitModule run; {row.model} is a "
+                       f"{loaded.kind}: drop 'exit' or name an early-exit run")
+    rule = parse_exit_rule(row.exit, module.hparams.method, module.hparams.entropy_thresholds,
+                           module.hparams.patiences)
+    return loaded, rule
+
+
+def forward_call(loaded, rule, inputs: dict):
+    """A zero-argument forward of the row on ``inputs``: the early exit that stops, else the head's outputs."""
+    from ptm_app.inference.predictors import head_outputs
+
+    if rule is not None:
+        return functools.partial(loaded.module.exit_forward, dict(inputs), rule)
+    return functools.partial(head_outputs, loaded, dict(inputs), "sequence_classification")
+
+
+def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], max_length: int,
+           batch_size: int) -> tuple[float, Optional[float]]:
+    """``(metric, mean exit layer or None)`` of the row on ``records`` (an early exit at its rule)."""
+    from ptm_app.analysis.robustness import scores
+    from ptm_app.inference.predict import predict_rows
+
+    if rule is not None:
+        loaded.module.exit_rule = rule
+    rows = predict_rows(loaded, [r["text"] for r in records], batch_size=batch_size, max_length=max_length,
+                        precision="32")  # as timed: fp32 (a bf16 run's autocast would score another model)
+    index = {label: i for i, label in enumerate(labels)}
+    predicted = [index.setdefault(str(row["label"]), len(index)) for row in rows]
+    value = scores([index[str(r["label"])] for r in records], predicted, len(index))[metric]
+    exits = [row["exit_layer"] for row in rows if "exit_layer" in row]
+    return value, (sum(exits) / len(exits) if rule is not None and exits else None)
+
+
+def draw(rows: list[dict]):
+    """Metric (% of the teacher's) against size on disk and against batch-32 latency, one labelled point a row."""
+    from ptm_app.analysis.figures import new_figure
+
+    fig, axes = new_figure(2, width=6.0, height=4.5, columns=2)
+    for ax, key, label in ((axes[0], "size_mb", "weights on disk (MiB)"),
+                           (axes[1], "latency_b32_ms", "CPU latency, batch 32 (ms, median)")):
+        for i, r in enumerate(rows):
+            if r["metric_pct_of_teacher"] is None:  # a teacher scoring 0 has no percentages
+                continue
+            ax.scatter(r[key], r["metric_pct_of_teacher"], color=f"C{i % 10}")
+            ax.annotate(r["model"], (r[key], r["metric_pct_of_teacher"]), fontsize="x-small",
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(label)
+        ax.set_ylabel("metric, % of the teacher's")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source: str, split: str = "test",
+                    examples: Optional[int] = None, metric: Literal["accuracy", "f1_macro"] = "accuracy",
+                    max_length: int = 128, batch_size: int = 32, repeats: int = 20, seed: int = 0,
+                    make_missing: bool = False, run_name: str = "compress_report",
+                    output_dir: Optional[str] = None) -> Path:
+    """The compression table (Qiu et al. 2020, Table 3) measured from trained models.
+
+    Args:
+        teacher: the row every other is compared with (name, model, make).
+        rows: the compressed models (name, model, make, and exit for an early-exit run).
+        source: the prepared classification set (e.g. bbc) whose split scores every row.
+        split: the split scored.
+        examples: records sampled from the split (null = all); every row gets the same ones.
+        metric: accuracy or f1_macro (macro F1 over the classes that occur).
+        max_length: tokens per text (longer texts are truncated), for scoring and timing.
+        batch_size: texts per forward when scoring.
+        repeats: timed rounds per batch size (every row once per round); the median is reported.
+        seed: the sample of the split.
+        make_missing: run the make commands of missing rows first (in order) instead of stopping.
+        run_name: output directory name under the runs root (checkpoints/).
+        output_dir: output directory (overrides run_name).
+    """
+    teacher, rows = as_row(teacher), [as_row(r) for r in rows]
+    resolved = {**dict(locals()), "teacher": asdict(teacher), "rows": [asdict(r) for r in rows]}
+    from ptm_app.analysis.figures import save_png
+    from ptm_app.analysis.representations import sample_indices
+    from ptm_app.analysis.tables import write_table
+    from ptm_app.inference.quantize import alternating_medians, eval_records, latency_batches
+
+    if repeats < 1:
+        raise PtmError(f"repeats: {repeats}; time at least 1 round")
+    everything = [teacher, *rows]
+    for row in everything:
+        if row.make:
+            make_steps(row)  # a malformed command is refused before anything runs
+    for row in everything:
+        if make_missing and locate(row) is None and row.make:
+            run_make(row)
+    missing = [row for row in everything if locate(row) is None]
+    if missing:
+        raise PtmError(missing_line(missing))
+    records = eval_records(source, split, 0)
+    records = [records[i] for i in sample_indices(len(records), examples, seed)]
+    if not records:
+        raise PtmError(f"{source}/{split} has no records to score; choose another split")
+    labels = sorted({str(r["label"]) for r in records})
+    texts = [r["text"] for r in records[:32]]
+    measured, calls = [], {}
+    for row in everything:
+        loaded, rule = load_row(row, locate(row))
+        extra = [loaded.module.exits] if rule is not None else []
+        params, nonzero = counts([loaded.model, *extra])
+        value, exit_layer = scored(loaded, rule, records, metric, labels, max_length, batch_size)
+        measured.append({"model": row.name, "params": params, "nonzero_params": nonzero,
+                         "size_mb": size_mb(loaded, extra), "metric": value, "exit_layer": exit_layer})
+        calls[row.name] = {b: forward_call(loaded, rule, inputs)
+                           for b, inputs in latency_batches(loaded.tokenizer, texts, max_length).items()}
+    if len(calls) != len(everything):
+        raise PtmError("compression rows need distinct names; rename the repeated one")
+    with torch.inference_mode():
+        times = alternating_medians(calls, repeats)
+    base = measured[0]
+    for r in measured:
+        t, t0 = times[r["model"]], times[base["model"]]
+        r.update(latency_b1_ms=t["batch_1"], latency_b32_ms=t["batch_32"],
+                 speedup_b1=round(t0["batch_1"] / t["batch_1"], 3),
+                 speedup_b32=round(t0["batch_32"] / t["batch_32"], 3),
+                 metric_pct_of_teacher=round(100.0 * r["metric"] / base["metric"], 2) if base["metric"] else None)
+    out = Path(output_dir) if output_dir else runs_root() / run_name
+    write_json(out / "settings.json", {**resolved, "threads": torch.get_num_threads(), "examples_scored":
+                                       len(records), "labels": labels,
+                                       "resolved": {row.name: locate(row) for row in everything}})
+    title = (f"Compression on {source} ({split}, {len(records)} examples, {metric}); CPU latency: median of "
+             f"{repeats} rounds, {torch.get_num_threads()} threads, max_length {max_length}")
+    md = write_table(measured, COLUMNS, out / "compression", title)
+    save_png(draw(measured), out / "compression.png")
+    print(md.read_text(encoding="utf-8"), end="")
+    return out
+
+
+def compress_report_command(argv: list[str]) -> int:
+    from ptm_app.analysis.settings import run_command
+
+    out = run_command(compress_report, argv, "compress-report")
+    print(f"wrote {out}")
+    return 0

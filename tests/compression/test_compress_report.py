@@ -1,0 +1,257 @@
+"""``main.py compress-report``: the compression table measured from tiny models of different kinds (a tiny 6-layer
+BERT teacher as a plain export, its dynamic int8 and top-3-layers-dropped versions made by the rows' own ``make``
+commands, an early-exit run at two exit rules); every number is checked against the models themselves.  The shipped
+report configs: their make commands parse and write their rows' models, and (slow) they run as shipped with every
+row substituted by a tiny model of its kind."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import TINY_BERT, run_main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES, MAX_LENGTH = 12, 32
+
+
+def early_exit_run(runs: Path, tmp: Path, source: str = "bbc") -> Path:
+    """A tiny 6-layer PABEE run on ``source`` (MiniLM's tokenizer), 2 steps."""
+    cfg = {"seed_everything": 3,
+           "trainer": {"max_steps": 2, "max_epochs": 1, "accelerator": "cpu", "limit_val_batches": 1,
+                       "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
+                       "logger": False},
+           "model": {"class_path": "EarlyExitModule",
+                     "init_args": {"backbone_config": {**TINY_BERT, "num_hidden_layers": 6}, "method": "pabee",
+                                   "entropy_thresholds": [1.6], "patiences": [1]}},
+           "data": {"class_path": "TaskDataModule",
+                    "init_args": {"source": source, "tokenizer": {"pretrained": "minilm"}, "max_length": MAX_LENGTH,
+                                  "batch_size": 4}}}
+    path = tmp / "exit.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert run_main(["fit", "--config", str(path)], runs) == 0
+    return runs / "exit"
+
+
+def params_of(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def plain_teacher(tmp: Path, source: str = "bbc") -> Path:
+    """A tiny 6-layer BERT classifier over ``source``'s labels with MiniLM's tokenizer, as a plain export
+    directory."""
+    import transformers
+
+    from ptm_app.backbones.heads import from_config
+    from ptm_app.data.sources import prepared_dir
+    from ptm_app.inference.loading import EXPORT_INFO
+    from ptm_app.inference.quantize import eval_records
+
+    labels = sorted({r["label"] for r in eval_records(source, "test", 0)})
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**{**TINY_BERT, "num_hidden_layers": 6}, vocab_size=30522,
+                                               num_labels=len(labels), id2label=dict(enumerate(labels)),
+                                               label2id={label: i for i, label in enumerate(labels)})
+    out = tmp / "teacher"
+    from_config("sequence_classification", config).save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(prepared_dir("minilm")).save_pretrained(out)
+    (out / EXPORT_INFO).write_text(json.dumps({"head": "sequence_classification"}))
+    return out
+
+
+def report_config(tmp: Path, teacher: str, rows: list[dict]) -> Path:
+    cfg = {"source": "bbc", "examples": EXAMPLES, "max_length": MAX_LENGTH, "repeats": 3, "run_name": "table",
+           "teacher": {"name": "teacher", "model": teacher}, "rows": rows}
+    config = tmp / "report.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def scored_records() -> list[dict]:
+    from ptm_app.analysis.representations import sample_indices
+    from ptm_app.inference.quantize import eval_records
+
+    records = eval_records("bbc", "test", 0)
+    return [records[i] for i in sample_indices(len(records), EXAMPLES, 0)]
+
+
+def check_table(out: Path, names: list[str]) -> dict:
+    """The table's rows by name, after the checks every row passes: metric % and speed-ups from its own numbers."""
+    rows = json.loads((out / "compression.json").read_text())
+    assert [r["model"] for r in rows] == names
+    assert (out / "compression.png").stat().st_size > 0 and f"| {names[-1]} |" in (out / "compression.md").read_text()
+    teacher = rows[0]
+    for r in rows:
+        assert r["metric_pct_of_teacher"] == pytest.approx(100 * r["metric"] / teacher["metric"], abs=0.01)
+        for b in ("b1", "b32"):
+            assert r[f"latency_{b}_ms"] > 0
+            assert r[f"speedup_{b}"] == pytest.approx(teacher[f"latency_{b}_ms"] / r[f"latency_{b}_ms"], abs=2e-3)
+    return {r["model"]: r for r in rows}
+
+
+def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
+    """The rows' make commands (quantize, prune) run first; parameters, size and accuracy are the models' own."""
+    from ptm_app.compression.quantization import QUANT_WEIGHTS
+    from ptm_app.inference.loading import load_for_inference
+    from ptm_app.inference.quantize import accuracy
+
+    runs = tmp_path / "runs"
+    teacher = plain_teacher(tmp_path)
+    int8, pruned = tmp_path / "int8", tmp_path / "pruned"
+    config = report_config(tmp_path, str(teacher), [
+        {"name": "int8", "model": str(int8),
+         "make": f"python main.py quantize --ckpt_path {teacher} --output_dir {int8} --repeats 1"},
+        {"name": "3 layers", "model": str(pruned),
+         "make": f"python main.py prune --ckpt_path {teacher} --output_dir {pruned} --drop_layers top:3 --repeats 1"}])
+    assert run_main(["compress-report", "--config", str(config), "--make_missing", "true"], runs) == 0
+    by = check_table(runs / "table", ["teacher", "int8", "3 layers"])
+    records = scored_records()
+    fp32, small, quant = (load_for_inference(str(d)) for d in (teacher, pruned, int8))
+    assert by["teacher"]["params"] == params_of(fp32.model)
+    assert by["int8"]["params"] == params_of(fp32.model)  # the int8 weights counted as weights
+    assert by["3 layers"]["params"] == params_of(small.model) < params_of(fp32.model)
+    assert by["int8"]["size_mb"] == round((int8 / QUANT_WEIGHTS).stat().st_size / 2**20, 3) < by["teacher"]["size_mb"]
+    for name, loaded in (("teacher", fp32), ("int8", quant), ("3 layers", small)):
+        assert by[name]["metric"] == pytest.approx(accuracy(loaded, records, MAX_LENGTH))
+
+
+def test_report_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, capsys, monkeypatch):
+    from ptm_app.compression.early_exit import EarlyExitModule
+    from ptm_app.inference.loading import load_for_inference
+    from ptm_app.inference.quantize import accuracy
+
+    runs = tmp_path / "runs"
+    teacher = plain_teacher(tmp_path)
+    exit_run = early_exit_run(runs, tmp_path)
+    int8 = tmp_path / "int8"
+    make = f"python main.py quantize --ckpt_path {teacher} --output_dir {int8} --repeats 1"
+    config = report_config(tmp_path, str(teacher), [  # the early exit: a run name under the runs directory
+        {"name": "int8", "model": str(int8), "make": make},
+        {"name": "exit entropy", "model": "exit", "exit": "entropy:1.6"},
+        {"name": "exit patience", "model": "exit", "exit": "patience:1"}])
+    capsys.readouterr()
+    assert run_main(["compress-report", "--config", str(config)], runs) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'int8'" in err[0] and make in err[0], err
+    assert run_main(["quantize", "--ckpt_path", str(teacher), "--output_dir", str(int8), "--repeats", "1"], runs) == 0
+
+    sizes = []  # the timed forwards of the early-exit rows: the forward that stops
+    real_exit_forward = EarlyExitModule.exit_forward
+    monkeypatch.setattr(EarlyExitModule, "exit_forward",
+                        lambda self, batch, rule=None: sizes.append(len(batch["input_ids"])) or
+                        real_exit_forward(self, batch, rule))
+    assert run_main(["compress-report", "--config", str(config)], runs) == 0
+    assert 32 in sizes and 1 in sizes  # batch 32 and batch 1 timed through exit_forward
+    by = check_table(runs / "table", ["teacher", "int8", "exit entropy", "exit patience"])
+    records = scored_records()
+    fp32, early = load_for_inference(str(teacher)), load_for_inference(str(exit_run))
+    assert by["teacher"]["params"] == by["int8"]["params"] == params_of(fp32.model)
+    assert by["teacher"]["metric"] == pytest.approx(accuracy(fp32, records, MAX_LENGTH))
+    assert by["exit patience"]["params"] == params_of(early.model) + params_of(early.module.exits)
+    labels = list(early.module.hparams.labels)
+    for name, rule in (("exit entropy", ("entropy", 1.6)), ("exit patience", ("patience", 1))):
+        exits, correct = [], 0
+        with torch.no_grad():
+            for r in records:  # one at a time: each example's own exit
+                enc = early.tokenizer([r["text"]], truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+                logits, layers, _ = early.module.exit_forward(dict(enc), rule)
+                exits.append(int(layers[0]))
+                correct += labels[int(logits.argmax(-1)[0])] == r["label"]
+        assert by[name]["exit_layer"] == pytest.approx(sum(exits) / len(exits))
+        assert by[name]["metric"] == pytest.approx(correct / len(records))
+    assert by["exit patience"]["exit_layer"] < 6  # it does leave early
+
+
+def test_bad_rows_are_one_line(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    cfg = {"source": "bbc", "teacher": {"name": "t", "model": "nowhere", "make": "rm -rf /"}, "rows": []}
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert run_main(["compress-report", "--config", str(config)], runs) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a 'python main.py COMMAND ...' command" in err[0], err
+
+
+def made_by(argv: list[str]) -> str:
+    """The directory a make step writes: a fit's run directory, a quantize / prune output directory."""
+    flags = dict(zip(argv[1::2], argv[2::2]))  # every option of these commands takes one value
+    if argv[0] == "fit":
+        return f"checkpoints/{flags.get('--run_name') or Path(flags['--config']).stem}"
+    return flags["--output_dir"]
+
+
+@pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
+def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys):
+    """As shipped, with no runs: one line naming the teacher's fine-tuning command.  Every row's make command is a
+    main.py command whose last step writes the row's model, and every fit step parses (``--print_config``: the
+    overrides that retarget a BBC recipe are real keys)."""
+    from ptm_app.compression.report import CompressionRow, make_steps
+
+    path = ROOT / "configs" / "compress" / f"{name}.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    for row in [cfg["teacher"], *cfg["rows"]]:
+        steps = make_steps(CompressionRow(**row))
+        assert made_by(steps[-1]) == row["model"], row
+        for argv in steps:
+            assert argv[0] in ("fit", "quantize", "prune"), argv
+            if argv[0] == "fit":
+                capsys.readouterr()
+                with pytest.raises(SystemExit) as stop:
+                    run_main([*argv, "--print_config"], tmp_path / "runs")
+                assert stop.value.code in (0, None), argv
+                printed = yaml.safe_load(capsys.readouterr().out)
+                assert printed["run_name"] in (None, made_by(argv).rpartition("/")[2]) and (
+                    (ROOT / argv[argv.index("--config") + 1]).is_file())
+    assert run_main(["compress-report", "--config", str(path)], tmp_path / "runs") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and cfg["teacher"]["make"] in err[0] and f"{len(cfg['rows'])} more" in err[0], err
+
+
+@pytest.mark.slow  # ~30 s: an early-exit fit, 16 tiny models scored and timed
+@pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
+def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path):
+    """Every row of the shipped config SUBSTITUTED under its run name by a tiny model of its kind (a plain export,
+    its int8 directory, an early-exit run): the config runs with only the repeats, examples and length changed."""
+    from ptm_app.compression.quantization import quantize_dynamic_int8, save_quantized
+    from ptm_app.inference.loading import load_for_inference
+
+    path = ROOT / "configs" / "compress" / f"{name}.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    runs = tmp_path / "runs"
+    plain = plain_teacher(tmp_path, cfg["source"])
+    loaded = load_for_inference(str(plain))
+    int8 = save_quantized(quantize_dynamic_int8(loaded.model), "torch_ao", tmp_path / "int8", loaded.head,
+                          loaded.tokenizer)
+    exit_run = early_exit_run(runs, tmp_path, cfg["source"])
+    for row in [cfg["teacher"], *cfg["rows"]]:
+        target = exit_run if row.get("exit") else int8 if Path(row["model"]).name.startswith("int8_") else plain
+        link = runs / Path(row["model"]).name
+        if not link.exists():
+            link.symlink_to(target, target_is_directory=True)
+    argv = ["compress-report", "--config", str(path), "--repeats", "1", "--examples", "6", "--max_length", "16"]
+    assert run_main(argv, runs) == 0
+    rows = json.loads((runs / cfg["run_name"] / "compression.json").read_text())
+    assert [r["model"] for r in rows] == [cfg["teacher"]["name"]] + [r["name"] for r in cfg["rows"]]
+    assert all(r["exit_layer"] is not None for r, c in zip(rows[1:], cfg["rows"]) if c.get("exit"))
+
+
+@pytest.mark.slow  # ~60 s: a tiny teacher fit, three student fits, the report
+def test_report_on_distilled_and_theseus_runs(tmp_path):
+    """Students of other structures as rows: the shipped BiLSTM, CNN and Theseus recipes, shortened, from a tiny
+    teacher run; their parameters are their own backbones' (the teacher is not counted)."""
+    from ptm_app.inference.loading import load_for_inference
+    from tests.compression.test_compress_configs import QUICK, tiny_teacher
+
+    runs = tmp_path / "runs"
+    tiny_teacher(runs, "bbc_minilm", tmp_path)
+    recipes = ["distill_bbc_bilstm", "distill_bbc_cnn", "theseus_bbc"]
+    for recipe in recipes:
+        config = ROOT / "configs" / "compress" / f"{recipe}.yaml"
+        assert run_main(["fit", "--config", str(config), *QUICK], runs) == 0
+    config = report_config(tmp_path, "bbc_minilm", [{"name": r, "model": r} for r in recipes])
+    assert run_main(["compress-report", "--config", str(config)], runs) == 0
+    by = check_table(runs / "table", ["teacher", *recipes])
+    for recipe in recipes:
+        assert by[recipe]["params"] == params_of(load_for_inference(str(runs / recipe)).model)
