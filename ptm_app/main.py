@@ -60,7 +60,7 @@ ANALYSIS = {"plot": ("ptm_app.analysis.plot", "plot_command"),
             "attention": ("ptm_app.analysis.attention", "attention_command"),
             "knowledge-probe": ("ptm_app.analysis.knowledge_probe", "knowledge_probe_command"),
             "robustness": ("ptm_app.analysis.robustness", "robustness_command"),
-            "compress-report": ("ptm_app.compression.report", "compress_report_command")}
+            "compress-report": ("ptm_app.inference.compression_report", "compress_report_command")}
 
 
 def main(argv: list[str]) -> int:

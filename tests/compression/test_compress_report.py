@@ -183,11 +183,11 @@ def made_by(argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
-def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys):
+def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, monkeypatch):
     """As shipped, with no runs: one line naming the teacher's fine-tuning command.  Every row's make command is a
     main.py command whose last step writes the row's model, and every fit step parses (``--print_config``: the
     overrides that retarget a BBC recipe are real keys)."""
-    from ptm_app.compression.report import CompressionRow, make_steps
+    from ptm_app.inference.compression_report import CompressionRow, make_steps
 
     path = ROOT / "configs" / "compress" / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
@@ -204,6 +204,7 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys):
                 printed = yaml.safe_load(capsys.readouterr().out)
                 assert printed["run_name"] in (None, made_by(argv).rpartition("/")[2]) and (
                     (ROOT / argv[argv.index("--config") + 1]).is_file())
+    monkeypatch.chdir(tmp_path)  # the rows' relative paths must not find runs a developer made in the repo
     assert run_main(["compress-report", "--config", str(path)], tmp_path / "runs") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and cfg["teacher"]["make"] in err[0] and f"{len(cfg['rows'])} more" in err[0], err

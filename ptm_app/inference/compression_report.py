@@ -79,11 +79,13 @@ def locate(row: CompressionRow) -> Optional[str]:
 
 
 def run_make(row: CompressionRow) -> None:
-    """Run the row's ``make`` commands in this process (``main.py``'s dispatch); a failing one stops the report."""
-    from ptm_app.main import main
+    """Run the row's ``make`` commands, each as ``python -m ptm_app ...`` in a child process (its console shows
+    through; its memory is freed before the next row); a failing one stops the report."""
+    import subprocess
+    import sys
 
     for argv in make_steps(row):
-        if main(argv) != 0:
+        if subprocess.run([sys.executable, "-m", "ptm_app", *argv]).returncode != 0:
             raise PtmError(f"row {row.name!r}: 'python main.py {shlex.join(argv)}' failed (its error is above); "
                            f"fix it and run the report again")
 
