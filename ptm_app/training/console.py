@@ -120,7 +120,9 @@ def _repoint_handlers(old: tuple, new: tuple) -> None:
                                        if isinstance(lg, logging.Logger)]
     for logger in loggers:
         for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            # logging.lastResort's class reads sys.stderr through a property: it follows by itself
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                    and not isinstance(getattr(type(handler), "stream", None), property):
                 for before, after in zip(old, new):
                     if handler.stream is before:
                         handler.setStream(after)

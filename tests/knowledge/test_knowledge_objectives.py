@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ptm_app.constants import IGNORE_INDEX
+from ptm_app.errors import PtmError
 from ptm_app.data.corruption.knowledge import knowledge_mask, knowledge_units
 from ptm_app.main import main
 from ptm_app.objectives.knowledge import allowed_from_masks, allowed_senses_losses
@@ -115,6 +116,40 @@ def test_allowed_senses_loss_hand_computed():
     assert loss.item() == pytest.approx(math.log(2), rel=1e-6)
     assert reg.item() == pytest.approx(((math.log(6) + math.log(3)) / 2 + math.log(2)) / 2, rel=1e-6)
     assert allowed_from_masks(torch.tensor([1 << 44]))[0].nonzero().tolist() == [[44]]  # adj.ppl, the last file
+
+
+def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
+    """SenseBERT §3.2: the input vector is (W + S M) x + p.  Token 1 (A = {0, 2}) gets W x + S_0 + S_2, token 2
+    (A = {1}) but replaced by [MASK] gets W [MASK] only, token 3 (no WordNet word) W x; S is the supersense
+    head's output matrix, so both sides train it."""
+    from ptm_app.objectives.mlm import MaskedLMModule
+
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True,
+                            supersense_input=True)
+    module.configure_model()
+    S = module.heads["supersense"].classifier.weight  # [45, H]: row s = the embedding of supersense s
+    with torch.no_grad():
+        S.copy_(torch.arange(45 * 32, dtype=torch.float32).reshape(45, 32) / 1000)
+    batch = {"input_ids": torch.tensor([[2, 11, 4, 13, 3]]), "attention_mask": torch.ones(1, 5, dtype=torch.long),
+             "labels": torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 12, IGNORE_INDEX, IGNORE_INDEX]]),
+             "senses": torch.tensor([[0, 0b101, 0b010, 0, 0]])}
+    inputs = module.model_inputs(batch)
+    assert "input_ids" not in inputs
+    W = module.backbone.get_input_embeddings().weight
+    expected = W[batch["input_ids"][0]].clone()
+    expected[1] += S[0] + S[2]
+    torch.testing.assert_close(inputs["inputs_embeds"][0], expected)
+    assert (inputs["inputs_embeds"][0, 1] - W[11]).abs().sum() > 1.0  # the addition is not negligible
+    # the same token kept in place by the 10 % rule (input = label) keeps its senses
+    kept = {**batch, "input_ids": torch.tensor([[2, 11, 12, 13, 3]])}
+    torch.testing.assert_close(module.model_inputs(kept)["inputs_embeds"][0, 2], W[12] + S[1])
+    module.model_inputs(batch)["inputs_embeds"].sum().backward()
+    assert S.grad[[0, 2]].abs().sum() > 0 and S.grad[1].abs().sum() == 0  # only the visible senses' rows
+    plain = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True)
+    plain.configure_model()
+    assert "inputs_embeds" not in plain.model_inputs(batch)
+    with pytest.raises(PtmError, match="set supersense_objective: true"):
+        MaskedLMModule(backbone_config=TINY_BERT, supersense_input=True)
 
 
 # -- prepared sets -------------------------------------------------------------------------------------------------
