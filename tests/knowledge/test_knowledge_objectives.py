@@ -375,6 +375,46 @@ def test_libert_pair_format_golden(tiny_corpus, tmp_path):
     assert dm.pairs.label_set() == ["related", "unrelated"]
 
 
+def test_libert_negatives_are_the_nearest_words_of_the_batch():
+    """Lauscher et al. 2020 §3 on a hand-built batch of three positives (cat, feline) (car, auto) (happy, glad),
+    2-d vectors cat (1, 0), car (0, 1), happy (.7, .7), feline (1, .1), auto (.2, 1), glad (.6, .8).  Cosines by
+    hand: to feline, happy .77 > glad .68 > auto .29 > car .10; to cat, happy .71 > glad .60; to auto, glad .90 >
+    happy .83; to car, glad .80 > happy .71; to glad, auto .90 > car .80; to happy, auto .83 > feline .77."""
+    from ptm_app.objectives.libert import batch_nearest_negatives
+
+    cat, feline, car, auto, happy, glad = (1,), (2,), (3,), (4,), (5,), (6, 7)
+    vectors = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [1.0, 0.1], [0.2, 1.0], [0.6, 0.8]])
+    negatives = batch_nearest_negatives([cat, car, happy], [feline, auto, glad], vectors)
+    assert negatives == [(happy, feline), (cat, happy), (glad, auto), (car, glad), (auto, glad), (happy, auto)]
+    assert batch_nearest_negatives([cat], [feline], vectors[[0, 3]]) == []  # no other word: no negative
+
+
+def test_libert_training_pairs_are_the_positives_and_their_batch_negatives():
+    """The module keeps a batch's positive pairs, drops its prepared negatives and adds two nearest-in-batch
+    negatives per positive, as [CLS] w1 [SEP] w2 [SEP] with segment ids; the cosine is of the input embeddings."""
+    from ptm_app.data.contract import DataFacts
+    from ptm_app.objectives.libert import LexicalRelationMLMModule
+
+    module = LexicalRelationMLMModule(backbone_config={**TINY_BERT, "vocab_size": 30})
+    module.configure_model()
+    module.data_facts = DataFacts(tokenizer=lambda: None, labels=lambda: ["related", "unrelated"])
+    embed = module.backbone.get_input_embeddings().weight
+    with torch.no_grad():  # words 10, 11 | 12, 13 | 14, 15 | 16 (the prepared negative) as in the test above
+        embed[10:17] = 0.0
+        for word, vector in zip(range(10, 17), ([1, 0], [1, .1], [0, 1], [.2, 1], [.7, .7], [.6, .8], [1, 0])):
+            embed[word, :2] = torch.tensor(vector)
+    CLS, SEP = 2, 3
+    rows = [[CLS, 10, SEP, 11, SEP], [CLS, 12, SEP, 13, SEP], [CLS, 16, SEP, 10, SEP], [CLS, 14, SEP, 15, SEP]]
+    batch = {"input_ids": torch.tensor(rows), "attention_mask": torch.ones(4, 5, dtype=torch.long),
+             "token_type_ids": torch.tensor([[0, 0, 0, 1, 1]] * 4), "labels": torch.tensor([0, 0, 1, 0])}
+    out = module.with_batch_negatives(batch)
+    pairs = [(r[1], r[3]) for r in out["input_ids"].tolist()]
+    assert pairs == [(10, 11), (12, 13), (14, 15), (14, 11), (10, 14), (15, 13), (12, 15), (13, 15), (14, 13)]
+    assert out["labels"].tolist() == [0, 0, 0] + [1] * 6
+    assert out["token_type_ids"][3].tolist() == [0, 0, 0, 1, 1]
+    assert [r[0] for r in out["input_ids"].tolist()] == [CLS] * 9
+
+
 @pytest.mark.parametrize("combine", ["alternate", "sum"])
 def test_libert_streams_alternate_or_sum_and_resume_exactly(combine, tiny_corpus, tmp_path):
     import csv
