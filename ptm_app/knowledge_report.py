@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Optional
+from unittest import mock
 
 import yaml
 
@@ -42,10 +44,14 @@ def load_knowledge_plan(path: str | Path) -> dict:
     if unknown or not plan.get("name") or not plan.get("models") or not plan.get("tasks"):
         raise PtmError(f"knowledge plan {path}: needs 'name', 'tasks' and 'models' (optional 'pretrain_args', "
                        f"'task_args', 'probe', 'link_prediction'); unknown keys: {sorted(unknown) or 'none'}")
-    configs = [t.get("config") for t in plan["tasks"].values()]
+    if not isinstance(plan["tasks"], dict) or not isinstance(plan["models"], list) \
+            or not all(isinstance(m, dict) for m in plan["models"]):
+        raise PtmError(f"knowledge plan {path}: 'tasks' maps task names to settings and 'models' is a list of "
+                       f"settings; see configs/sweeps/knowledge_brown.yaml")
     for task, spec in plan["tasks"].items():
-        if set(spec) != {"config", "metric", "column"}:
+        if not isinstance(spec, dict) or set(spec) != {"config", "metric", "column"}:
             raise PtmError(f"knowledge plan {path}: task {task} needs exactly 'config', 'metric' and 'column'")
+    configs = [t["config"] for t in plan["tasks"].values()]
     ids = [m.get("id") for m in plan["models"]]
     for model in plan["models"]:
         bad = set(model) - MODEL_KEYS
@@ -106,7 +112,8 @@ def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
         if not is_done(where):
             start = time.monotonic()
             print(f"[{i}/{len(todo)}] {cell['name']}: {cell['config']}", flush=True)
-            code = run_cell({"name": plan["name"], "common": common, "test": True}, cell)
+            with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when given args beside sys.argv's
+                code = run_cell({"name": plan["name"], "common": common, "test": True}, cell)
             print(f"[{i}/{len(todo)}] {cell['name']}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
             if code == 143:
                 raise PtmError(f"knowledge-report stopped by SIGTERM in {cell['name']}; run it again to continue")

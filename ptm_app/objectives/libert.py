@@ -103,8 +103,8 @@ class LexicalRelationMLMModule(MaskedLMModule):
         first, second = [], []
         for ids, n, label in zip(pairs["input_ids"].tolist(), pairs["attention_mask"].sum(-1).tolist(),
                                  pairs["labels"].tolist()):
-            if label == related:  # [CLS] w1 [SEP] w2 [SEP]
-                sep = ids.index(ids[n - 1])
+            sep = ids.index(ids[n - 1])  # [CLS] w1 [SEP] w2 [SEP]
+            if label == related and 1 < sep < n - 2:  # both words kept some sub-token
                 first.append(tuple(ids[1:sep]))
                 second.append(tuple(ids[sep + 1:n - 1]))
         if not first:

@@ -61,6 +61,8 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
 
 @pytest.mark.parametrize("change, message", [
     ({"colour": 1}, "unknown keys: ['colour']"),
+    ({"models": ["mlm"]}, "'models' is a list of settings"),
+    ({"tasks": {"pos": {"config": "configs/finetune/brown_pos_minilm.yaml"}}}, "task pos needs exactly 'config', 'metric'"),
     ({"models": [{"id": "a b", "pretrain": "configs/knowledge/mlm_brown.yaml"}]}, "model a b needs a unique 'id'"),
     ({"models": [{"id": "x", "pretrain": "configs/knowledge/nope.yaml"}]}, "config configs/knowledge/nope.yaml not found"),
     ({"models": [{"id": "x", "tasks": {"ner": "configs/finetune/brown_pos_minilm.yaml"}}]},
