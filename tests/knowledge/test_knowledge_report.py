@@ -59,6 +59,26 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
     assert json.loads((md.parent / "knowledge_runs.json").read_text()) == json.loads(json.dumps(sources))
 
 
+def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
+    """Each cell of the shipped plan is a config that tests/cli/test_configs.py runs as shipped, in the plan's order
+    (pre-training or adapters before the runs that start from them); the full plan is hours of CPU (make knowledge),
+    its machinery runs end to end at tiny size below."""
+    from ptm_app.knowledge_report import cells, load_knowledge_plan
+    from tests.cli.test_configs import ALL
+
+    monkeypatch.chdir(ROOT)
+    plan = load_knowledge_plan(PLAN)
+    shipped = {str(p.relative_to(ROOT)) for p in ALL}
+    runs = [(cell["name"], cell["config"]) for model in plan["models"] for cell, _ in cells(plan, model)]
+    assert {config for _, config in runs} <= shipped
+    names = [name for name, _ in runs]
+    assert len(names) == 5 * 4 + 3 + 4 and names[:4] == ["mlm/pretrain", "mlm/wordnet_supersense",
+                                                         "mlm/wordnet_pairs", "mlm/brown_pos"]
+    assert names[-4:] == ["minilm_k_adapter/adapter_factual", "minilm_k_adapter/adapter_linguistic",
+                          "minilm_k_adapter/wordnet_supersense", "minilm_k_adapter/wordnet_pairs"]
+    assert all("--trainer.max_steps" in plan[k] for k in ("pretrain_args", "task_args"))  # equal steps per kind
+
+
 @pytest.mark.parametrize("change, message", [
     ({"colour": 1}, "unknown keys: ['colour']"),
     ({"models": ["mlm"]}, "'models' is a list of settings"),
