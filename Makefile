@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis compress bench clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis compress knowledge bench clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,13 @@ analysis: data
 compress: data
 	$(PY) main.py compress-report --config configs/compress/report_bbc.yaml --make_missing true
 	$(PY) main.py compress-report --config configs/compress/report_tweets.yaml --make_missing true
+
+# The knowledge table (README "Knowledge-enriched pre-training"): five pre-trainings of the same small BERT on Brown
+# (MLM, ERNIE, SenseBERT, LIBERT, KEPLER) at equal steps, each exported, probed and fine-tuned on three tasks, and
+# MiniLM with and without K-Adapter; resumable (finished runs are skipped).  Many hours on 2 CPU cores (KEPLER's
+# link prediction embeds every WordNet synset); not part of `make test`.  Writes checkpoints/knowledge_brown/.
+knowledge: data
+	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).

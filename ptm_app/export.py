@@ -29,7 +29,7 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
     merged, so the directory holds the unchanged base model plus ``delta.safetensors`` and
     ``delta_config.json`` (load with ``backbones.delta.load_delta``).
     Weights the module keeps outside the transformers model (a soft prompt, a scalar mix and feature head,
-    multitask heads) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
+    multitask heads, K-Adapter's switchable adapters and head) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
     rebuilds the whole module from the directory.  ``also(directory)`` adds more files before the directory
     appears (``--format onnx``: ``inference.onnx_export.write_onnx``)."""
     ckpt = read_checkpoint(ckpt_path, trust)
@@ -42,8 +42,12 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
             from ptm_app.backbones.delta import save_delta, save_base
 
             spec, tuned = delta
-            save_delta(tuned, spec, tmp)
-            save_base(tuned, tmp)
+            if spec is not None:
+                save_delta(tuned, spec, tmp)
+            elif not ckpt[CKPT_KEY].get("module_backbone_keys"):
+                raise PtmError(f"{ckpt_path}: its backbone carries adapters that no delta spec describes; "
+                               f"export the run that trained them")
+            save_base(tuned, tmp)  # adapters the module owns (K-Adapter) go to its module weights
         else:
             model.save_pretrained(tmp)
         for name, text in ckpt[CKPT_KEY].get("tokenizer", {}).items():
@@ -99,8 +103,10 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
     """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
     extra, aliases, seen = {}, {}, {}
     training_only = tuple(ckpt[CKPT_KEY].get("training_only", ()))  # e.g. a distillation projection
+    owned = tuple(ckpt[CKPT_KEY].get("module_backbone_keys", ()))  # backbone parts the module owns (K-Adapter)
     for key, value in ckpt["state_dict"].items():
-        if key.startswith(BACKBONE_PREFIX) or (training_only and key.startswith(training_only)):
+        if (key.startswith(BACKBONE_PREFIX) and not (owned and key.startswith(owned))) \
+                or (training_only and key.startswith(training_only)):
             continue
         storage = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
         if storage in seen:  # a tied tensor (ELECTRA's generator head = its word table): stored once

@@ -38,6 +38,9 @@ commands:
                                      results table (.md + .csv) from the runs' summary.json files
   sweep PLAN.yaml [--only GLOB ...] [--list]
                                      run a grid of configs (fit + test), then its results table
+  knowledge-report PLAN.yaml [--collect_only] [--only ID ...]
+                                     knowledge-enhanced PTMs side by side (configs/sweeps/knowledge_brown.yaml):
+                                     pre-train, export, probe, fine-tune (resumable), then the generated table
   plot RUN_DIR ... [--metrics train/loss val/acc ...] [--output FILE.png]
                                      the runs' logged curves (loss, validation metrics, throughput) in one PNG
   probe --config configs/analysis/probe_minilm.yaml [--key value ...]
@@ -135,6 +138,10 @@ def _dispatch(argv: list[str]) -> int:
         from ptm_app.sweep import sweep_command
 
         return sweep_command(argv[1:])
+    if command == "knowledge-report":
+        from ptm_app.knowledge_report import knowledge_report_command
+
+        return knowledge_report_command(argv[1:])
     if command in ANALYSIS:
         import importlib
 

@@ -64,7 +64,7 @@ def checkpoint_backbone(ckpt: dict) -> tuple[Optional[nn.Module], Optional[tuple
     module = module_from_checkpoint(ckpt)
     tuned = module.backbone.eval()
     merged = merge_for_export(tuned)
-    return (merged, None) if merged is not None else (None, (as_delta_spec(ckpt["hyper_parameters"]["delta"]), tuned))
+    return (merged, None) if merged is not None else (None, (as_delta_spec(ckpt["hyper_parameters"].get("delta")), tuned))
 
 
 def checkpoint_backbone_dir(ckpt_path: str | Path) -> Path:

@@ -170,13 +170,12 @@ def refuse(loaded: LoadedModel, what: str) -> PtmError:
 def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
     """The label and every label's probability (softmax of the scores), or the value, and any per-example extras
     (``score_rows`` of the run's own ``predict_step``; a plain export's or an ONNX graph's scores)."""
-    from ptm_app.adaptation.classification import SequenceClassificationModule
     from ptm_app.data.collators import PadCollator
     from ptm_app.data.datasets import EncodedDataset
     from ptm_app.training.callbacks import score_rows
 
     module = loaded.module
-    if module is not None and not isinstance(module, SequenceClassificationModule):
+    if module is not None and predictor_key(loaded) != "sequence_classification":
         raise refuse(loaded, "labels texts with a sequence classification or regression run")
     regression = is_regression(loaded)
     if module is not None:
@@ -313,7 +312,8 @@ PREDICTORS: dict[str, Predictor] = {
 MODULE_HEADS = (("ptm_app.adaptation.classification", "SequenceClassificationModule", "sequence_classification"),
                 ("ptm_app.adaptation.token_classification", "TokenClassificationModule", "token_classification"),
                 ("ptm_app.adaptation.qa", "QuestionAnsweringModule", "question_answering"),
-                ("ptm_app.adaptation.generation", "GenerationModule", "generation"))
+                ("ptm_app.adaptation.generation", "GenerationModule", "generation"),
+                ("ptm_app.knowledge.k_adapter", "KAdapterModule", "sequence_classification"))
 
 
 def predictor_key(loaded: LoadedModel) -> Optional[str]:

@@ -13,6 +13,10 @@ Differs from the paper: its adapters are separate transformer stacks reading the
 layers (0, 11, 23 of RoBERTa-large) and leaving the backbone's own pass untouched; ours sit inside every layer and
 each costs a backbone pass.  What the paper fixes, this keeps: the backbone never trains, each adapter is trained
 alone on its knowledge source, and the downstream head sees the concatenation.
+
+A run's checkpoints hold the adapters and the head (the frozen base is rebuilt from its source); ``export`` writes
+the base as a ``save_pretrained`` model and the adapters with the head as the module's own weights, so
+``export.load_exported_module`` (and ``predict --ckpt_path EXPORT``) rebuild the same model from the directory.
 """
 from __future__ import annotations
 
@@ -142,6 +146,10 @@ class KAdapterModule(TaskModule):
     def forward(self, batch: dict) -> torch.Tensor:
         return self.classifier(self.features(batch))
 
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Every label's probability, as ``SequenceClassificationModule`` (``predict`` writes the rows)."""
+        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu()}
+
     def train(self, mode: bool = True):
         super().train(mode)
         if self.backbone is not None and not self.hparams.train_adapters:
@@ -154,9 +162,9 @@ class KAdapterModule(TaskModule):
         checkpoint["hyper_parameters"]["adapter_specs"] = self.specs
         kept = {k: v for k, v in self.backbone.state_dict().items() if k.startswith(PREFIX)}
         strip_frozen_base(checkpoint, kept, self.hparams.backbone, None)
-        checkpoint[CKPT_KEY]["no_export"] = (
-            "a K-Adapter run is no single transformers model (a frozen base run once per adapter, and a head over "
-            "the concatenation), so it is not exported; reload it with KAdapterModule.load_from_checkpoint(PATH)")
+        # export: the frozen base is the save_pretrained model; the adapters go with the head in the module's
+        # own weights (export.save_module_weights), and export.load_exported_module rebuilds the whole module
+        checkpoint[CKPT_KEY]["module_backbone_keys"] = [BACKBONE_PREFIX + PREFIX]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         restore_frozen_base(checkpoint, self.backbone)

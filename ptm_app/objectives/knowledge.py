@@ -5,12 +5,18 @@ word's sense in context is unknown, only the set ``A(w)`` of supersenses of all 
 the *allowed-senses* loss ``-log Σ_{s ∈ A(w)} p(s | context)`` plus the regulariser
 ``-(1/|A(w)|) Σ_{s ∈ A(w)} log p(s | context)`` that spreads probability over the allowed senses (§3.1, eq. 3-4);
 words not in WordNet (``A(w)`` empty) take no part.
+
+At the input (§3.2, "supersense aware input embeddings") a word's vector is ``(W + S M) x + p``: ``M`` maps the
+word to its allowed supersenses and ``S`` is the supersense embedding matrix, the same one that scores the
+supersenses at the output (tied, as BERT ties ``W``).  Here ``M x`` is read from the corpus annotation (the
+word's ``A(w)`` at its first sub-token); a masked word's input is ``[MASK]``, which has no supersenses.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.sources.wordnet import LEXNAMES
 
 NUM_SUPERSENSES = len(LEXNAMES)  # 45: 26 noun, 15 verb, 3 adjective and 1 adverb files
@@ -32,6 +38,21 @@ def allowed_from_masks(masks: torch.Tensor, num_supersenses: int = NUM_SUPERSENS
     """``[N]`` int64 bit masks (bit k = supersense k) -> ``[N, num_supersenses]`` bool."""
     bits = torch.arange(num_supersenses, device=masks.device)
     return ((masks.unsqueeze(-1) >> bits) & 1).bool()
+
+
+def input_word_senses(input_ids: torch.Tensor, labels: torch.Tensor, senses: torch.Tensor) -> torch.Tensor:
+    """``M x`` as bit masks: the word's ``A(w)`` where the input still holds the original token, 0 where the
+    collator replaced it (``[MASK]``, or a random token whose senses the annotation does not give)."""
+    original = (labels == IGNORE_INDEX) | (input_ids == labels)
+    return senses * original
+
+
+def sense_aware_embeddings(word_embeddings: torch.Tensor, senses: torch.Tensor,
+                           supersense_matrix: torch.Tensor) -> torch.Tensor:
+    """SenseBERT's ``(W + S M) x``: ``word_embeddings`` ``[B, L, H]`` (``W x``) plus, per token, the sum of the rows
+    of ``supersense_matrix`` ``[S, H]`` (the columns of ``S``) at the bits set in ``senses`` ``[B, L]``."""
+    allowed = allowed_from_masks(senses, supersense_matrix.shape[0]).to(supersense_matrix.dtype)
+    return word_embeddings + (allowed @ supersense_matrix).to(word_embeddings.dtype)
 
 
 def allowed_senses_losses(logits: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,8 @@ from torchmetrics import MeanMetric
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.errors import PtmError
-from ptm_app.objectives.knowledge import SupersenseHead, allowed_from_masks, allowed_senses_losses
+from ptm_app.objectives.knowledge import (SupersenseHead, allowed_from_masks, allowed_senses_losses,
+                                          input_word_senses, sense_aware_embeddings)
 from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.training.module import weighted_mean_update
@@ -38,6 +39,10 @@ class MaskedLMModule(LanguageModelModule):
             ``mixed`` (entities, phrases and words are units of one draw throughout).
         supersense_objective: add SenseBERT's supersense target at the masked words that are in WordNet
             (allowed-senses loss + regulariser, ``objectives.knowledge``); needs a corpus with ``senses``.
+        supersense_input: SenseBERT's sense-aware input embedding (§3.2): the input vector of a word is
+            ``(W + S M) x``, its word embedding plus the sum of the supersense embeddings of its allowed senses, with
+            ``S`` the supersense head's output matrix (tied, as the paper ties input and output); a masked word
+            (input ``[MASK]``) gets none.  Needs ``supersense_objective``.
         static_masking: one mask per sample for the whole run instead of a fresh one every epoch.
         sentence_objective: ``nsp`` (random next segment from another document) or ``sop`` (swapped order);
             the data module then builds sentence-pair examples from document boundaries.
@@ -57,7 +62,8 @@ class MaskedLMModule(LanguageModelModule):
                  sentence_objective: Optional[Literal["nsp", "sop"]] = None, span_boundary_objective: bool = False,
                  loss_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True,
                  knowledge_levels: Literal["staged", "mixed"] = "staged",
-                 knowledge_stages: Sequence[float] = (1 / 3, 2 / 3), supersense_objective: bool = False):
+                 knowledge_stages: Sequence[float] = (1 / 3, 2 / 3), supersense_objective: bool = False,
+                 supersense_input: bool = False):
         if span_boundary_objective and masking != "span":
             raise PtmError("span_boundary_objective needs masking: span (SpanBERT §3.2)")
         if len(knowledge_stages) != 2 or not 0.0 <= knowledge_stages[0] <= knowledge_stages[1] <= 1.0:
@@ -66,8 +72,11 @@ class MaskedLMModule(LanguageModelModule):
         if sentence_objective and (masking == "knowledge" or supersense_objective):
             raise PtmError("knowledge masking and the supersense objective train on sentence blocks; "
                            "remove sentence_objective")
+        if supersense_input and not supersense_objective:
+            raise PtmError("supersense_input embeds the supersenses with the supersense head's matrix (SenseBERT §3.2); "
+                           "set supersense_objective: true")
         self.knowledge_levels, self.knowledge_stages = knowledge_levels, tuple(knowledge_stages)
-        self.supersense_objective = supersense_objective
+        self.supersense_objective, self.supersense_input = supersense_objective, supersense_input
         self.heads = None
         # kept as attributes, not only hparams: a subclass's CLI hparams hold just its own arguments
         self.masking_cfg = dict(mlm_probability=mlm_probability, mask_ratio=mask_ratio, random_ratio=random_ratio,
@@ -133,6 +142,16 @@ class MaskedLMModule(LanguageModelModule):
         from ptm_app.data.corruption.knowledge import LEVELS
 
         return {**batch, **views[LEVELS[self.knowledge_stage()]]}
+
+    def model_inputs(self, batch: dict) -> dict:
+        """With ``supersense_input``, the sense-aware input embeddings in place of the token ids."""
+        inputs = super().model_inputs(batch)
+        if not (self.supersense_input and "senses" in batch):
+            return inputs
+        word = self.backbone.get_input_embeddings()(inputs.pop("input_ids"))
+        senses = input_word_senses(batch["input_ids"], batch["labels"], batch["senses"])
+        inputs["inputs_embeds"] = sense_aware_embeddings(word, senses, self.heads["supersense"].classifier.weight)
+        return inputs
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
         out = masked_lm_forward(self.backbone, self.model_inputs(batch), batch["labels"],

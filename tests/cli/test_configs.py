@@ -51,6 +51,7 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
     "adapt/icl_tweets": ["pretrain/gpt_clm", "export gpt_clm"],
     "demo/finetune_bbc": ["demo/mlm_minilm_bbc", "export demo_mlm"],
     "knowledge/kadapter_wordnet_supersense": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
+    "knowledge/kadapter_wordnet_pairs": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
 }
 # In the default suite: the fine-tuning configs (as before) and a few fast pre-training and adaptation ones
 # (about 5-15 s each on 2 quiet cores); the rest are slow tests (make test-slow): 60 configs take ~35 min.

@@ -103,7 +103,8 @@ def test_a_named_adapter_that_does_not_exist_is_one_line(adapter_runs, tiny_corp
 
 def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tmp_path, capsys):
     """A K-Adapter fit paused at step 2 and resumed logs the full run's losses; its checkpoint holds the adapters and
-    the head but not the frozen base, and ``load_from_checkpoint`` rebuilds the same model without the adapter runs."""
+    the head but not the frozen base, and ``load_from_checkpoint`` rebuilds the same model without the adapter runs;
+    its export (base + adapters + head) reloads to identical outputs and predicts what the run predicts."""
     from ptm_app.checkpoints import read_checkpoint
     from ptm_app.knowledge.k_adapter import KAdapterModule
     from tests.conftest import assert_resumes_exactly
@@ -131,8 +132,42 @@ def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tm
     assert torch.equal(module.classifier[1].weight, state["classifier.1.weight"])
     assert torch.equal(module.backbone.delta_adapters["linguistic"].ffn[0].up.weight,
                        state["backbone.delta_adapters.linguistic.ffn.0.up.weight"])
-    # no single transformers model to export: one line, not a traceback
+    # export: the frozen base as a save_pretrained model, the adapters and the head as the module's weights
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    from ptm_app.export import load_exported_module
+
+    out = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(last), "--output_dir", str(out)], adapter_runs) == 0
+    saved = load_file(str(out / "module_weights.safetensors"))
+    assert torch.equal(saved["backbone.delta_adapters.factual.ffn.0.up.weight"],
+                       state["backbone.delta_adapters.factual.ffn.0.up.weight"])
+    assert torch.equal(saved["classifier.1.weight"], state["classifier.1.weight"])
+    base = AutoModel.from_pretrained(out)  # the plain base: no adapter keys in it
+    assert not any("delta_adapters" in k for k in base.state_dict())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTM_RUNS_DIR", str(tmp_path / "elsewhere"))  # neither the runs nor the checkpoint are needed
+        reloaded = load_exported_module(out)
+    texts = ["the cat sat on the mat", "songs of the sea were sung", "a dog"]
+    batch = module.make_collator(reloaded.tokenizer)([{"input_ids": torch.tensor(ids), "key": i} for i, ids in
+                                                      enumerate(reloaded.tokenizer(texts)["input_ids"])])
+    module.eval()
+    with torch.no_grad():
+        expected, got = module(batch), reloaded(batch)
+    assert torch.equal(expected, got)  # the same model, bit for bit
+    without = module.classifier(torch.cat([module.features(batch)[:, :module.backbone.config.hidden_size]] * 3, -1))
+    assert not torch.allclose(without, expected)  # and the adapters' states do count in it
+    # predict on the export and on the run: the same label and probabilities
     capsys.readouterr()
-    assert main(["export", "--ckpt_path", str(last), "--output_dir", str(tmp_path / "export")]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "KAdapterModule.load_from_checkpoint" in err[0], err
+    assert main(["predict", "--ckpt_path", str(out), "--text", texts[1]]) == 0
+    from_export = json.loads(capsys.readouterr().out.strip())
+    assert main(["predict", "--ckpt_path", str(last), "--text", texts[1]]) == 0
+    from_run = json.loads(capsys.readouterr().out.strip())
+    assert from_export["label"] == from_run["label"]
+    for label, p in from_run["probs"].items():
+        assert from_export["probs"][label] == pytest.approx(p, abs=1e-6)
+    probs = torch.softmax(expected[1], -1).tolist()
+    assert [from_export["probs"][name] for name in module.hparams.labels] == pytest.approx(probs, abs=1e-6)

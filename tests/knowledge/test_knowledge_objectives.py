@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ptm_app.constants import IGNORE_INDEX
+from ptm_app.errors import PtmError
 from ptm_app.data.corruption.knowledge import knowledge_mask, knowledge_units
 from ptm_app.main import main
 from ptm_app.objectives.knowledge import allowed_from_masks, allowed_senses_losses
@@ -115,6 +116,40 @@ def test_allowed_senses_loss_hand_computed():
     assert loss.item() == pytest.approx(math.log(2), rel=1e-6)
     assert reg.item() == pytest.approx(((math.log(6) + math.log(3)) / 2 + math.log(2)) / 2, rel=1e-6)
     assert allowed_from_masks(torch.tensor([1 << 44]))[0].nonzero().tolist() == [[44]]  # adj.ppl, the last file
+
+
+def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
+    """SenseBERT §3.2: the input vector is (W + S M) x + p.  Token 1 (A = {0, 2}) gets W x + S_0 + S_2, token 2
+    (A = {1}) but replaced by [MASK] gets W [MASK] only, token 3 (no WordNet word) W x; S is the supersense
+    head's output matrix, so both sides train it."""
+    from ptm_app.objectives.mlm import MaskedLMModule
+
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True,
+                            supersense_input=True)
+    module.configure_model()
+    S = module.heads["supersense"].classifier.weight  # [45, H]: row s = the embedding of supersense s
+    with torch.no_grad():
+        S.copy_(torch.arange(45 * 32, dtype=torch.float32).reshape(45, 32) / 1000)
+    batch = {"input_ids": torch.tensor([[2, 11, 4, 13, 3]]), "attention_mask": torch.ones(1, 5, dtype=torch.long),
+             "labels": torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 12, IGNORE_INDEX, IGNORE_INDEX]]),
+             "senses": torch.tensor([[0, 0b101, 0b010, 0, 0]])}
+    inputs = module.model_inputs(batch)
+    assert "input_ids" not in inputs
+    W = module.backbone.get_input_embeddings().weight
+    expected = W[batch["input_ids"][0]].clone()
+    expected[1] += S[0] + S[2]
+    torch.testing.assert_close(inputs["inputs_embeds"][0], expected)
+    assert (inputs["inputs_embeds"][0, 1] - W[11]).abs().sum() > 1.0  # the addition is not negligible
+    # the same token kept in place by the 10 % rule (input = label) keeps its senses
+    kept = {**batch, "input_ids": torch.tensor([[2, 11, 12, 13, 3]])}
+    torch.testing.assert_close(module.model_inputs(kept)["inputs_embeds"][0, 2], W[12] + S[1])
+    module.model_inputs(batch)["inputs_embeds"].sum().backward()
+    assert S.grad[[0, 2]].abs().sum() > 0 and S.grad[1].abs().sum() == 0  # only the visible senses' rows
+    plain = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True)
+    plain.configure_model()
+    assert "inputs_embeds" not in plain.model_inputs(batch)
+    with pytest.raises(PtmError, match="set supersense_objective: true"):
+        MaskedLMModule(backbone_config=TINY_BERT, supersense_input=True)
 
 
 # -- prepared sets -------------------------------------------------------------------------------------------------
@@ -338,6 +373,46 @@ def test_libert_pair_format_golden(tiny_corpus, tmp_path):
     assert batch["token_type_ids"][1].tolist() == [0, 0, 0, 1, 1]  # segment B is the second word
     assert batch["labels"].tolist() == [dm.pairs.label_set().index("related"), dm.pairs.label_set().index("unrelated")]
     assert dm.pairs.label_set() == ["related", "unrelated"]
+
+
+def test_libert_negatives_are_the_nearest_words_of_the_batch():
+    """Lauscher et al. 2020 §3 on a hand-built batch of three positives (cat, feline) (car, auto) (happy, glad),
+    2-d vectors cat (1, 0), car (0, 1), happy (.7, .7), feline (1, .1), auto (.2, 1), glad (.6, .8).  Cosines by
+    hand: to feline, happy .77 > glad .68 > auto .29 > car .10; to cat, happy .71 > glad .60; to auto, glad .90 >
+    happy .83; to car, glad .80 > happy .71; to glad, auto .90 > car .80; to happy, auto .83 > feline .77."""
+    from ptm_app.objectives.libert import batch_nearest_negatives
+
+    cat, feline, car, auto, happy, glad = (1,), (2,), (3,), (4,), (5,), (6, 7)
+    vectors = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [1.0, 0.1], [0.2, 1.0], [0.6, 0.8]])
+    negatives = batch_nearest_negatives([cat, car, happy], [feline, auto, glad], vectors)
+    assert negatives == [(happy, feline), (cat, happy), (glad, auto), (car, glad), (auto, glad), (happy, auto)]
+    assert batch_nearest_negatives([cat], [feline], vectors[[0, 3]]) == []  # no other word: no negative
+
+
+def test_libert_training_pairs_are_the_positives_and_their_batch_negatives():
+    """The module keeps a batch's positive pairs, drops its prepared negatives and adds two nearest-in-batch
+    negatives per positive, as [CLS] w1 [SEP] w2 [SEP] with segment ids; the cosine is of the input embeddings."""
+    from ptm_app.data.contract import DataFacts
+    from ptm_app.objectives.libert import LexicalRelationMLMModule
+
+    module = LexicalRelationMLMModule(backbone_config={**TINY_BERT, "vocab_size": 30})
+    module.configure_model()
+    module.data_facts = DataFacts(tokenizer=lambda: None, labels=lambda: ["related", "unrelated"])
+    embed = module.backbone.get_input_embeddings().weight
+    with torch.no_grad():  # words 10, 11 | 12, 13 | 14, 15 | 16 (the prepared negative) as in the test above
+        embed[10:17] = 0.0
+        for word, vector in zip(range(10, 17), ([1, 0], [1, .1], [0, 1], [.2, 1], [.7, .7], [.6, .8], [1, 0])):
+            embed[word, :2] = torch.tensor(vector)
+    CLS, SEP = 2, 3
+    rows = [[CLS, 10, SEP, 11, SEP], [CLS, 12, SEP, 13, SEP], [CLS, 16, SEP, 10, SEP], [CLS, 14, SEP, 15, SEP]]
+    batch = {"input_ids": torch.tensor(rows), "attention_mask": torch.ones(4, 5, dtype=torch.long),
+             "token_type_ids": torch.tensor([[0, 0, 0, 1, 1]] * 4), "labels": torch.tensor([0, 0, 1, 0])}
+    out = module.with_batch_negatives(batch)
+    pairs = [(r[1], r[3]) for r in out["input_ids"].tolist()]
+    assert pairs == [(10, 11), (12, 13), (14, 15), (14, 11), (10, 14), (15, 13), (12, 15), (13, 15), (14, 13)]
+    assert out["labels"].tolist() == [0, 0, 0] + [1] * 6
+    assert out["token_type_ids"][3].tolist() == [0, 0, 0, 1, 1]
+    assert [r[0] for r in out["input_ids"].tolist()] == [CLS] * 9
 
 
 @pytest.mark.parametrize("combine", ["alternate", "sum"])

@@ -1,0 +1,239 @@
+"""``python main.py knowledge-report PLAN.yaml [--collect_only] [--only ID ...]``: the knowledge-enhanced PTMs
+side by side (issue 16; Qiu et al. 2020 §4.1, Han et al. 2021 on knowledge), from the runs, never typed.
+
+A plan (``configs/sweeps/knowledge_brown.yaml``) names the rows (``models``) and the downstream ``tasks``.  A model
+with ``pretrain`` is pre-trained by that config at the plan's ``pretrain_args`` (the same steps for every row), tested
+(KEPLER's test is WordNet link prediction: filtered MRR, Hits@k), exported to ``<run>/export``, probed on a LAMA
+cloze of one WordNet relation (``analysis.knowledge_probe``: P@1 over the vocabulary) and fine-tuned on every task
+from that export.  A model without ``pretrain`` is fine-tuned from the tasks' configs as they are (MiniLM); one with
+``adapters`` first trains each named adapter (K-Adapter: ``knowledge.k_adapter``) and runs its own ``tasks`` configs
+with those runs as its adapters.  Every run is a sweep cell (``sweep.run_cell``): run directory
+``<plan>-<model>-<cell>``, resumed from ``last.ckpt`` when interrupted, skipped when it has test metrics.
+
+The table is ``<runs>/<plan>/knowledge.md`` (+ ``.csv``, ``.json``) and ``knowledge_runs.json`` names the run
+directory and metric key behind every cell; a cell that does not apply to its row (link prediction without relation
+embeddings, a cloze without an MLM head, a task the row does not run) stays empty.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+from unittest import mock
+
+import yaml
+
+from ptm_app.errors import PtmError
+from ptm_app.paths import runs_root, write_json
+
+PLAN_KEYS = {"name", "pretrain_args", "task_args", "probe", "link_prediction", "tasks", "models"}
+MODEL_KEYS = {"id", "label", "pretrain", "adapters", "tasks"}
+LINK_METRICS = ("mrr", "hits@10")
+
+
+def load_knowledge_plan(path: str | Path) -> dict:
+    """The plan, checked: every config it names exists, every model id is a plain unique name."""
+    path = Path(path)
+    if not path.is_file():
+        raise PtmError(f"knowledge plan {path} not found; give a YAML file like configs/sweeps/knowledge_brown.yaml")
+    plan = yaml.safe_load(path.read_text()) or {}
+    unknown = set(plan) - PLAN_KEYS
+    if unknown or not plan.get("name") or not plan.get("models") or not plan.get("tasks"):
+        raise PtmError(f"knowledge plan {path}: needs 'name', 'tasks' and 'models' (optional 'pretrain_args', "
+                       f"'task_args', 'probe', 'link_prediction'); unknown keys: {sorted(unknown) or 'none'}")
+    if not isinstance(plan["tasks"], dict) or not isinstance(plan["models"], list) \
+            or not all(isinstance(m, dict) for m in plan["models"]):
+        raise PtmError(f"knowledge plan {path}: 'tasks' maps task names to settings and 'models' is a list of "
+                       f"settings; see configs/sweeps/knowledge_brown.yaml")
+    for task, spec in plan["tasks"].items():
+        if not isinstance(spec, dict) or set(spec) != {"config", "metric", "column"}:
+            raise PtmError(f"knowledge plan {path}: task {task} needs exactly 'config', 'metric' and 'column'")
+    configs = [t["config"] for t in plan["tasks"].values()]
+    ids = [m.get("id") for m in plan["models"]]
+    for model in plan["models"]:
+        bad = set(model) - MODEL_KEYS
+        if bad or not model.get("id") or not str(model["id"]).isidentifier() or ids.count(model["id"]) > 1:
+            raise PtmError(f"knowledge plan {path}: model {model.get('id', '?')} needs a unique 'id' (letters, digits, "
+                           f"_) and may have 'label', 'pretrain', 'adapters', 'tasks'; unknown keys: "
+                           f"{sorted(bad) or 'none'}")
+        extra = set(model.get("tasks") or {}) - set(plan["tasks"])
+        if extra:
+            raise PtmError(f"knowledge plan {path}: model {model['id']}: tasks {sorted(extra)} are not in the plan's "
+                           f"tasks ({', '.join(plan['tasks'])})")
+        configs += [model.get("pretrain"), *(model.get("adapters") or {}).values(), *(model.get("tasks") or {}).values()]
+    missing = [c for c in configs if c is not None and not Path(c).is_file()]
+    if missing:
+        raise PtmError(f"knowledge plan {path}: config {missing[0]} not found (run from the repository root)")
+    return plan
+
+
+def run_dir(plan: dict, model: dict, cell: str) -> Path:
+    return runs_root() / f"{plan['name']}-{model['id']}-{cell}"
+
+
+def cells(plan: dict, model: dict) -> list[tuple[dict, list[str]]]:
+    """``(sweep cell, common args)`` in run order: pre-training or adapters first, then the tasks."""
+    out, task_args = [], [str(a) for a in plan.get("task_args") or []]
+    task_configs = {task: spec["config"] for task, spec in plan["tasks"].items()}
+    extra: list[str] = []
+    if model.get("pretrain"):
+        out.append(({"name": f"{model['id']}/pretrain", "config": model["pretrain"]},
+                    [str(a) for a in plan.get("pretrain_args") or []]))
+        export = str(run_dir(plan, model, "pretrain") / "export")
+        extra = ["--model.init_args.backbone", export, "--data.init_args.tokenizer", json.dumps({"pretrained": export})]
+    adapters = model.get("adapters") or {}
+    for name, config in adapters.items():
+        out.append(({"name": f"{model['id']}/adapter_{name}", "config": config}, task_args))
+    if adapters:
+        runs = {name: str(run_dir(plan, model, f"adapter_{name}")) for name in adapters}
+        extra = ["--model.init_args.adapters", json.dumps(runs)]
+    if model.get("tasks"):
+        task_configs = dict(model["tasks"])
+    for task, config in task_configs.items():
+        out.append(({"name": f"{model['id']}/{task}", "config": config, "args": extra}, task_args))
+    return out
+
+
+def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
+    """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
+    probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
+    from ptm_app.sweep import is_done, run_cell
+
+    failed = []
+    models = [m for m in plan["models"] if not only or m["id"] in only]
+    todo = [(m, cell, common) for m in models for cell, common in cells(plan, m)]
+    for i, (model, cell, common) in enumerate(todo, 1):
+        where = runs_root() / f"{plan['name']}-{cell['name'].replace('/', '-')}"  # sweep.run_name's directory
+        if any(f.startswith(f"{model['id']}/") for f in failed):
+            continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
+        if not is_done(where):
+            start = time.monotonic()
+            print(f"[{i}/{len(todo)}] {cell['name']}: {cell['config']}", flush=True)
+            with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when given args beside sys.argv's
+                code = run_cell({"name": plan["name"], "common": common, "test": True}, cell)
+            print(f"[{i}/{len(todo)}] {cell['name']}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
+            if code == 143:
+                raise PtmError(f"knowledge-report stopped by SIGTERM in {cell['name']}; run it again to continue")
+            if code:
+                failed.append(cell["name"])
+                continue
+        if cell["name"].endswith("/pretrain"):
+            export_once(where)
+    probe_models(plan, [m for m in models if m.get("pretrain") and f"{m['id']}/pretrain" not in failed])
+    return failed
+
+
+def export_once(run: Path) -> Path:
+    """``<run>/export``: the pre-trained model the tasks start from (written once, from ``last.ckpt``)."""
+    out = run / "export"
+    if not (out / "config.json").is_file():
+        from ptm_app.backbones.build import quiet_transformers
+        from ptm_app.export import export_checkpoint
+
+        with quiet_transformers():
+            export_checkpoint(run, out)
+    return out
+
+
+def probe_file(plan: dict) -> Path:
+    return runs_root() / plan["name"] / "probe.json"
+
+
+def probe_models(plan: dict, models: list[dict]) -> None:
+    """LAMA cloze P@1 of the plan's relation for each pre-trained model's export, into ``probe.json`` (kept per
+    model; a model probed before is not probed again)."""
+    from ptm_app.analysis.knowledge_facts import read_facts, relation_file, valid_objects
+    from ptm_app.analysis.knowledge_probe import load_language_model, sample_facts, score_relation, summaries
+
+    settings = {"relation": "hypernym", "facts": 200, "seed": 0, **(plan.get("probe") or {})}
+    path = probe_file(plan)
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    models = [m for m in models if m["id"] not in results]
+    if not models:
+        return
+    facts = read_facts(relation_file(settings["relation"]))
+    valid, sample = valid_objects(facts), sample_facts(facts, settings["facts"], settings["seed"])
+    for model in models:
+        export = run_dir(plan, model, "pretrain") / "export"
+        lm = load_language_model(str(export))
+        scored, skipped = score_relation(lm, sample, valid, 16)
+        relation = sample[0].relation
+        row = next(r for r in summaries(lm.name, scored, {relation: skipped})
+                   if r["relation"] == relation and r["ranking"] == "vocabulary")
+        results[model["id"]] = {**row, "export": str(export), **settings}
+        write_json(path, results)
+
+
+def summary_metrics(run: Path) -> dict:
+    summary = run / "summary.json"
+    return json.loads(summary.read_text()).get("metrics", {}) if summary.is_file() else {}
+
+
+def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
+    """Rows, columns, and per row and column the run directory and metric key the number came from."""
+    link = plan.get("link_prediction", "test")
+    columns = ["model", "link MRR", "link Hits@10", f"{(plan.get('probe') or {}).get('relation', 'hypernym')} P@1",
+               *[spec["column"] for spec in plan["tasks"].values()]]
+    probes = json.loads(probe_file(plan).read_text()) if probe_file(plan).is_file() else {}
+    rows, sources = [], {}
+    for model in plan["models"]:
+        label = model.get("label") or model["id"]
+        row, where = {"model": label}, {}
+        if model.get("pretrain"):
+            run = run_dir(plan, model, "pretrain")
+            metrics = summary_metrics(run)
+            for column, metric in zip(columns[1:3], LINK_METRICS):
+                key = f"test/{link}/{metric}"
+                if key in metrics:
+                    row[column], where[column] = metrics[key], {"run": str(run), "metric": key}
+            if model["id"] in probes:
+                row[columns[3]] = probes[model["id"]]["p_at_1"]
+                where[columns[3]] = {"probe": str(probe_file(plan)), "export": probes[model["id"]]["export"],
+                                     "facts": probes[model["id"]]["facts"]}
+        runs_tasks = model.get("tasks") or plan["tasks"]
+        for task, spec in plan["tasks"].items():
+            if task not in runs_tasks:
+                continue
+            run = run_dir(plan, model, task)
+            key = f"test/{spec['metric']}"
+            value = summary_metrics(run).get(key)
+            if value is not None:
+                row[spec["column"]], where[spec["column"]] = value, {"run": str(run), "metric": key}
+        rows.append(row)
+        sources[label] = where
+    return rows, columns, sources
+
+
+def write_knowledge_report(plan: dict) -> Path:
+    from ptm_app.analysis.tables import write_table
+
+    rows, columns, sources = collect(plan)
+    out = runs_root() / plan["name"]
+    md = write_table(rows, columns, out / "knowledge",
+                     f"Knowledge-enhanced pre-training ({plan['name']}): link prediction on WordNet (filtered), "
+                     f"LAMA cloze, downstream test metrics")
+    write_json(out / "knowledge_runs.json", sources)
+    return md
+
+
+def knowledge_report_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="main.py knowledge-report", description=__doc__.splitlines()[0])
+    parser.add_argument("plan", help="the knowledge plan (YAML), e.g. configs/sweeps/knowledge_brown.yaml")
+    parser.add_argument("--collect_only", action="store_true", help="run nothing: the table from the runs there are")
+    parser.add_argument("--only", nargs="*", default=None, help="model ids to run (the table has every row)")
+    args = parser.parse_args(argv)
+    plan = load_knowledge_plan(args.plan)
+    unknown = sorted(set(args.only or []) - {m["id"] for m in plan["models"]})
+    if unknown:
+        raise PtmError(f"--only {' '.join(unknown)}: no such model in {args.plan} "
+                       f"({', '.join(m['id'] for m in plan['models'])})")
+    failed = [] if args.collect_only else run_plan(plan, args.only)
+    md = write_knowledge_report(plan)
+    print(md.read_text(encoding="utf-8"), end="")
+    print(f"wrote {md}, {md.with_suffix('.csv')}, {md.with_suffix('.json')} and {md.parent / 'knowledge_runs.json'}")
+    if failed:
+        raise PtmError(f"knowledge-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
+    return 0

@@ -1,0 +1,149 @@
+"""The knowledge table (``knowledge-report``, ``make knowledge``): every cell comes from a run's summary.json or the
+probe's results, with its source recorded; cells that do not apply stay empty; the plan's bad input is one line;
+end to end at tiny size (two pre-trainings, their export, probe and a fine-tuning each)."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ptm_app.main import main
+from tests.conftest import TINY_BERT, run_main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ROOT / "configs" / "sweeps" / "knowledge_brown.yaml"
+
+
+def write_summary(run: Path, metrics: dict) -> None:
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"module": "X", "metrics": metrics}))
+
+
+def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypatch):
+    """Hand-written summaries for the shipped plan's runs: KEPLER's test link prediction fills its link columns,
+    the probe file its P@1, the task runs their test metrics; MLM has no link metrics (empty), K-Adapter no POS."""
+    from ptm_app.knowledge_report import collect, load_knowledge_plan, write_knowledge_report
+
+    monkeypatch.chdir(ROOT)
+    plan = load_knowledge_plan(PLAN)
+    write_summary(runs_dir / "knowledge_brown-mlm-pretrain", {"test/loss": 5.1})
+    write_summary(runs_dir / "knowledge_brown-kepler-pretrain", {"test/test/mrr": 0.0312, "test/test/hits@10": 0.071,
+                                                                 "test/inductive/test/mrr": 0.01})
+    write_summary(runs_dir / "knowledge_brown-mlm-wordnet_supersense", {"test/acc": 0.4242, "val/acc": 0.5})
+    write_summary(runs_dir / "knowledge_brown-kepler-brown_pos", {"test/acc": 0.9111})
+    write_summary(runs_dir / "knowledge_brown-minilm_k_adapter-wordnet_pairs", {"test/f1": 0.77, "test/acc": 0.8})
+    write_summary(runs_dir / "knowledge_brown-minilm_k_adapter-brown_pos", {"test/acc": 0.99})  # not its task
+    (runs_dir / "knowledge_brown").mkdir()
+    (runs_dir / "knowledge_brown" / "probe.json").write_text(json.dumps(
+        {"mlm": {"p_at_1": 0.125, "facts": 400, "export": "e"}, "kepler": {"p_at_1": 0.25, "facts": 400, "export": "f"}}))
+    rows, columns, sources = collect(plan)
+    assert columns == ["model", "link MRR", "link Hits@10", "hypernym P@1", "wordnet_supersense acc",
+                       "wordnet_pairs F1", "Brown POS acc"]
+    assert [r["model"] for r in rows] == ["BERT-small MLM", "BERT-small ERNIE masking", "BERT-small SenseBERT",
+                                          "BERT-small LIBERT", "BERT-small KEPLER", "MiniLM fine-tuned",
+                                          "MiniLM + K-Adapter (frozen)"]
+    by = {r["model"]: r for r in rows}
+    assert by["BERT-small MLM"] == {"model": "BERT-small MLM", "hypernym P@1": 0.125, "wordnet_supersense acc": 0.4242}
+    assert by["BERT-small KEPLER"] == {"model": "BERT-small KEPLER", "link MRR": 0.0312, "link Hits@10": 0.071,
+                                       "hypernym P@1": 0.25, "Brown POS acc": 0.9111}
+    assert by["MiniLM + K-Adapter (frozen)"] == {"model": "MiniLM + K-Adapter (frozen)", "wordnet_pairs F1": 0.77}
+    assert by["BERT-small ERNIE masking"] == {"model": "BERT-small ERNIE masking"}  # nothing ran: nothing shown
+    assert sources["BERT-small KEPLER"]["link MRR"] == {"run": str(runs_dir / "knowledge_brown-kepler-pretrain"),
+                                                        "metric": "test/test/mrr"}
+    assert sources["BERT-small MLM"]["wordnet_supersense acc"]["metric"] == "test/acc"
+    md = write_knowledge_report(plan)
+    lines = md.read_text().splitlines()
+    assert "| BERT-small KEPLER | 0.0312 | 0.0710 | 0.2500 |  |  | 0.9111 |" in lines
+    assert json.loads(md.with_suffix(".json").read_text())[0]["hypernym P@1"] == 0.125
+    assert json.loads((md.parent / "knowledge_runs.json").read_text()) == json.loads(json.dumps(sources))
+
+
+def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
+    """Each cell of the shipped plan is a config that tests/cli/test_configs.py runs as shipped, in the plan's order
+    (pre-training or adapters before the runs that start from them); the full plan is hours of CPU (make knowledge),
+    its machinery runs end to end at tiny size below."""
+    from ptm_app.knowledge_report import cells, load_knowledge_plan
+    from tests.cli.test_configs import ALL
+
+    monkeypatch.chdir(ROOT)
+    plan = load_knowledge_plan(PLAN)
+    shipped = {str(p.relative_to(ROOT)) for p in ALL}
+    runs = [(cell["name"], cell["config"]) for model in plan["models"] for cell, _ in cells(plan, model)]
+    assert {config for _, config in runs} <= shipped
+    names = [name for name, _ in runs]
+    assert len(names) == 5 * 4 + 3 + 4 and names[:4] == ["mlm/pretrain", "mlm/wordnet_supersense",
+                                                         "mlm/wordnet_pairs", "mlm/brown_pos"]
+    assert names[-4:] == ["minilm_k_adapter/adapter_factual", "minilm_k_adapter/adapter_linguistic",
+                          "minilm_k_adapter/wordnet_supersense", "minilm_k_adapter/wordnet_pairs"]
+    assert all("--trainer.max_steps" in plan[k] for k in ("pretrain_args", "task_args"))  # equal steps per kind
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": 1}, "unknown keys: ['colour']"),
+    ({"models": ["mlm"]}, "'models' is a list of settings"),
+    ({"tasks": {"pos": {"config": "configs/finetune/brown_pos_minilm.yaml"}}}, "task pos needs exactly 'config', 'metric'"),
+    ({"models": [{"id": "a b", "pretrain": "configs/knowledge/mlm_brown.yaml"}]}, "model a b needs a unique 'id'"),
+    ({"models": [{"id": "x", "pretrain": "configs/knowledge/nope.yaml"}]}, "config configs/knowledge/nope.yaml not found"),
+    ({"models": [{"id": "x", "tasks": {"ner": "configs/finetune/brown_pos_minilm.yaml"}}]},
+     "tasks ['ner'] are not in the plan's tasks"),
+])
+def test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    plan = {**yaml.safe_load(PLAN.read_text()), **change}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    assert main(["knowledge-report", str(path), "--collect_only"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.slow
+def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatch, capsys):
+    """Two tiny BERTs pre-trained 4 steps (plain MLM and SenseBERT) on a span corpus, exported, probed on hypernymy
+    and fine-tuned 3 steps on wordnet_supersense from their exports; the table's rows are the plan's models and its
+    numbers are the runs' test metrics and the probe's P@1.  Run again, nothing reruns (the cells are done)."""
+    from tests.knowledge.test_knowledge_objectives import needs, span_corpus
+
+    needs("wordnet_supersense")
+    monkeypatch.chdir(ROOT)
+    corpus = span_corpus(tmp_path / "corpus", n=48)
+    (corpus / "test.jsonl").write_text((corpus / "validation.jsonl").read_text())  # pre-training runs are tested
+    tiny_pretrain = ["--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.source",
+                     str(corpus), "--data.init_args.max_length", "32", "--data.init_args.batch_size", "4",
+                     "--data.init_args.tokenizer", json.dumps({"train": "wordpiece", "vocab_size": 300,
+                                                                "min_frequency": 1, "lowercase": True}),
+                     "--trainer.precision", "32-true", "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
+                     "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
+                     "--trainer.enable_progress_bar", "false"]
+    plan = {"name": "kb_tiny", "pretrain_args": tiny_pretrain,
+            "task_args": ["--trainer.precision", "32-true", "--trainer.max_steps", "3", "--trainer.val_check_interval",
+                          "3", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "2",
+                          "--data.init_args.limit_train", "24", "--data.init_args.batch_size", "8",
+                          "--trainer.enable_progress_bar", "false"],
+            "probe": {"relation": "hypernym", "facts": 40, "seed": 0},
+            "tasks": {"wordnet_supersense": {"config": "configs/finetune/wordnet_supersense_minilm.yaml",
+                                             "metric": "acc", "column": "supersense acc"}},
+            "models": [{"id": "mlm", "label": "MLM", "pretrain": "configs/knowledge/mlm_brown.yaml"},
+                       {"id": "sensebert", "label": "SenseBERT", "pretrain": "configs/knowledge/sensebert_brown.yaml"}]}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    assert run_main(["knowledge-report", str(path)], runs_dir) == 0
+    out = runs_dir / "kb_tiny"
+    rows = json.loads((out / "knowledge.json").read_text())
+    assert [r["model"] for r in rows] == ["MLM", "SenseBERT"]
+    assert set(rows[0]) == {"model", "link MRR", "link Hits@10", "hypernym P@1", "supersense acc"}
+    probes = json.loads((out / "probe.json").read_text())
+    for row, key in zip(rows, ("mlm", "sensebert")):
+        metrics = json.loads((runs_dir / f"kb_tiny-{key}-wordnet_supersense" / "summary.json").read_text())["metrics"]
+        assert row["supersense acc"] == metrics["test/acc"]
+        assert row["hypernym P@1"] == probes[key]["p_at_1"] and 0.0 <= row["hypernym P@1"] <= 1.0
+        assert probes[key]["facts"] > 0 and row["link MRR"] is None  # no relation embeddings: no link prediction
+        backbone = yaml.safe_load((runs_dir / f"kb_tiny-{key}-wordnet_supersense" / "config.yaml").read_text())
+        assert backbone["model"]["init_args"]["backbone"] == str(runs_dir / f"kb_tiny-{key}-pretrain" / "export")
+    sense = yaml.safe_load((runs_dir / "kb_tiny-sensebert-pretrain" / "config.yaml").read_text())
+    assert sense["model"]["init_args"]["supersense_input"] is True and sense["trainer"]["max_steps"] == 4
+    capsys.readouterr()
+    assert run_main(["knowledge-report", str(path)], runs_dir) == 0
+    printed = capsys.readouterr().out
+    assert "exit" not in printed and "| SenseBERT |" in printed  # every cell was done: only the table
