@@ -67,7 +67,8 @@ class QuestionAnsweringModule(TaskModule):
 
     def on_predict_epoch_end(self) -> None:
         examples = self.data_facts.records(SPLITS["predict"])
-        rows = [{"id": examples.ids[e], "question": examples.questions[e], "context": examples.contexts[e],
+        questions, contexts = examples.fields["question"], examples.fields["context"]
+        rows = [{"id": examples.ids[e], "question": questions[e], "context": contexts[e],
                  "answer": text, "answer_start": start, "answer_end": end,
                  "score": round(score, 4) if start >= 0 else None}
                 for e, (score, start, end, text) in self.answers("predict").items()]

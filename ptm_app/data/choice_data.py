@@ -10,43 +10,32 @@ makes a WordNet-derived set: a word and four definitions, its own and three of o
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch.utils.data import Dataset
 
-from ptm_app.data.cache import cached_json
 from ptm_app.data.collators import ChoiceCollator
 from ptm_app.data.datamodules import _Base, holdout_split, seeded_subset
 from ptm_app.data.datasets import _index
+from ptm_app.data.encoded import EncodedSplit, encoded_split, pick, record_ids
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
 from ptm_app.errors import DataFormatError, PtmError
 from ptm_app.paths import sha256_file
 
-FORMAT_VERSION = 1
-
-
-@dataclass
-class ChoiceSplit:
-    input_ids: list  # [question][choice] -> token ids
-    token_type_ids: Optional[list]
-    labels: list[int]
-    ids: list[str]
-    texts: list[str]
-    choices: list[list[str]]
-
 
 def read_choices(path: Path, tokenizer, *, text_field: str, choices_field: str, label_field: str, id_field: str,
-                 num_choices: Optional[int], max_length: int) -> ChoiceSplit:
-    """Tokenize a multiple-choice file once (cached); a malformed record is a ``file:line`` error."""
-    key = [FORMAT_VERSION, sha256_file(path), text_field, choices_field, label_field, id_field, num_choices,
-           max_length, tokenizer_fingerprint(tokenizer)]
+                 num_choices: Optional[int], max_length: int) -> EncodedSplit:
+    """Tokenize a multiple-choice file once (cached): columns ``input_ids`` (and ``token_type_ids``) hold a
+    question's N (question, choice) pairs; fields ``text``, ``choices`` and ``label`` (the right choice's index).
+    A malformed record is a ``file:line`` error."""
+    key = [sha256_file(path), text_field, choices_field, label_field, id_field, num_choices, max_length,
+           tokenizer_fingerprint(tokenizer)]
 
-    def build() -> dict:
-        texts, choices, labels, ids, lines = [], [], [], [], []
+    def build() -> EncodedSplit:
+        texts, choices, labels, rows = [], [], [], []
         width = num_choices
         for line, record in read_records(path, required=(text_field, choices_field, label_field)):
             options = record[choices_field]
@@ -70,39 +59,40 @@ def read_choices(path: Path, tokenizer, *, text_field: str, choices_field: str, 
             texts.append(str(record[text_field]))
             choices.append(options)
             labels.append(label)
-            ids.append(str(record.get(id_field, f"{path.name}:{line}")))
-            lines.append(line)
+            rows.append((line, record))
         if not texts:
             raise PtmError(f"{path}: no multiple-choice records; check the file and data.text_field / choices_field")
         flat = tokenizer([t for t, opts in zip(texts, choices) for _ in opts], [o for opts in choices for o in opts],
                          truncation="longest_first", max_length=max_length, verbose=False)
         n = len(choices[0])
         group = lambda seq: [seq[i:i + n] for i in range(0, len(seq), n)]  # noqa: E731
-        types = flat.get("token_type_ids")
-        return asdict(ChoiceSplit(input_ids=group(flat["input_ids"]), token_type_ids=group(types) if types else None,
-                                  labels=labels, ids=ids, texts=texts, choices=choices))
+        columns = {"input_ids": group(flat["input_ids"])}
+        if flat.get("token_type_ids"):
+            columns["token_type_ids"] = group(flat["token_type_ids"])
+        return EncodedSplit(columns=columns, fields={"text": texts, "choices": choices, "label": labels},
+                            lines=[line for line, _ in rows], path=str(path), ids=record_ids(path, rows, id_field))
 
-    return ChoiceSplit(**cached_json(key, build))
+    return encoded_split("choice", key, build)
 
 
 class ChoiceDataset(Dataset):
     """One question per item: its choices' token ids and the right choice's index."""
 
-    def __init__(self, split: ChoiceSplit, index: list[int]):
-        self.split, self.index = split, index
+    def __init__(self, split: EncodedSplit, index: list[int]):
+        self.columns, self.labels, self.index = split.columns, split.fields["label"], index
 
     def __len__(self) -> int:
         return len(self.index)
 
     def lengths(self) -> list[int]:
-        return [max(len(ids) for ids in self.split.input_ids[i]) for i in self.index]
+        return [max(len(ids) for ids in self.columns["input_ids"][i]) for i in self.index]
 
     def __getitem__(self, key) -> dict:
         i = self.index[_index(key)]
-        item = {"choices": [torch.as_tensor(ids, dtype=torch.long) for ids in self.split.input_ids[i]],
-                "label": self.split.labels[i], "key": key}
-        if self.split.token_type_ids is not None:
-            item["choice_types"] = [torch.as_tensor(t, dtype=torch.long) for t in self.split.token_type_ids[i]]
+        item = {"choices": [torch.as_tensor(ids, dtype=torch.long) for ids in self.columns["input_ids"][i]],
+                "label": self.labels[i], "key": key}
+        if "token_type_ids" in self.columns:
+            item["choice_types"] = [torch.as_tensor(t, dtype=torch.long) for t in self.columns["token_type_ids"][i]]
         return item
 
 
@@ -128,9 +118,9 @@ class MultipleChoiceDataModule(_Base):
         self.num_choices, self.max_length, self.limit_train = num_choices, max_length, limit_train
         self.group_by_length = group_by_length
         self.kind = "choice"
-        self.splits: dict[str, tuple[ChoiceSplit, list[int]]] = {}
+        self.splits: dict[str, tuple[EncodedSplit, list[int]]] = {}
 
-    def _read(self, path: Path) -> ChoiceSplit:
+    def _read(self, path: Path) -> EncodedSplit:
         return read_choices(path, self.load_tokenizer(), text_field=self.text_field,
                             choices_field=self.choices_field, label_field=self.label_field, id_field=self.id_field,
                             num_choices=self.num_choices, max_length=self.max_length)
@@ -141,7 +131,7 @@ class MultipleChoiceDataModule(_Base):
 
     def label_set(self) -> list[str]:
         """The choice positions, as labels ("0" … "N-1"): what a multitask head and its accuracy count."""
-        n = self.num_choices or len(self._read(self.files["train"]).choices[0])
+        n = self.num_choices or len(self._read(self.files["train"]).fields["choices"][0])
         return [str(i) for i in range(n)]
 
     def setup(self, stage: str | None = None) -> None:
@@ -149,7 +139,7 @@ class MultipleChoiceDataModule(_Base):
             return
         for split, path in self.files.items():
             enc = self._read(path)
-            index = list(range(len(enc.labels)))
+            index = list(range(len(enc)))
             if split == "train" and "validation" not in self.files:
                 index, held = holdout_split(len(index), self.holdout, self.seed)
                 self._add("validation", enc, held)
@@ -157,15 +147,15 @@ class MultipleChoiceDataModule(_Base):
                 index = seeded_subset(index, self.limit_train, self.seed)
             self._add(split, enc, index)
 
-    def _add(self, split: str, enc: ChoiceSplit, index: list[int]) -> None:
+    def _add(self, split: str, enc: EncodedSplit, index: list[int]) -> None:
         self.splits[split] = (enc, index)
         self.datasets[split] = ChoiceDataset(enc, index)
 
     def records(self, split: str) -> dict:
         """Ids, questions and choices of a split, aligned with its dataset (for writing predictions)."""
         enc, index = self.splits[split]
-        return {"ids": [enc.ids[i] for i in index], "texts": [enc.texts[i] for i in index],
-                "choices": [enc.choices[i] for i in index]}
+        return {"ids": pick(enc.ids, index), "texts": pick(enc.fields["text"], index),
+                "choices": pick(enc.fields["choices"], index)}
 
     def default_collator(self) -> ChoiceCollator:
         return ChoiceCollator(self.tokenizer.pad_token_id)

@@ -14,13 +14,14 @@ from typing import Callable, Literal, Optional
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from ptm_app.data.blocks import BlockView, LazyBlocks
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.collators import PadCollator
 from ptm_app.data.corpus import CorpusDocuments, Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
+from ptm_app.data.encoded import EncodedSplit, pick
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader
 from ptm_app.data.tasks import Overlong, Unlabelled, encode_split, label_ids, label_values
@@ -358,7 +359,7 @@ class TaskDataModule(_Base):
         self.limit_train = limit_train
         self.splits: dict = {}
 
-    def _encode(self, path: Path):
+    def _encode(self, path: Path) -> EncodedSplit:
         return encode_split(path, self.load_tokenizer(), text_field=self.text_field,
                             text_pair_field=self.text_pair_field, label_field=self.label_field,
                             max_length=self.max_length, overlong=self.overlong, id_field=self.id_field,
@@ -373,7 +374,7 @@ class TaskDataModule(_Base):
         if self.task == "regression":
             return []
         if self.labels is None:
-            self.labels = sorted(set(self._encode(self.files["train"]).labels))
+            self.labels = sorted(set(self._encode(self.files["train"]).fields["label"]))
         return list(self.labels)
 
     @property
@@ -383,10 +384,14 @@ class TaskDataModule(_Base):
     def setup(self, stage: str | None = None) -> None:
         self.setup_labelled(label_values if self.task == "regression" else label_ids)
 
-    def _add(self, split: str, enc, ids: list[int], index: list[int]) -> None:
-        pick = lambda seq: None if seq is None else [seq[i] for i in index]  # noqa: E731
-        self.splits[split] = {"ids": pick(enc.ids), "texts": pick(enc.texts), "path": enc.path}
-        self.datasets[split] = EncodedDataset(pick(enc.input_ids), pick(ids), pick(enc.token_type_ids))
+    def _add(self, split: str, enc: EncodedSplit, ids: list[int], index: list[int]) -> None:
+        self.splits[split] = {"ids": pick(enc.ids, index), "texts": pick(enc.fields["text"], index), "path": enc.path}
+        self.datasets[split] = self._dataset(enc, pick(ids, index), index)
+
+    def _dataset(self, enc: EncodedSplit, labels: list, index: list[int]) -> Dataset:
+        """The examples at ``index`` with their label ids (or regression values)."""
+        return EncodedDataset(pick(enc.columns["input_ids"], index), labels,
+                              pick(enc.columns.get("token_type_ids"), index))
 
     @property
     def kind(self) -> str:

@@ -1,7 +1,7 @@
 """Source → target text pairs for sequence-to-sequence generation (summarisation, headline generation ...).
 
-Each split is tokenized once (cached by file content, fields, tokenizer and length settings, as in
-``data.tasks``): the source and the target become *content* token ids, without special tokens.  The model's
+Each split is tokenized once into an ``EncodedSplit`` (``data.encoded``, cached by file content, fields, tokenizer
+and length settings): the source and the target become *content* token ids, without special tokens.  The model's
 collator adds the specials its architecture expects (``adaptation.generation``): ``[CLS] … [SEP]`` around a
 BERT2BERT source, EOS after a T5/BART source and after every target, a prompt between source and target for a
 decoder-only model.  The raw target text is kept as the reference for ROUGE-L and BLEU, so truncating
@@ -9,38 +9,20 @@ the training target never changes what generations are scored against.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch.utils.data import Dataset
 
-from ptm_app.data.cache import cached_json
 from ptm_app.data.datamodules import _Base
 from ptm_app.data.datasets import _index
+from ptm_app.data.encoded import EncodedSplit, encoded_split, pick, read_rows, record_ids
 from ptm_app.data.formats import read_records
 from ptm_app.data.tasks import Overlong
 from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
 from ptm_app.errors import DataFormatError, PtmError
 from ptm_app.paths import sha256_file
-
-FORMAT_VERSION = 1
-
-
-@dataclass
-class PairSplit:
-    """One tokenized source/target file, in file order."""
-
-    source_ids: list[list[int]]
-    target_ids: list[list[int]]
-    sources: list[str]
-    targets: list[str]
-    ids: list[str]
-    lines: list[int]
-    path: str
-    truncated_sources: int
-    truncated_targets: int
 
 
 def _content_ids(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -48,12 +30,12 @@ def _content_ids(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def encode_pairs(path: Path, tokenizer, *, source_field: str, target_field: str, id_field: str,
-                 max_source_length: int, max_target_length: int, overlong: Overlong) -> PairSplit:
-    """Tokenize a source/target file once; an overlong text is cut (``truncate``) or refused with ``file:line``."""
-    def build() -> dict:
-        rows = list(read_records(path, (source_field, target_field)))
-        if not rows:
-            raise PtmError(f"data file {path} has no records; check the file")
+                 max_source_length: int, max_target_length: int, overlong: Overlong) -> EncodedSplit:
+    """Tokenize a source/target file once (columns ``source_ids``, ``target_ids``; fields ``source``, ``target``;
+    stats ``truncated_sources``, ``truncated_targets``); an overlong text is cut (``truncate``) or refused with
+    ``file:line``."""
+    def build() -> EncodedSplit:
+        rows = read_rows(path, (source_field, target_field))
         lines = [line for line, _ in rows]
         sources, targets = [str(r[source_field]) for _, r in rows], [str(r[target_field]) for _, r in rows]
         out, cut = {}, {}
@@ -67,34 +49,36 @@ def encode_pairs(path: Path, tokenizer, *, source_field: str, target_field: str,
                                               f"raise data.max_{name}_length or set data.overlong: truncate")
             cut[name] = sum(len(seq) > limit for seq in ids)
             out[name] = [seq[:limit] for seq in ids]
-        return asdict(PairSplit(
-            source_ids=out["source"], target_ids=out["target"], sources=sources, targets=targets,
-            ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows], lines=lines,
-            path=str(path), truncated_sources=cut["source"], truncated_targets=cut["target"]))
+        return EncodedSplit(
+            columns={"source_ids": out["source"], "target_ids": out["target"]},
+            fields={"source": sources, "target": targets}, lines=lines, path=str(path),
+            ids=record_ids(path, rows, id_field),
+            stats={"truncated_sources": cut["source"], "truncated_targets": cut["target"]})
 
-    key = [FORMAT_VERSION, sha256_file(path), "seq2seq", source_field, target_field, id_field, max_source_length,
-           max_target_length, overlong, tokenizer_fingerprint(tokenizer)]
-    return PairSplit(**cached_json(key, build))
+    key = [sha256_file(path), source_field, target_field, id_field, max_source_length, max_target_length, overlong,
+           tokenizer_fingerprint(tokenizer)]
+    return encoded_split("seq2seq", key, build)
 
 
 class PairDataset(Dataset):
     """Items: ``source_ids``, ``target_ids`` (content tokens) and ``target`` (the reference text)."""
 
-    def __init__(self, split: PairSplit, index: list[int]):
-        self.split, self.index = split, index
+    def __init__(self, split: EncodedSplit, index: list[int]):
+        self.columns, self.targets, self.index = split.columns, split.fields["target"], index
 
     def __len__(self) -> int:
         return len(self.index)
 
     def __getitem__(self, key) -> dict:
-        s, i = self.split, self.index[_index(key)]
-        return {"source_ids": torch.as_tensor(s.source_ids[i], dtype=torch.long),
-                "target_ids": torch.as_tensor(s.target_ids[i], dtype=torch.long), "target": s.targets[i], "key": key}
+        c, i = self.columns, self.index[_index(key)]
+        return {"source_ids": torch.as_tensor(c["source_ids"][i], dtype=torch.long),
+                "target_ids": torch.as_tensor(c["target_ids"][i], dtype=torch.long), "target": self.targets[i],
+                "key": key}
 
 
-def target_ids(split: PairSplit, label_set: list[str], from_training: bool) -> list[list[int]]:
+def target_ids(split: EncodedSplit, label_set: list[str], from_training: bool) -> list[list[int]]:
     """The "labels" of a generation task, for ``_Base.setup_labelled``: the target token ids."""
-    return split.target_ids
+    return split.columns["target_ids"]
 
 
 class Seq2SeqDataModule(_Base):
@@ -123,7 +107,7 @@ class Seq2SeqDataModule(_Base):
         self.max_source_length, self.max_target_length = max_source_length, max_target_length
         self.overlong, self.limit_train = overlong, limit_train
         self.splits: dict = {}
-        self.encoded: dict[Path, PairSplit] = {}  # this run's splits, read once
+        self.encoded: dict[Path, EncodedSplit] = {}  # this run's splits, read once
 
     def _tokenizer_corpus(self):
         train = self.files["train"]
@@ -131,7 +115,7 @@ class Seq2SeqDataModule(_Base):
         texts = lambda: [str(r[f]) for _, r in read_records(train, fields) for f in fields]  # noqa: E731
         return texts, f"{train}:{self.source_field}+{self.target_field}"
 
-    def _encode(self, path: Path) -> PairSplit:
+    def _encode(self, path: Path) -> EncodedSplit:
         if path not in self.encoded:
             self.encoded[path] = encode_pairs(
                 path, self.load_tokenizer(), source_field=self.source_field, target_field=self.target_field,
@@ -141,11 +125,11 @@ class Seq2SeqDataModule(_Base):
 
     def prepare_data(self) -> None:
         for path in self.files.values():
-            enc = self._encode(path)
-            if enc.truncated_sources or enc.truncated_targets:
-                print(f"{path}: {enc.truncated_sources} sources cut to max_source_length={self.max_source_length}, "
-                      f"{enc.truncated_targets} targets cut to max_target_length={self.max_target_length} tokens "
-                      "(references stay whole)")
+            stats = self._encode(path).stats
+            if stats["truncated_sources"] or stats["truncated_targets"]:
+                print(f"{path}: {stats['truncated_sources']} sources cut to max_source_length="
+                      f"{self.max_source_length}, {stats['truncated_targets']} targets cut to max_target_length="
+                      f"{self.max_target_length} tokens (references stay whole)")
 
     def label_set(self) -> list[str]:
         return []
@@ -153,10 +137,9 @@ class Seq2SeqDataModule(_Base):
     def setup(self, stage: str | None = None) -> None:
         self.setup_labelled(target_ids)
 
-    def _add(self, split: str, enc: PairSplit, ids: list, index: list[int]) -> None:
-        pick = lambda seq: [seq[i] for i in index]  # noqa: E731
-        self.splits[split] = {"ids": pick(enc.ids), "texts": pick(enc.sources), "targets": pick(enc.targets),
-                              "path": enc.path}
+    def _add(self, split: str, enc: EncodedSplit, ids: list, index: list[int]) -> None:
+        self.splits[split] = {"ids": pick(enc.ids, index), "texts": pick(enc.fields["source"], index),
+                              "targets": pick(enc.fields["target"], index), "path": enc.path}
         self.datasets[split] = PairDataset(enc, index)
 
     def records(self, split: str) -> dict:

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from ptm_app.data.corruption import draw_rng
 from ptm_app.data.datamodules import _Base, holdout_split, resolve_source
 from ptm_app.data.datasets import _index
+from ptm_app.data.encoded import EncodedSplit, Ragged
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import TokenizerSpec, is_bert_style, tokenizer_fingerprint
 from ptm_app.errors import PtmError
@@ -73,21 +74,6 @@ class ParallelSource:
                 yield line, s.strip(), t.strip()
 
 
-@dataclass
-class TokenizedPairs:
-    """Token ids (no special tokens) of each side, flat with offsets, and the pairs' 1-based lines."""
-
-    ids: tuple[np.ndarray, np.ndarray]
-    offsets: tuple[np.ndarray, np.ndarray]
-    lines: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.lines)
-
-    def pair(self, i: int) -> tuple[list[int], list[int]]:
-        return tuple(ids[off[i]: off[i + 1]].tolist() for ids, off in zip(self.ids, self.offsets))
-
-
 def tokenize_pairs(source: ParallelSource, tokenizer, batch: int = 1000) -> Path:
     """Tokenize both sides once into ``<cache>/parallel/<key>`` and return that directory."""
     key = json.dumps([FORMAT_VERSION, *source.cache_key(), tokenizer_fingerprint(tokenizer)])
@@ -114,12 +100,14 @@ def tokenize_pairs(source: ParallelSource, tokenizer, batch: int = 1000) -> Path
     return target
 
 
-def load_pairs(cache_dir: Path) -> TokenizedPairs:
-    return TokenizedPairs(
-        ids=tuple(np.load(cache_dir / f"{s}_ids.npy", mmap_mode="r") for s in ("source", "target")),
-        offsets=tuple(np.load(cache_dir / f"{s}_offsets.npy") for s in ("source", "target")),
-        lines=np.load(cache_dir / "lines.npy"),
-    )
+def load_pairs(cache_dir: Path) -> EncodedSplit:
+    """The pairs cached by ``tokenize_pairs``: columns ``source_ids`` and ``target_ids`` (token ids without special
+    tokens, memory-mapped), and the pairs' 1-based lines."""
+    return EncodedSplit(
+        columns={f"{s}_ids": Ragged(np.load(cache_dir / f"{s}_ids.npy", mmap_mode="r"),
+                                    np.load(cache_dir / f"{s}_offsets.npy")) for s in ("source", "target")},
+        fields={}, lines=np.load(cache_dir / "lines.npy"),
+        path=json.loads((cache_dir / "meta.json").read_text())["source"])
 
 
 def fit_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
@@ -155,7 +143,7 @@ class ParallelDataset(Dataset):
     changes every epoch and is the same when a run resumes.
     """
 
-    def __init__(self, pairs: TokenizedPairs, index: list[int], *, cls_id: int, sep_id: int, max_length: int,
+    def __init__(self, pairs: EncodedSplit, index: list[int], *, cls_id: int, sep_id: int, max_length: int,
                  seed: int, swap_probability: float):
         self.pairs, self.index, self.seed, self.swap_probability = pairs, index, seed, swap_probability
         self.cls_id, self.sep_id, self.max_length = cls_id, sep_id, max_length
@@ -164,7 +152,8 @@ class ParallelDataset(Dataset):
         return len(self.index)
 
     def __getitem__(self, key) -> dict:
-        src, tgt = self.pairs.pair(self.index[_index(key)])
+        i, columns = self.index[_index(key)], self.pairs.columns
+        src, tgt = columns["source_ids"][i], columns["target_ids"][i]
         swap = self.swap_probability > 0 and draw_rng(self.seed, [key]).random() < self.swap_probability
         first, second, languages = (tgt, src, (1, 0)) if swap else (src, tgt, (0, 1))
         example = tlm_example(first, second, languages, cls_id=self.cls_id, sep_id=self.sep_id,

@@ -5,52 +5,39 @@ sample of the training split (PET §4 draws its small training sets at random).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 from torch.utils.data import Dataset
 
-from ptm_app.data.cache import cached_json
 from ptm_app.data.datamodules import TaskDataModule
 from ptm_app.data.datasets import _index
+from ptm_app.data.encoded import EncodedSplit, encoded_split, pick
 from ptm_app.data.tasks import read_labelled
 from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
 from ptm_app.paths import sha256_file
 
-FORMAT_VERSION = 1
-
-
-@dataclass
-class EncodedFields:
-    """One split: each record's text (and text pair) as token ids without special tokens, cut to max_length."""
-
-    text_ids: list[list[int]]
-    pair_ids: Optional[list[list[int]]]
-    labels: list[str]
-    lines: list[int]
-    ids: list[str]
-    texts: list[str]
-    path: str
-
 
 def encode_fields(path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
-                  id_field: str, max_length: int) -> EncodedFields:
-    """Tokenize a labelled file's fields once; later calls read the cache (keyed like ``tasks.encode_split``)."""
-    key = ["prompt", FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field,
-           max_length, tokenizer_fingerprint(tokenizer)]
+                  id_field: str, max_length: int) -> EncodedSplit:
+    """Tokenize a labelled file's fields once, each record's text (and text pair) as token ids without special
+    tokens, cut to ``max_length`` (columns ``text_ids``, ``pair_ids``; fields ``text``, ``label``); later calls
+    read the cache (keyed like ``tasks.encode_split``)."""
+    key = [sha256_file(path), text_field, text_pair_field, label_field, id_field, max_length,
+           tokenizer_fingerprint(tokenizer)]
 
     def ids(values: list[str]) -> list[list[int]]:
         return tokenizer(values, add_special_tokens=False, truncation=True, max_length=max_length,
                          verbose=False)["input_ids"]
 
-    def build() -> dict:
+    def build() -> EncodedSplit:
         rec = read_labelled(path, text_field=text_field, text_pair_field=text_pair_field, label_field=label_field,
                             id_field=id_field)
-        return asdict(EncodedFields(text_ids=ids(rec.texts), pair_ids=ids(rec.pairs) if rec.pairs else None,
-                                    labels=rec.labels, lines=rec.lines, ids=rec.ids, texts=rec.texts, path=rec.path))
+        columns = {"text_ids": ids(rec.texts), **({"pair_ids": ids(rec.pairs)} if rec.pairs else {})}
+        return EncodedSplit(columns=columns, fields={"text": rec.texts, "label": rec.labels}, lines=rec.lines,
+                            path=rec.path, ids=rec.ids)
 
-    return EncodedFields(**cached_json(key, build))
+    return encoded_split("prompt", key, build)
 
 
 class PromptDataset(Dataset):
@@ -92,13 +79,10 @@ class PromptDataModule(TaskDataModule):
                          batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed,
                          holdout=holdout, limit_train=limit_train, group_by_length=False)
 
-    def _encode(self, path: Path) -> EncodedFields:
+    def _encode(self, path: Path) -> EncodedSplit:
         return encode_fields(path, self.load_tokenizer(), text_field=self.text_field,
                              text_pair_field=self.text_pair_field, label_field=self.label_field,
                              id_field=self.id_field, max_length=self.max_length)
 
-
-    def _add(self, split: str, enc: EncodedFields, ids: list[int], index: list[int]) -> None:
-        pick = lambda seq: None if seq is None else [seq[i] for i in index]  # noqa: E731
-        self.splits[split] = {"ids": pick(enc.ids), "texts": pick(enc.texts), "path": enc.path}
-        self.datasets[split] = PromptDataset(pick(enc.text_ids), pick(ids), pick(enc.pair_ids))
+    def _dataset(self, enc: EncodedSplit, labels: list[int], index: list[int]) -> PromptDataset:
+        return PromptDataset(pick(enc.columns["text_ids"], index), labels, pick(enc.columns.get("pair_ids"), index))

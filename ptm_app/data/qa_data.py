@@ -2,51 +2,24 @@
 the model predicts the answer's start and end tokens; long passages are cut into overlapping windows
 (``doc_stride``), each window keeping its character offsets so spans map back to the passage.
 
-Each split is tokenized once (cached by file content, fields, tokenizer and length settings, as in
-``data.tasks``); an answer that is not at its ``answer_start`` is an error naming ``file:line``.
+Each split is tokenized once into an ``EncodedSplit`` (``data.encoded``, cached by file content, fields, tokenizer
+and length settings); an answer that is not at its ``answer_start`` is an error naming ``file:line``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch.utils.data import Dataset
 
-from ptm_app.data.cache import cached_json
 from ptm_app.data.datamodules import _Base, holdout_split
 from ptm_app.data.datasets import _index
+from ptm_app.data.encoded import EncodedSplit, encoded_split, read_rows, record_ids
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import TokenizerSpec, fast_tokenizer_fingerprint
 from ptm_app.errors import DataFormatError, PtmError
 from ptm_app.paths import sha256_file
-
-FORMAT_VERSION = 1
-
-
-@dataclass
-class QAFeatures:
-    """One tokenized SQuAD-format file: examples, and the windows ("features") cut from them.
-
-    Per feature: ``example`` (index into the examples), ``offsets`` (``[start, end)`` character offsets of
-    each token in the context, ``[-1, -1]`` for question, special and padding tokens) and the answer's
-    ``start``/``end`` token (both 0, the [CLS] token, when the answer is not inside the window).
-    """
-
-    input_ids: list[list[int]]
-    token_type_ids: Optional[list[list[int]]]
-    example: list[int]
-    offsets: list[list[list[int]]]
-    start: list[int]
-    end: list[int]
-    ids: list[str]
-    questions: list[str]
-    contexts: list[str]
-    answers: list[list[str]]
-    lines: list[int]
-    path: str
-    truncated_questions: int
 
 
 def _answers(path: Path, line: int, record: dict, field: str, context: str) -> tuple[list[str], int]:
@@ -70,9 +43,12 @@ def _cut_question(tokenizer, question: str, limit: int) -> str:
 
 
 def qa_windows(tokenizer, questions: list[str], contexts: list[str], max_length: int, doc_stride: int,
-               max_question_length: int) -> dict:
-    """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``:
-    ``input_ids``, ``token_type_ids``, ``example``, ``offsets`` and ``truncated_questions`` as in ``QAFeatures``."""
+               max_question_length: int) -> tuple[dict, int]:
+    """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``: the
+    windows' columns and the number of questions cut to ``max_question_length``.  Per window: ``input_ids``,
+    ``token_type_ids`` (if the tokenizer gives them), ``example`` (index into the questions) and ``offsets``
+    (``[start, end)`` character offsets of each token in the context, ``[-1, -1]`` for question, special and
+    padding tokens)."""
     cut = [_cut_question(tokenizer, q, max_question_length) for q in questions]
     enc = tokenizer(cut, contexts, truncation="only_second", max_length=max_length, stride=doc_stride,
                     return_overflowing_tokens=True, return_offsets_mapping=True, verbose=False)
@@ -80,22 +56,24 @@ def qa_windows(tokenizer, questions: list[str], contexts: list[str], max_length:
     for i in range(len(enc["input_ids"])):
         in_context = [s == 1 for s in enc.sequence_ids(i)]
         offsets.append([list(o) if c else [-1, -1] for o, c in zip(enc["offset_mapping"][i], in_context)])
-    return {"input_ids": enc["input_ids"], "token_type_ids": enc.get("token_type_ids"),
-            "example": list(enc["overflow_to_sample_mapping"]), "offsets": offsets,
-            "truncated_questions": sum(c != q for c, q in zip(cut, questions))}
+    columns = {"input_ids": enc["input_ids"], "example": list(enc["overflow_to_sample_mapping"]), "offsets": offsets}
+    if enc.get("token_type_ids") is not None:
+        columns["token_type_ids"] = enc["token_type_ids"]
+    return columns, sum(c != q for c, q in zip(cut, questions))
 
 
 def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str, answers_field: str, id_field: str,
-              max_length: int, doc_stride: int, max_question_length: int) -> QAFeatures:
-    """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``."""
-    def build() -> dict:
-        rows = list(read_records(path, (question_field, context_field, answers_field)))
-        if not rows:
-            raise PtmError(f"data file {path} has no records; check the file")
+              max_length: int, doc_stride: int, max_question_length: int) -> EncodedSplit:
+    """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``: one row per
+    window (the columns of ``qa_windows``, plus ``start``/``end``, the answer's tokens, both 0, the [CLS] token,
+    when the answer is not inside the window); fields ``question``, ``context`` and ``answers`` (gold texts) per
+    example; stats ``truncated_questions``."""
+    def build() -> EncodedSplit:
+        rows = read_rows(path, (question_field, context_field, answers_field))
         contexts = [str(r[context_field]) for _, r in rows]
         golds = [_answers(path, line, r, answers_field, c) for (line, r), c in zip(rows, contexts)]
         questions = [str(r[question_field]) for _, r in rows]
-        windows = qa_windows(tokenizer, questions, contexts, max_length, doc_stride, max_question_length)
+        windows, truncated = qa_windows(tokenizer, questions, contexts, max_length, doc_stride, max_question_length)
         starts, ends = [], []
         for example, window in zip(windows["example"], windows["offsets"]):
             in_context = [o != [-1, -1] for o in window]
@@ -108,36 +86,36 @@ def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str,
                 end = min(t for t in tokens if window[t][1] >= end_char)
             starts.append(start)
             ends.append(end)
-        return QAFeatures(
-            **windows, start=starts, end=ends,
-            ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows], questions=questions,
-            contexts=contexts, answers=[g[0] for g in golds], lines=[line for line, _ in rows],
-            path=str(path)).__dict__
+        return EncodedSplit(
+            columns={**windows, "start": starts, "end": ends},
+            fields={"question": questions, "context": contexts, "answers": [g[0] for g in golds]},
+            lines=[line for line, _ in rows], path=str(path), ids=record_ids(path, rows, id_field),
+            stats={"truncated_questions": truncated})
 
-    key = [sha256_file(path), "qa", question_field, context_field, answers_field, id_field, max_length, doc_stride,
+    key = [sha256_file(path), question_field, context_field, answers_field, id_field, max_length, doc_stride,
            max_question_length, fast_tokenizer_fingerprint(tokenizer)]
-    return QAFeatures(**cached_json([FORMAT_VERSION, *key], build))
+    return encoded_split("qa", key, build)
 
 
 class QADataset(Dataset):
     """Windows of one split: inputs, answer start/end tokens, context offsets and the example index."""
 
-    def __init__(self, features: QAFeatures, index: list[int]):
-        self.features, self.index = features, index
+    def __init__(self, features: EncodedSplit, index: list[int]):
+        self.windows, self.index = features.columns, index
 
     def __len__(self) -> int:
         return len(self.index)
 
     def lengths(self) -> list[int]:
-        return [len(self.features.input_ids[i]) for i in self.index]
+        return [len(self.windows["input_ids"][i]) for i in self.index]
 
     def __getitem__(self, key) -> dict:
-        f, i = self.features, self.index[_index(key)]
-        item = {"input_ids": torch.as_tensor(f.input_ids[i], dtype=torch.long), "key": key,
-                "start_position": f.start[i], "end_position": f.end[i], "example": f.example[i],
-                "offsets": torch.as_tensor(f.offsets[i], dtype=torch.long)}
-        if f.token_type_ids is not None:
-            item["token_type_ids"] = torch.as_tensor(f.token_type_ids[i], dtype=torch.long)
+        w, i = self.windows, self.index[_index(key)]
+        item = {"input_ids": torch.as_tensor(w["input_ids"][i], dtype=torch.long), "key": key,
+                "start_position": w["start"][i], "end_position": w["end"][i], "example": w["example"][i],
+                "offsets": torch.as_tensor(w["offsets"][i], dtype=torch.long)}
+        if "token_type_ids" in w:
+            item["token_type_ids"] = torch.as_tensor(w["token_type_ids"][i], dtype=torch.long)
         return item
 
 
@@ -172,7 +150,7 @@ class QADataModule(_Base):
         self.max_question_length = max_length // 2 if max_question_length is None else max_question_length
         self.limit_train = limit_train
         self.splits: dict = {}
-        self.encoded: dict[Path, QAFeatures] = {}  # this run's splits, read once
+        self.encoded: dict[Path, EncodedSplit] = {}  # this run's splits, read once
         room = max_length - self.max_question_length - 3  # [CLS] question [SEP] context [SEP]
         if self.max_question_length < 1 or room < 1 or not 0 <= self.doc_stride < room:
             raise PtmError(f"QADataModule: max_length={max_length} leaves {room} context tokens after a "
@@ -185,7 +163,7 @@ class QADataModule(_Base):
         texts = lambda: [str(r[f]) for _, r in read_records(train, fields) for f in fields]  # noqa: E731
         return texts, f"{train}:{self.question_field}+{self.context_field}"
 
-    def _encode(self, path: Path) -> QAFeatures:
+    def _encode(self, path: Path) -> EncodedSplit:
         if path not in self.encoded:
             self.encoded[path] = encode_qa(path, self.load_tokenizer(), question_field=self.question_field,
                                            context_field=self.context_field, answers_field=self.answers_field,
@@ -195,9 +173,9 @@ class QADataModule(_Base):
 
     def prepare_data(self) -> None:
         for path in self.files.values():
-            enc = self._encode(path)
-            if enc.truncated_questions:
-                print(f"{path}: {enc.truncated_questions} questions cut to max_question_length="
+            truncated = self._encode(path).stats["truncated_questions"]
+            if truncated:
+                print(f"{path}: {truncated} questions cut to max_question_length="
                       f"{self.max_question_length} tokens")
 
     def setup(self, stage: str | None = None) -> None:
@@ -213,10 +191,10 @@ class QADataModule(_Base):
                 examples = examples[: self.limit_train]
             self._add(split, enc, set(examples))
 
-    def _add(self, split: str, enc: QAFeatures, examples: set[int]) -> None:
+    def _add(self, split: str, enc: EncodedSplit, examples: set[int]) -> None:
         self.splits[split] = enc
-        self.datasets[split] = QADataset(enc, [i for i, e in enumerate(enc.example) if e in examples])
+        self.datasets[split] = QADataset(enc, [i for i, e in enumerate(enc.columns["example"]) if e in examples])
 
-    def records(self, split: str) -> QAFeatures:
-        """The split's examples (ids, questions, contexts, gold answers) that features' ``example`` index."""
+    def records(self, split: str) -> EncodedSplit:
+        """The split: its examples (ids, questions, contexts, gold answers), which its windows' ``example`` index."""
         return self.splits[split]

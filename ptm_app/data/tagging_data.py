@@ -2,12 +2,12 @@
 sits on its *first* sub-token; the other sub-tokens, the special tokens and padding get ``-100`` and are ignored by
 the loss and the metrics.
 
-Each split is tokenized once (cached by file content, fields, tokenizer and length settings, as in
-``data.tasks``); a label outside the label set or a words/tags length mismatch is an error naming ``file:line``.
+Each split is tokenized once into an ``EncodedSplit`` (``data.encoded``, cached by file content, fields, tokenizer
+and length settings); a label outside the label set or a words/tags length mismatch is an error naming
+``file:line``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -17,34 +17,19 @@ from torch.utils.data import Dataset
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.datamodules import _Base
 from ptm_app.data.datasets import _index
+from ptm_app.data.encoded import EncodedSplit, encoded_split, pick, read_rows, record_ids
 from ptm_app.data.formats import read_records
-from ptm_app.data.cache import cached_json
 from ptm_app.data.tokenizer import TokenizerSpec, fast_tokenizer_fingerprint
-from ptm_app.errors import DataFormatError, PtmError
+from ptm_app.errors import DataFormatError
 from ptm_app.paths import sha256_file
-
-FORMAT_VERSION = 1
-
-
-@dataclass
-class TaggedSplit:
-    """One tokenized tagging file.  ``first_token[i][w]``: the position of word ``w``'s first sub-token in
-    ``input_ids[i]``, or -1 if the word has none (cut off by ``max_length``, or no sub-token at all)."""
-
-    input_ids: list[list[int]]
-    first_token: list[list[int]]
-    words: list[list[str]]
-    tags: list[list[str]]
-    lines: list[int]
-    ids: list[str]
-    path: str
-    truncated_words: int  # words after the last one that fits in max_length
-    empty_words: int  # words the tokenizer turns into nothing (e.g. control characters only)
 
 
 def align_words(tokenizer, words: list[list[str]], max_length: int) -> tuple[list, list, int, int]:
     """Tokenize pre-split words (``is_split_into_words``, cut at ``max_length``) and locate each word's first
-    sub-token: ``(input_ids, first_token, truncated_words, empty_words)`` as in ``TaggedSplit``."""
+    sub-token: ``(input_ids, first_token, truncated_words, empty_words)``.  ``first_token[i][w]`` is the position
+    of word ``w``'s first sub-token in ``input_ids[i]``, or -1 if the word has none (cut off by ``max_length``,
+    or no sub-token at all); ``truncated_words`` counts the words after the last one that fits, ``empty_words``
+    those the tokenizer turns into nothing (e.g. control characters only)."""
     enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length, verbose=False)
     first, truncated, empty = [], 0, 0
     for i, sentence in enumerate(words):
@@ -61,12 +46,12 @@ def align_words(tokenizer, words: list[list[str]], max_length: int) -> tuple[lis
 
 
 def encode_tagged(path: Path, tokenizer, *, words_field: str, tags_field: str, id_field: str,
-                  max_length: int) -> TaggedSplit:
-    """Tokenize pre-split words once (``is_split_into_words``) and locate each word's first sub-token."""
-    def build() -> dict:
-        rows = list(read_records(path, (words_field, tags_field)))
-        if not rows:
-            raise PtmError(f"data file {path} has no records; check the file")
+                  max_length: int) -> EncodedSplit:
+    """Tokenize pre-split words once (``is_split_into_words``) and locate each word's first sub-token: columns
+    ``input_ids`` and ``first_token``, fields ``words`` and ``tags``, stats ``truncated_words`` and ``empty_words``
+    (see ``align_words``)."""
+    def build() -> EncodedSplit:
+        rows = read_rows(path, (words_field, tags_field))
         for line, r in rows:
             words, tags = r[words_field], r[tags_field]
             if not isinstance(words, list) or not isinstance(tags, list) or len(words) != len(tags):
@@ -74,21 +59,21 @@ def encode_tagged(path: Path, tokenizer, *, words_field: str, tags_field: str, i
                                       "give one tag per word")
         words = [[str(w) for w in r[words_field]] for _, r in rows]
         input_ids, first, truncated, empty = align_words(tokenizer, words, max_length)
-        return TaggedSplit(
-            input_ids=input_ids, first_token=first, words=words,
-            tags=[[str(t) for t in r[tags_field]] for _, r in rows], lines=[line for line, _ in rows],
-            ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows], path=str(path),
-            truncated_words=truncated, empty_words=empty).__dict__
+        return EncodedSplit(
+            columns={"input_ids": input_ids, "first_token": first},
+            fields={"words": words, "tags": [[str(t) for t in r[tags_field]] for _, r in rows]},
+            lines=[line for line, _ in rows], path=str(path), ids=record_ids(path, rows, id_field),
+            stats={"truncated_words": truncated, "empty_words": empty})
 
-    key = [sha256_file(path), "tagged", words_field, tags_field, id_field, max_length, fast_tokenizer_fingerprint(tokenizer)]
-    return TaggedSplit(**cached_json([FORMAT_VERSION, *key], build))
+    key = [sha256_file(path), words_field, tags_field, id_field, max_length, fast_tokenizer_fingerprint(tokenizer)]
+    return encoded_split("tagged", key, build)
 
 
-def tag_ids(split: TaggedSplit, label_set: list[str], from_training: bool) -> list[list[int]]:
+def tag_ids(split: EncodedSplit, label_set: list[str], from_training: bool) -> list[list[int]]:
     """Map tags to ids; a tag outside the set is an error naming ``file:line``."""
     index = {name: i for i, name in enumerate(label_set)}
     out = []
-    for tags, line in zip(split.tags, split.lines):
+    for tags, line in zip(split.fields["tags"], split.lines):
         unknown = [t for t in tags if t not in index]
         if unknown:
             origin = "the tags seen in training" if from_training else "data.labels"
@@ -149,7 +134,7 @@ class TokenTaskDataModule(_Base):
         self.words_field, self.tags_field, self.id_field = words_field, tags_field, id_field
         self.labels, self.max_length, self.limit_train = labels, max_length, limit_train
         self.splits: dict = {}
-        self.encoded: dict[Path, TaggedSplit] = {}  # this run's splits, read once
+        self.encoded: dict[Path, EncodedSplit] = {}  # this run's splits, read once
 
     def _tokenizer_corpus(self):
         train = self.files["train"]
@@ -157,7 +142,7 @@ class TokenTaskDataModule(_Base):
                          for _, r in read_records(train, (self.words_field,))]
         return texts, f"{train}:{self.words_field}"
 
-    def _encode(self, path: Path) -> TaggedSplit:
+    def _encode(self, path: Path) -> EncodedSplit:
         if path not in self.encoded:
             self.encoded[path] = encode_tagged(path, self.load_tokenizer(), words_field=self.words_field,
                                                tags_field=self.tags_field, id_field=self.id_field,
@@ -166,14 +151,14 @@ class TokenTaskDataModule(_Base):
 
     def prepare_data(self) -> None:
         for path in self.files.values():
-            enc = self._encode(path)
-            if enc.truncated_words or enc.empty_words:
-                print(f"{path}: {enc.truncated_words} words beyond max_length={self.max_length} and "
-                      f"{enc.empty_words} words without sub-tokens are not labelled (nor scored)")
+            stats = self._encode(path).stats
+            if stats["truncated_words"] or stats["empty_words"]:
+                print(f"{path}: {stats['truncated_words']} words beyond max_length={self.max_length} and "
+                      f"{stats['empty_words']} words without sub-tokens are not labelled (nor scored)")
 
     def label_set(self) -> list[str]:
         if self.labels is None:
-            self.labels = sorted({t for tags in self._encode(self.files["train"]).tags for t in tags})
+            self.labels = sorted({t for tags in self._encode(self.files["train"]).fields["tags"] for t in tags})
         return list(self.labels)
 
     @property
@@ -183,10 +168,10 @@ class TokenTaskDataModule(_Base):
     def setup(self, stage: str | None = None) -> None:
         self.setup_labelled(tag_ids)
 
-    def _add(self, split: str, enc: TaggedSplit, ids: list[list[int]], index: list[int]) -> None:
-        pick = lambda seq: [seq[i] for i in index]  # noqa: E731
-        self.splits[split] = {"ids": pick(enc.ids), "words": pick(enc.words), "path": enc.path}
-        self.datasets[split] = TaggedDataset(pick(enc.input_ids), pick(enc.first_token), pick(ids))
+    def _add(self, split: str, enc: EncodedSplit, ids: list[list[int]], index: list[int]) -> None:
+        self.splits[split] = {"ids": pick(enc.ids, index), "words": pick(enc.fields["words"], index), "path": enc.path}
+        self.datasets[split] = TaggedDataset(pick(enc.columns["input_ids"], index),
+                                             pick(enc.columns["first_token"], index), pick(ids, index))
 
     def records(self, split: str) -> dict:
         """Ids and words of a split, aligned with its dataset (for writing predictions)."""

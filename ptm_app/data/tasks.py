@@ -1,35 +1,23 @@
 """Labelled text classification and regression data: single sentences and sentence pairs.
 
-Each split is tokenized once (cached by file content, fields, tokenizer and length settings).
+Each split is tokenized once into an ``EncodedSplit`` (``data.encoded``, cached by file content, fields, tokenizer
+and length settings).
 Labels are checked against the label set with ``file:line`` on any stranger.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from ptm_app.data.cache import cached_json
-from ptm_app.data.formats import read_records
+from ptm_app.data.encoded import EncodedSplit, encoded_split, read_rows, record_ids
 from ptm_app.data.tokenizer import tokenizer_fingerprint
 from ptm_app.errors import DataFormatError, PtmError
 from ptm_app.paths import sha256_file
 
-FORMAT_VERSION = 1
 Overlong = Literal["truncate", "error"]
 Unlabelled = Literal["error", "skip"]
-
-
-@dataclass
-class EncodedSplit:
-    input_ids: list[list[int]]
-    token_type_ids: Optional[list[list[int]]]
-    labels: list[str]
-    lines: list[int]
-    ids: list[str]
-    texts: list[str]
-    path: str
 
 
 @dataclass
@@ -49,7 +37,7 @@ def read_labelled(path: Path, *, text_field: str, text_pair_field: Optional[str]
     """The labelled records of a file; with ``unlabelled: skip`` records whose label is missing or null are
     left out (and counted on stdout) instead of being a ``file:line`` error."""
     required = (text_field,) + ((text_pair_field,) if text_pair_field else ())
-    rows = list(read_records(path, required + ((label_field,) if unlabelled == "error" else ())))
+    rows = read_rows(path, required + ((label_field,) if unlabelled == "error" else ()))
     if unlabelled == "skip":
         kept = [(line, r) for line, r in rows if r.get(label_field) is not None]
         if len(kept) < len(rows):
@@ -63,7 +51,7 @@ def read_labelled(path: Path, *, text_field: str, text_pair_field: Optional[str]
         pairs=[str(r[text_pair_field]) for _, r in rows] if text_pair_field else None,
         labels=[str(r[label_field]) for _, r in rows],
         lines=[line for line, _ in rows],
-        ids=[str(r.get(id_field, f"{Path(path).name}:{line}")) for line, r in rows],
+        ids=record_ids(path, rows, id_field),
         path=str(path),
     )
 
@@ -72,11 +60,12 @@ def encode_split(
     path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
     max_length: int, overlong: Overlong, id_field: str = "id", unlabelled: Unlabelled = "error",
 ) -> EncodedSplit:
-    """Tokenize a labelled file once; later calls read the cache."""
-    key = [FORMAT_VERSION, sha256_file(path), text_field, text_pair_field, label_field, id_field, max_length,
+    """Tokenize a labelled file once (columns ``input_ids`` and, if the tokenizer gives them, ``token_type_ids``;
+    fields ``text`` and ``label``); later calls read the cache."""
+    key = [sha256_file(path), text_field, text_pair_field, label_field, id_field, max_length,
            overlong, tokenizer_fingerprint(tokenizer)] + ([unlabelled] if unlabelled != "error" else [])
 
-    def build() -> dict:
+    def build() -> EncodedSplit:
         rec = read_labelled(path, text_field=text_field, text_pair_field=text_pair_field, label_field=label_field,
                             id_field=id_field, unlabelled=unlabelled)
         enc = tokenizer(rec.texts, rec.pairs, truncation=(overlong == "truncate"), max_length=max_length,
@@ -86,17 +75,19 @@ def encode_split(
                 if len(ids) > max_length:
                     raise DataFormatError(path, line, f"text is {len(ids)} tokens, longer than max_length={max_length}",
                                           "raise data.max_length (up to the backbone's limit) or set data.overlong: truncate")
-        types = enc.get("token_type_ids") if rec.pairs is not None or "token_type_ids" in enc else None
-        return asdict(EncodedSplit(input_ids=enc["input_ids"], token_type_ids=types, labels=rec.labels,
-                                   lines=rec.lines, ids=rec.ids, texts=rec.texts, path=rec.path))
+        columns = {"input_ids": enc["input_ids"]}
+        if enc.get("token_type_ids") is not None:
+            columns["token_type_ids"] = enc["token_type_ids"]
+        return EncodedSplit(columns=columns, fields={"text": rec.texts, "label": rec.labels}, lines=rec.lines,
+                            path=rec.path, ids=rec.ids)
 
-    return EncodedSplit(**cached_json(key, build))
+    return encoded_split("sequence", key, build)
 
 
 def label_values(split: EncodedSplit, label_set: list[str], from_training: bool) -> list[float]:
     """Regression targets: each label must read as a finite number; otherwise an error naming ``file:line``."""
     out = []
-    for label, line in zip(split.labels, split.lines):
+    for label, line in zip(split.fields["label"], split.lines):
         try:
             value = float(label)
         except ValueError:
@@ -112,7 +103,7 @@ def label_ids(split: EncodedSplit, label_set: list[str], from_training: bool) ->
     """Map label strings to ids; a label outside the set is an error naming ``file:line``."""
     index = {name: i for i, name in enumerate(label_set)}
     out = []
-    for label, line in zip(split.labels, split.lines):
+    for label, line in zip(split.fields["label"], split.lines):
         if label not in index:
             origin = "the labels seen in training" if from_training else "data.labels"
             raise DataFormatError(split.path, line, f"label '{label}' is not in the label set {label_set} ({origin})",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import inspect
 import sys
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable, Optional
 
 import torch
@@ -242,7 +241,8 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     """Each question's best answer span in its context (``answer``, ``answer_start``, ``answer_end``, ``score``)."""
     from ptm_app.adaptation.qa import QuestionAnsweringModule
     from ptm_app.data.collators import QACollator
-    from ptm_app.data.qa_data import QADataModule, QADataset, QAFeatures, qa_windows
+    from ptm_app.data.qa_data import QADataModule, QADataset, qa_windows
+    from ptm_app.data.encoded import EncodedSplit
     from ptm_app.tasks.spans import BestSpans, epoch_answers
     from ptm_app.tasks.types import task_type
 
@@ -260,11 +260,10 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     tok = loaded.tokenizer
     check_lengths([len(ids) for ids in tok(questions, add_special_tokens=False)["input_ids"]], question_limit,
                   settings, "max_question_length")
-    windows = qa_windows(tok, questions, contexts, length, stride, question_limit)
+    windows, _ = qa_windows(tok, questions, contexts, length, stride, question_limit)
     n = len(windows["input_ids"])
-    features = QAFeatures(**windows, start=[0] * n, end=[0] * n, ids=[str(i) for i in range(len(pairs))],
-                          questions=questions, contexts=contexts, answers=[[] for _ in pairs], lines=[0] * len(pairs),
-                          path="")
+    features = EncodedSplit(columns={**windows, "start": [0] * n, "end": [0] * n},
+                            fields={"question": questions, "context": contexts}, lines=[0] * len(pairs), path="")
     dataset, collate = QADataset(features, list(range(n))), QACollator(pad_token_id=tok.pad_token_id)
     hp = module.hparams if module is not None else {}
     span_settings = {"n_best": hp.get("n_best", 20), "max_answer_length": hp.get("max_answer_length", 30)}
@@ -272,7 +271,7 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
         kind.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
-    answers = epoch_answers(spans, SimpleNamespace(contexts=contexts))
+    answers = epoch_answers(spans, features)
     return [{"question": q, "context": c, "answer": answers[e][3], "answer_start": answers[e][1],
              "answer_end": answers[e][2], "score": round(answers[e][0], 4) if answers[e][1] >= 0 else None}
             for e, (q, c) in enumerate(pairs)]

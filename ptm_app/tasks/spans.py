@@ -68,14 +68,14 @@ def epoch_answers(spans: BestSpans, records) -> dict[int, tuple[float, int, int,
     resets ``spans``."""
     best = spans.compute()
     spans.reset()
-    contexts = records.contexts
+    contexts = records.fields["context"]
     return {e: (score, s, t, contexts[e][s:t] if s >= 0 else "") for e, (score, s, t) in sorted(best.items())}
 
 
 def squad_scores(answers: dict[int, tuple[float, int, int, str]], records) -> dict[str, torch.Tensor]:
     """SQuAD EM / F1 of the answers against the records' gold answers."""
     squad = SquadMetric(sync_on_compute=False)  # the spans are already gathered from every process
-    squad.update([a[3] for a in answers.values()], [records.answers[e] for e in answers])
+    squad.update([a[3] for a in answers.values()], [records.fields["answers"][e] for e in answers])
     return squad.compute()
 
 

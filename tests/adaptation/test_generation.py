@@ -60,9 +60,10 @@ def test_pairs_are_tokenized_once_without_specials_and_references_stay_whole(tmp
     dm.setup("fit")
     enc = dm._encode(dm.files["train"])
     tok = dm.tokenizer
-    assert tok.convert_ids_to_tokens(enc.source_ids[0]) == ["the", "cat", "sat", "on"]  # cut, no [CLS]/[SEP]
-    assert tok.convert_ids_to_tokens(enc.target_ids[0]) == ["cat", "sits"]
-    assert enc.targets[0] == "cat sits down" and enc.truncated_sources == 1 and enc.truncated_targets == 1
+    assert tok.convert_ids_to_tokens(enc.columns["source_ids"][0]) == ["the", "cat", "sat", "on"]  # cut, no specials
+    assert tok.convert_ids_to_tokens(enc.columns["target_ids"][0]) == ["cat", "sits"]
+    assert enc.fields["target"][0] == "cat sits down"
+    assert enc.stats == {"truncated_sources": 1, "truncated_targets": 1}
     # no validation file: 2 of 10 held out (seeded), then 3 of the other 8 drawn for training
     assert len(dm.datasets["validation"]) == 2 and len(dm.datasets["train"]) == 3
     assert not set(dm.records("validation")["ids"]) & set(dm.records("train")["ids"])

@@ -3,6 +3,7 @@ end through main.py on the prepared brown_pos and wordnet_qa sets."""
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -55,7 +56,7 @@ def test_words_beyond_max_length_are_counted_not_labelled(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [{"words": ["a", "unaffordable", "b", "c"], "tags": ["X", "Y", "X", "Y"]}])
     dm = TokenTaskDataModule(source=str(tmp_path / "train.jsonl"), tokenizer=MINILM, max_length=6, holdout=0.0)
     enc = dm._encode(dm.files["train"])  # [CLS] a una ##ff ##ord [SEP]: "b" and "c" are cut
-    assert enc.first_token == [[1, 2, -1, -1]] and enc.truncated_words == 2 and enc.empty_words == 0
+    assert enc.columns["first_token"] == [[1, 2, -1, -1]] and enc.stats == {"truncated_words": 2, "empty_words": 0}
 
 
 # -- tagging metrics ---------------------------------------------------------------------------------
@@ -127,8 +128,9 @@ def long_context(tmp_path_factory) -> QADataModule:
 
 
 def test_long_context_gives_overlapping_windows_with_exact_answer_positions(long_context):
-    f = long_context.records("validation")
-    context, n = f.contexts[0], len(f.example)
+    records = long_context.records("validation")
+    f, context = SimpleNamespace(**records.columns), records.fields["context"][0]
+    n = len(f.example)
     assert n >= 3 and f.example == [0] * n
     inside = [i for i in range(n) if f.start[i] > 0]
     assert inside and all(f.start[i] == f.end[i] == 0 for i in range(n) if i not in inside)  # else: [CLS]
@@ -142,7 +144,8 @@ def test_long_context_gives_overlapping_windows_with_exact_answer_positions(long
 
 
 def test_post_processing_picks_the_best_context_span_never_the_question(long_context):
-    f = long_context.records("validation")
+    records = long_context.records("validation")
+    f = SimpleNamespace(**records.columns)
     window = next(i for i in range(len(f.example)) if f.start[i] > 0)
     first, last = f.start[window], f.end[window]
     offsets = torch.tensor(f.offsets[window])
@@ -151,7 +154,7 @@ def test_post_processing_picks_the_best_context_span_never_the_question(long_con
     start[first], end[last] = 5.0, 5.0
     start[last + 1], end[first] = 9.0, 1.0  # a start after the answer's end: any span from it scores <= 9
     score, s, e = best_span(start, end, offsets)
-    assert f.contexts[0][s:e] == "purple elephants" and score == 10.0
+    assert records.fields["context"][0][s:e] == "purple elephants" and score == 10.0
     assert best_span(start, end, offsets, max_answer_length=1)[0] < 10.0  # the 2-token answer is too long now
     assert best_span(start, end, torch.full_like(offsets, -1)) == (float("-inf"), -1, -1)
     spans = BestSpans()  # the best window of each example wins
