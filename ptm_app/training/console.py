@@ -120,7 +120,10 @@ def _repoint_handlers(old: tuple, new: tuple) -> None:
                                        if isinstance(lg, logging.Logger)]
     for logger in loggers:
         for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            # (a handler whose stream is a property, as logging's last-resort handler that dill installs, always
+            # writes to the current sys.stderr: nothing to repoint)
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                    and not isinstance(getattr(type(handler), "stream", None), property):
                 for before, after in zip(old, new):
                     if handler.stream is before:
                         handler.setStream(after)

@@ -91,3 +91,23 @@ def test_deepspeed_says_nothing_about_the_cpu_once_main_has_named_it():
                             "name_cpu_for_deepspeed(); " + code], env=env, capture_output=True, text=True, timeout=120)
     assert after.returncode == 0, after.stderr[-2000:]
     assert "Setting accelerator" not in after.stdout + after.stderr
+
+
+def test_a_last_resort_handler_is_left_alone_when_streams_are_repointed():
+    """dill (pulled in by HF datasets, imported by torch.utils.data) adds logging's ``_StderrHandler``, whose stream
+    is a read-only property that follows sys.stderr; repointing must skip it, not fail closing the console log."""
+    import io
+    import logging
+    import sys
+
+    from ptm_app.training.console import _repoint_handlers
+
+    logger, plain = logging.getLogger("test_last_resort"), logging.StreamHandler(sys.stderr)
+    logger.addHandler(logging._StderrHandler())
+    logger.addHandler(plain)
+    try:
+        new = io.StringIO()
+        _repoint_handlers((sys.stderr,), (new,))
+        assert plain.stream is new and logger.handlers[0].stream is sys.stderr
+    finally:
+        logger.handlers.clear()

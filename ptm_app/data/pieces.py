@@ -1,0 +1,67 @@
+"""Units of work for a parallel preparation (``data.litcorpus``): pieces of about ``piece_bytes`` of input text.
+
+A piece is a newline-aligned byte range of an uncompressed ``.jsonl`` (a blank-line-aligned one of a ``.txt``),
+or a whole file of any other format (compressed, CSV, Parquet, Arrow).  Piece boundaries depend on the data
+only, never on the worker count, so the prepared records are the same for any number of workers.  A piece is a
+JSON string (litdata's ``optimize`` stores its inputs as JSON and compares them on a restart).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ptm_app.data.formats import COMPRESSIONS, format_suffix, read_records
+
+Piece = str
+SPLITTABLE = (".jsonl", ".json", ".txt")
+
+
+def document_lines(text: str) -> list[str]:
+    """A document's non-blank lines (its sentences), as ``corpus.tokenize_corpus`` splits them."""
+    return [ln for ln in text.split("\n") if ln.strip()]
+
+
+def _ranges(path: Path, piece_bytes: int, blank_line: bool) -> Iterator[tuple[int, int, int]]:
+    """``(start, stop, first line)`` of consecutive ranges of about ``piece_bytes`` that end after a newline
+    (``blank_line``: after a blank line, so no ``.txt`` document is cut).  One pass over the file."""
+    start, line_no, size = 0, 1, path.stat().st_size
+    with open(path, "rb") as fh:
+        at, first = 0, 1
+        while True:
+            line = fh.readline()
+            if not line:
+                break
+            at, line_no = at + len(line), line_no + 1
+            if at - start >= piece_bytes and (not blank_line or not line.strip()):
+                yield start, at, first
+                start, first = at, line_no
+    if start < size:
+        yield start, size, first
+
+
+def plan_pieces(files: Sequence[Path], piece_bytes: int) -> list[Piece]:
+    """The pieces of ``files``, in order: their records, read with ``piece_records``, are the files' records."""
+    pieces: list[Piece] = []
+    for path in files:
+        path = Path(path)
+        splittable = format_suffix(path) in SPLITTABLE and path.suffix.lower() not in COMPRESSIONS
+        if not splittable or path.stat().st_size <= piece_bytes:
+            pieces.append(json.dumps([str(path)]))
+            continue
+        blank = format_suffix(path) == ".txt"
+        pieces.extend(json.dumps([str(path), a, b, line]) for a, b, line in _ranges(path, piece_bytes, blank))
+    return pieces
+
+
+def piece_documents(piece: Piece, text_field: str) -> Iterator[list[str]]:
+    """The non-empty documents of a piece, each as its lines."""
+    path, *window = json.loads(piece)
+    if window:
+        records = read_records(path, (text_field,), byte_range=(window[0], window[1]), first_line=window[2])
+    else:
+        records = read_records(path, (text_field,))
+    for _, record in records:
+        lines = document_lines(str(record[text_field]))
+        if lines:
+            yield lines
