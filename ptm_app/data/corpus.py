@@ -9,7 +9,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 import numpy as np
 
@@ -87,7 +87,15 @@ def cache_dir_for(path: Path, text_field: str, tokenizer) -> Path:
 
 def read_texts(path: Path, text_field: str) -> list[str]:
     """Documents' texts in file order (lines inside a text are its sentences/paragraphs)."""
-    return [str(rec[text_field]) for _, rec in read_records(path, (text_field,))]
+    return list(iter_texts([path], text_field))
+
+
+def iter_texts(paths, text_field: str) -> Iterator[str]:
+    """The documents' texts of ``paths`` in order, streamed (never the whole corpus in memory): what a tokenizer
+    is trained on (``tokenizers``' ``train_from_iterator`` pulls it batch by batch)."""
+    for path in paths:
+        for _, record in read_records(path, (text_field,)):
+            yield str(record[text_field])
 
 
 def tokenize_corpus(path: Path, text_field: str, tokenizer, progress: bool = True) -> Path:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Subset
 from ptm_app.data.blocks import BlockView, LazyBlocks
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.collators import PadCollator
-from ptm_app.data.corpus import CorpusDocuments, Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
+from ptm_app.data.corpus import CorpusDocuments, Packing, iter_texts, load_corpus, pack_blocks, tokenize_corpus
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader
@@ -103,9 +103,8 @@ class _Base(pl.LightningDataModule):
     def _tokenizer_corpus(self):
         train = self.files["train"]
         field = getattr(self, "text_field", "text")
-        if isinstance(train, tuple):  # a glob source: the tokenizer trains on all its files
-            return (lambda: [t for f in train for t in read_texts(f, field)]), f"{':'.join(map(str, train))}:{field}"
-        return (lambda: read_texts(train, field)), f"{train}:{field}"
+        files = train if isinstance(train, tuple) else (train,)  # a glob source: the tokenizer trains on all its files
+        return (lambda: iter_texts(files, field)), f"{':'.join(map(str, files))}:{field}"  # streamed, never a list
 
     def load_tokenizer(self):
         if self.tokenizer is None:

@@ -372,3 +372,26 @@ def test_a_directory_of_compressed_splits_reads_on_both_paths(tmp_path):
         dm.setup("fit")
         sizes.append({split: len(ds) for split, ds in dm.datasets.items()})
     assert sizes[0] == sizes[1] and sizes[0]["validation"] > 0
+
+
+def test_tokenizer_training_on_a_glob_streams_the_texts(tmp_path, monkeypatch):
+    """The tokenizer trains from a generator over the files (``corpus.iter_texts``), never a list of every text."""
+    import inspect
+
+    from ptm_app.data import tokenizer as tokenizer_mod
+
+    rows = make_docs(80, 4)
+    write_jsonl(tmp_path / "p" / "a.jsonl", rows[:50])
+    write_jsonl(tmp_path / "p" / "b.jsonl", rows[50:])
+    real, given, pulled = tokenizer_mod._train, [], []
+
+    def spy(spec, texts):
+        given.append(texts)
+        return real(spec, (pulled.append(t) or t for t in texts))
+
+    monkeypatch.setattr(tokenizer_mod, "_train", spy)
+    spec = TokenizerSpec(train="wordpiece", vocab_size=300, min_frequency=1)
+    tok = PretrainDataModule(tokenizer=spec, source=str(tmp_path / "p" / "*.jsonl")).load_tokenizer()
+    assert len(given) == 1 and inspect.isgenerator(given[0])
+    assert pulled == [r["text"] for r in rows]  # every text of both files, in order, once
+    assert tok.unk_token_id not in tok("the cat sat on a mat")["input_ids"] and len(tok) > 100
