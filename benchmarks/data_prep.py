@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import tempfile
@@ -220,12 +219,6 @@ def table(rows: list[dict], note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(text_table: str, readme: Path = HERE / "README.md") -> None:
-    text = readme.read_text()
-    if START in text and END in text:
-        readme.write_text(re.sub(f"{START}.*{END}", lambda _: f"{START}\n{text_table}{END}", text, flags=re.S))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.data_prep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="corpus sizes in MB")
@@ -249,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "data.json").write_text(json.dumps({"note": note, "rows": rows}, indent=2))
     (out / "data.md").write_text(text_table)
     if args.out is None and not args.corpus:
-        update_readme(text_table)
+        from benchmarks.inference_latency import update_readme
+
+        update_readme(text_table, start=START, end=END)
     print(text_table)
     return 0
 
