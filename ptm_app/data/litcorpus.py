@@ -252,8 +252,9 @@ class LitCorpus:
 
     def __init__(self, target: Path):
         self.target, self._dataset, self._pid = Path(target), None, None
-        ds = self.dataset
-        counts = np.stack([self._window(r, 0, 3, "counts") for r in range(len(ds))]).astype(np.int64)
+        # all records (len(StreamingDataset) is this rank's share under torch.distributed; read_window is not)
+        records = sum(c["chunk_size"] for c in json.loads((self.target / "index.json").read_text())["chunks"])
+        counts = np.stack([self._window(r, 0, 3, "counts") for r in range(records)]).astype(np.int64)
         doc_tokens = [self._window(r, 0, int(n), "doc_tokens") for r, n in enumerate(counts[:, 1])]
         doc_lines = [self._window(r, 0, int(n), "doc_lines") for r, n in enumerate(counts[:, 1])]
         self.record_tokens = np.concatenate([[0], np.cumsum(counts[:, 0])])
