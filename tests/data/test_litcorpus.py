@@ -127,7 +127,7 @@ def test_interrupted_preparation_restarts_past_finished_chunks_identically(tmp_p
     kept = {p.name: p.stat().st_mtime_ns for p in again.glob("chunk-*.bin")}
     assert sorted(kept) == sorted(c["filename"] for c in finished["chunks"]) and kept  # no partial chunk left
     crash_after(monkeypatch, tmp_path / "second.log", None, error)
-    prepare_corpus([path], "text", minilm, workers=1, target=again, **small)
+    prepare_corpus([path], "text", minilm, workers=2, target=again, **small)  # restarts with the 1 worker it began with
     redone = (tmp_path / "second.log").read_text().split("\n")[:-1]
     assert redone == pieces[finished["inputs_done"]:] and len(redone) < len(pieces)  # finished chunks not redone
     assert all(again.joinpath(name).stat().st_mtime_ns == ns for name, ns in kept.items())
