@@ -395,3 +395,23 @@ def test_tokenizer_training_on_a_glob_streams_the_texts(tmp_path, monkeypatch):
     assert len(given) == 1 and inspect.isgenerator(given[0])
     assert pulled == [r["text"] for r in rows]  # every text of both files, in order, once
     assert tok.unk_token_id not in tok("the cat sat on a mat")["input_ids"] and len(tok) > 100
+
+
+def first_ids(items):
+    return [int(it["input_ids"][1]) for it in items]
+
+
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: ~20 s of imports
+def test_loader_worker_processes_read_the_same_batches(tmp_path, minilm, context):
+    """Data-loader workers open their own ``StreamingDataset`` (forked: a new pid; spawned: unpickled without it)
+    and serve the batches of the single-process loader."""
+    from ptm_app.data.blocks import BlockView
+    from ptm_app.data.datasets import BlockDataset
+
+    path = subset(tmp_path, "bbc", 30)
+    corpus = open_corpus(prepare_corpus([path], "text", minilm, workers=1, target=tmp_path / "c", **SMALL))
+    data = BlockDataset(BlockView(LazyBlocks(corpus, 32, [101], [102], [102]), 0))
+    loaders = [ResumableLoader(data, batch_size=8, shuffle=True, seed=4, collate_fn=first_ids, **kw)
+               for kw in ({}, {"num_workers": 2, "multiprocessing_context": context})]
+    single, workers = (list(loader) for loader in loaders)
+    assert len(single) > 20 and single == workers
