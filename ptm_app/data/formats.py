@@ -43,12 +43,13 @@ def open_text(path: Path, byte_range: tuple[int, int] | None = None, **kwargs):
 
 
 def read_records(path: str | Path, required: tuple[str, ...] = (), byte_range: tuple[int, int] | None = None,
-                 first_line: int = 1) -> Iterator[tuple[int, dict]]:
+                 first_line: int = 1, row_groups: tuple[int, int] | None = None) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, record)``; a missing field or a malformed line raises ``DataFormatError``.
 
     Plain ``.txt`` files yield one record per document: documents are separated by blank lines
     and each non-blank line becomes one line of the ``text`` field.  ``byte_range`` (uncompressed ``.jsonl``
-    or ``.txt``) reads only the records in ``[start, stop)``, the first of them on line ``first_line``.
+    or ``.txt``) reads only the records in ``[start, stop)``, the first of them on line ``first_line``;
+    ``row_groups`` (Parquet) only the row groups ``[first, stop)``.
     """
     path = Path(path)
     if not path.is_file():
@@ -66,6 +67,8 @@ def read_records(path: str | Path, required: tuple[str, ...] = (), byte_range: t
             if reader not in (_jsonl, _txt) or path.suffix.lower() in COMPRESSIONS:
                 raise PtmError(f"data file {path}: byte ranges need an uncompressed .jsonl or .txt file")
             records = reader(path, byte_range, first_line)
+        elif row_groups is not None and reader is _parquet:
+            records = _parquet(path, row_groups)
         else:
             records = reader(path)
         for line, record in records:
@@ -185,11 +188,14 @@ def _txt(path: Path, byte_range=None, first_line: int = 1) -> Iterator[tuple[int
         yield start, {"text": "\n".join(lines)}
 
 
-def _parquet(path: Path) -> Iterator[tuple[int, dict]]:
+def _parquet(path: Path, row_groups: tuple[int, int] | None = None) -> Iterator[tuple[int, dict]]:
+    """Rows numbered from 1; ``row_groups`` (``[first, stop)``): only those row groups (a piece of the file)."""
     import pyarrow.parquet as pq
 
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):  # streamed, one row group at a time
+    parquet = pq.ParquetFile(path)
+    groups = range(*row_groups) if row_groups is not None else None
+    row = sum(parquet.metadata.row_group(g).num_rows for g in range(groups.start)) if groups is not None else 0
+    for batch in parquet.iter_batches(batch_size=4096, row_groups=groups):  # streamed, one row group at a time
         for record in batch.to_pylist():
             row += 1
             yield row, record

@@ -1,7 +1,7 @@
 """Units of work for a parallel preparation (``data.litcorpus``): pieces of about ``piece_bytes`` of input text.
 
 A piece is a newline-aligned byte range of an uncompressed ``.jsonl`` (a blank-line-aligned one of a ``.txt``),
-or a whole file of any other format (compressed, CSV, Parquet, Arrow).  Piece boundaries depend on the data
+a run of row groups of a Parquet file, or a whole file of any other format (compressed, CSV, Arrow).  Piece boundaries depend on the data
 only, never on the worker count, so the prepared records are the same for any number of workers.  A piece is a
 JSON string (litdata's ``optimize`` stores its inputs as JSON and compares them on a restart).
 """
@@ -46,6 +46,9 @@ def plan_pieces(files: Sequence[Path], piece_bytes: int) -> list[Piece]:
     for path in files:
         path = Path(path)
         splittable = format_suffix(path) in SPLITTABLE and path.suffix.lower() not in COMPRESSIONS
+        if format_suffix(path) == ".parquet" and path.stat().st_size > piece_bytes:
+            pieces.extend(json.dumps([str(path), "row_groups", a, b]) for a, b in _row_group_runs(path, piece_bytes))
+            continue
         if not splittable or path.stat().st_size <= piece_bytes:
             pieces.append(json.dumps([str(path)]))
             continue
@@ -54,10 +57,26 @@ def plan_pieces(files: Sequence[Path], piece_bytes: int) -> list[Piece]:
     return pieces
 
 
+def _row_group_runs(path: Path, piece_bytes: int) -> Iterator[tuple[int, int]]:
+    """``[first, stop)`` runs of a Parquet file's row groups of about ``piece_bytes`` (uncompressed) each."""
+    import pyarrow.parquet as pq
+
+    meta, first, size = pq.ParquetFile(path).metadata, 0, 0
+    for group in range(meta.num_row_groups):
+        size += meta.row_group(group).total_byte_size
+        if size >= piece_bytes:
+            yield first, group + 1
+            first, size = group + 1, 0
+    if first < meta.num_row_groups:
+        yield first, meta.num_row_groups
+
+
 def piece_documents(piece: Piece, text_field: str) -> Iterator[list[str]]:
     """The non-empty documents of a piece, each as its lines."""
     path, *window = json.loads(piece)
-    if window:
+    if window and window[0] == "row_groups":
+        records = read_records(path, (text_field,), row_groups=(window[1], window[2]))
+    elif window:
         records = read_records(path, (text_field,), byte_range=(window[0], window[1]), first_line=window[2])
     else:
         records = read_records(path, (text_field,))

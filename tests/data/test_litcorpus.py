@@ -77,8 +77,13 @@ def test_pieces_cover_every_record_once(tmp_path):
     jsonl = write_jsonl(tmp_path / "a.jsonl", rows)
     txt = tmp_path / "b.txt"
     txt.write_text("\n\n".join(r["text"] for r in rows) + "\n")
-    for path in (jsonl, txt):
-        pieces = plan_pieces([path], path.stat().st_size // 12)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet, row_group_size=5)  # 12 row groups
+    for path, piece_bytes in ((jsonl, jsonl.stat().st_size // 12), (txt, txt.stat().st_size // 12), (parquet, 1)):
+        pieces = plan_pieces([path], piece_bytes)
         assert len(pieces) >= 10
         got = [lines for piece in pieces for lines in piece_documents(piece, "text")]
         assert got == [[ln for ln in t.split("\n") if ln.strip()] for t in read_texts(path, "text")]
