@@ -420,3 +420,18 @@ def test_loader_worker_processes_read_the_same_batches(tmp_path, minilm, context
                for kw in ({}, {"num_workers": 2, "multiprocessing_context": context})]
     single, workers = (list(loader) for loader in loaders)
     assert len(single) > 20 and single == workers
+
+
+def test_progress_reports_pieces_tokens_and_rate_from_the_output_directory(tmp_path):
+    """The bar polls what ``optimize`` has written: pieces done from its checkpoints, tokens from the chunk bytes."""
+    import time
+
+    (tmp_path / ".checkpoints").mkdir()
+    (tmp_path / ".checkpoints" / "checkpoint-0.json").write_text(json.dumps({"inputs_done": 3, "chunks": []}))
+    (tmp_path / ".checkpoints" / "checkpoint-1.json").write_text(json.dumps({"inputs_done": 4, "chunks": []}))
+    (tmp_path / "chunk-0-0.bin").write_bytes(b"\0" * 2000)  # 1,000 uint16 tokens
+    with litcorpus._Progress("tokenizing x", tmp_path, 10, 2, enabled=True) as bar:
+        time.sleep(1.2)
+        task = bar.progress.tasks[0]
+        assert task.completed == 7 and task.total == 10 and task.fields["tokens"] == 1000
+        assert 0 < task.fields["rate"] < 1000 / 0.4  # tokens per second since the start
