@@ -49,6 +49,7 @@ LINE_BATCH = 1000  # lines per tokenizer call (as corpus.tokenize_corpus)
 
 
 def _litdata():
+    os.environ.setdefault("LITDATA_CHECK_UPDATES", "0")  # never ask PyPI for a newer version (offline by default)
     try:
         import litdata
     except ImportError:
@@ -102,12 +103,12 @@ def prepare_corpus(files: Sequence[Path], text_field: str, tokenizer, workers: O
     saved = target / ".checkpoints" / "config.json"
     if saved.exists():  # a restart must use the worker count of the interrupted run (litdata splits by it)
         workers = int(json.loads(saved.read_text())["num_workers"])
+        _remove_partial_chunks(target)  # a killed run had no chance to
     workers = max(1, min(workers or os.cpu_count() or 1, len(pieces)))
     dtype = "uint16" if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else "int32"
     fn = partial(tokenize_piece, text_field=text_field, tokenizer=tokenizer, dtype=dtype)
     before = set(multiprocessing.active_children())
     name = files[0].name + (f" (+{len(files) - 1} files)" if len(files) > 1 else "")
-    os.environ.setdefault("LITDATA_CHECK_UPDATES", "0")
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # forked workers: the processes are the parallelism
     try:

@@ -435,3 +435,39 @@ def test_progress_reports_pieces_tokens_and_rate_from_the_output_directory(tmp_p
         task = bar.progress.tasks[0]
         assert task.completed == 7 and task.total == 10 and task.fields["tokens"] == 1000
         assert 0 < task.fields["rate"] < 1000 / 0.4  # tokens per second since the start
+
+
+KILLED = """
+import sys
+from pathlib import Path
+from ptm_app.data.litcorpus import prepare_corpus
+from ptm_app.data.tokenizer import TokenizerSpec, load_tokenizer
+prepare_corpus([Path(sys.argv[1])], "text", load_tokenizer(TokenizerSpec(pretrained="minilm"), None, ""), workers=1,
+               target=Path(sys.argv[2]), piece_bytes=5_000, chunk_bytes="10KB", progress=False)
+"""
+
+
+def test_a_killed_preparation_restarts_identically(tmp_path, minilm):
+    """The whole process group killed (SIGKILL: no clean-up) once the first chunk is checkpointed; the next run
+    continues and writes the chunks of an uninterrupted run."""
+    import os
+    import signal
+    import time
+
+    path = subset(tmp_path, "bbc", 300)
+    clean = prepare_corpus([path], "text", minilm, workers=1, target=tmp_path / "clean", piece_bytes=5_000,
+                           chunk_bytes="10KB", progress=False)
+    target = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path), str(target)], start_new_session=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    checkpoint = target / ".checkpoints" / "checkpoint-0.json"
+    while not checkpoint.exists() and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (target / "index.json").exists() and checkpoint.exists()
+    prepare_corpus([path], "text", minilm, workers=1, target=target, piece_bytes=5_000, chunk_bytes="10KB",
+                   progress=False)
+    assert chunk_files(clean) == chunk_files(target)
+    chunks = [json.loads((d / "index.json").read_text())["chunks"] for d in (clean, target)]
+    assert chunks[0] == chunks[1]
