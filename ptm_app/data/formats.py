@@ -79,10 +79,29 @@ def read_records(path: str | Path, required: tuple[str, ...] = (), byte_range: t
     except _read_errors() as exc:
         if isinstance(exc, FileNotFoundError):
             raise
-        if path.suffix.lower() in COMPRESSIONS:
-            raise PtmError(f"data file {path} does not decompress ({type(exc).__name__}: {exc}); "
-                           f"the file is truncated or not {path.suffix} compressed: re-download or re-compress it") from None
-        raise PtmError(f"data file {path} cannot be read ({type(exc).__name__}: {exc}); check it is UTF-8 text") from None
+        raise _read_error(path, exc) from None
+
+
+def _read_error(path: Path, exc: BaseException) -> PtmError:
+    if path.suffix.lower() in COMPRESSIONS:
+        return PtmError(f"data file {path} does not decompress ({type(exc).__name__}: {exc}); "
+                        f"the file is truncated or not {path.suffix} compressed: re-download or re-compress it")
+    return PtmError(f"data file {path} cannot be read ({type(exc).__name__}: {exc}); check it is UTF-8 text")
+
+
+def decompress_to(path: Path, target: Path) -> None:
+    """Write the text of the compressed ``path`` to ``target`` (atomically, streamed: bounded memory)."""
+    import shutil
+
+    from ptm_app.paths import atomic_file
+
+    try:
+        with open_text(path) as source, atomic_file(target, "w", encoding="utf-8") as out:
+            shutil.copyfileobj(source, out, 1 << 20)
+    except _read_errors() as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise _read_error(path, exc) from None
 
 
 class _ZstdReader(io.RawIOBase):

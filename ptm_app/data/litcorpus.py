@@ -26,6 +26,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -99,7 +100,8 @@ def prepare_corpus(files: Sequence[Path], text_field: str, tokenizer, workers: O
     litdata = _litdata()
     target.mkdir(parents=True, exist_ok=True)
     write_json(key_file, key)
-    pieces = plan_pieces(files, piece_bytes)
+    scratch = target / ".plain"  # decompressed copies of large compressed files, removed once complete
+    pieces = plan_pieces(files, piece_bytes, scratch)
     saved = target / ".checkpoints" / "config.json"
     if saved.exists():  # a restart must use the worker count of the interrupted run (litdata splits by it)
         workers = int(json.loads(saved.read_text())["num_workers"])
@@ -128,6 +130,7 @@ def prepare_corpus(files: Sequence[Path], text_field: str, tokenizer, workers: O
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
+    shutil.rmtree(scratch, ignore_errors=True)
     corpus = open_corpus(target, key)
     if corpus.num_documents == 0 or corpus.num_tokens == 0:
         raise PtmError(f"corpus {files[0]} is empty: no text in field '{text_field}'; check the file or "

@@ -471,3 +471,22 @@ def test_a_killed_preparation_restarts_identically(tmp_path, minilm):
     assert chunk_files(clean) == chunk_files(target)
     chunks = [json.loads((d / "index.json").read_text())["chunks"] for d in (clean, target)]
     assert chunks[0] == chunks[1]
+
+
+def test_a_large_compressed_file_is_prepared_in_parallel_pieces(tmp_path, minilm):
+    """One big ``.jsonl.gz`` is decompressed once into the work directory and cut into pieces (so several workers
+    share it); the corpus equals the in-memory one, the copy is removed, and errors name the original file."""
+    path = subset(tmp_path, "bbc", 80)
+    memory = load_corpus(tokenize_corpus(path, "text", minilm, progress=False))
+    packed = tmp_path / "big.jsonl.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert packed.stat().st_size > SMALL["piece_bytes"] // 2
+    pieces = plan_pieces([packed], SMALL["piece_bytes"], tmp_path / "plain")
+    assert len(pieces) >= 5 and all(json.loads(p)[-1] == str(packed) for p in pieces)
+    target = prepare_corpus([packed], "text", minilm, workers=2, target=tmp_path / "c", **SMALL)
+    assert_same_corpus(open_corpus(target), memory)
+    assert not (target / ".plain").exists()
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(path.read_bytes() + b"{oops\n"))
+    with pytest.raises(PtmError, match=r"^\S*broken.jsonl.gz:81: malformed JSON"):
+        prepare_corpus([broken], "text", minilm, workers=2, target=tmp_path / "b", **SMALL)
