@@ -172,7 +172,7 @@ def _stop_workers(workers: set) -> None:
         found |= more
     for pid in found:
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGKILL)  # their SIGTERM handler may keep them waiting on each other
         except OSError:
             pass
     for worker in workers:

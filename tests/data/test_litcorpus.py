@@ -3,6 +3,7 @@ as the in-memory path, reuse and restart, exact resume, rank splits, bad input, 
 that does not grow with the corpus."""
 import gzip
 import json
+import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
@@ -490,3 +491,4 @@ def test_a_large_compressed_file_is_prepared_in_parallel_pieces(tmp_path, minilm
     broken.write_bytes(gzip.compress(path.read_bytes() + b"{oops\n"))
     with pytest.raises(PtmError, match=r"^\S*broken.jsonl.gz:81: malformed JSON"):
         prepare_corpus([broken], "text", minilm, workers=2, target=tmp_path / "b", **SMALL)
+    assert multiprocessing.active_children() == []  # the failed run's workers (and their helpers) are gone
