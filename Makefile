@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip -c $(CONSTRAINTS)
 	$(PIP) install -q -c $(CONSTRAINTS) torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,deepspeed,onnx,serve]"
+	DS_BUILD_OPS=0 $(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,deepspeed,onnx,serve,data]"
+	$(PIP) install -q -c $(CONSTRAINTS) --no-deps litdata==0.2.76
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -81,7 +82,7 @@ knowledge: data
 # Writes benchmarks/results.{md,json} and the table in benchmarks/README.md.  Not part of `make test`.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[bench,onnx]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[bench,onnx,hub]"
 	touch $(BENCH_STAMP)
 
 bench: data $(BENCH_STAMP)

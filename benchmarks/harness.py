@@ -437,10 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where results.json/.md go (default benchmarks/; with --smoke, --work)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    if args.only == ["data"]:  # corpus preparation side by side (benchmarks/data_prep.py), on the bbc training file
+    if args.only == ["data"]:  # corpus preparation side by side (benchmarks/data_prep.py), 100 MB and 1 GB corpora
         from benchmarks.data_prep import main as data_main
 
-        return data_main([str(ROOT / "data" / "bbc" / "train.jsonl")])
+        return data_main([])
     if args.only == ["inference"]:  # CPU latency: PyTorch fp32 / bf16 against ONNX Runtime (inference_latency.py)
         from benchmarks.inference_latency import main as inference_main
 

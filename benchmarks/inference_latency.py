@@ -131,11 +131,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(table: str, readme: Path = HERE / "README.md") -> None:
-    """Put the table between the inference markers of ``benchmarks/README.md`` (generated, never typed in)."""
+def update_readme(table: str, readme: Path = HERE / "README.md", start: str = START, end: str = END) -> None:
+    """Put the table between the inference markers (or ``start``/``end``) of ``benchmarks/README.md`` (generated,
+    never typed in)."""
     text = readme.read_text()
-    if START in text and END in text:
-        readme.write_text(re.sub(f"{START}.*{END}", lambda _: f"{START}\n{table}{END}", text, flags=re.S))
+    if start in text and end in text:
+        readme.write_text(re.sub(f"{start}.*{end}", lambda _: f"{start}\n{table}{end}", text, flags=re.S))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Training blocks cut by index arithmetic, never materialised: block ``i`` is computed when it is read.
 
 The same cuts as ``corpus.pack_blocks`` (RoBERTa FULL-SENTENCES packing, Liu et al. 2019 §4.2, or one
-document at a time), over any ``TokenizedCorpus`` (in memory or memory-mapped shards, ``data.shards``).
+document at a time), over an in-memory ``TokenizedCorpus`` or a prepared ``litcorpus.LitCorpus`` (anything with
+``num_documents``, ``doc_spans`` and ``tokens``).
 Setup costs a cumulative sum over the chosen documents' lengths; reading block ``i`` a binary search.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ptm_app.data.corpus import Packing, TokenizedCorpus
+from ptm_app.data.corpus import Packing
 from ptm_app.errors import PtmError
 
 
@@ -18,7 +19,7 @@ class LazyBlocks:
     """``blocks[i]`` is ``(ids, owners)``: ``prefix + chunk + suffix`` and each token's document index,
     exactly as ``pack_blocks(..., with_documents=True)`` would return them at position ``i``."""
 
-    def __init__(self, corpus: TokenizedCorpus, block_len: int, prefix: list[int], suffix: list[int],
+    def __init__(self, corpus, block_len: int, prefix: list[int], suffix: list[int],
                  doc_sep: list[int], mode: Packing = "pack", documents: Sequence[int] | np.ndarray | None = None):
         self.content = block_len - len(prefix) - len(suffix)
         if self.content < 1:
@@ -27,9 +28,8 @@ class LazyBlocks:
         self.pre, self.suf = np.asarray(prefix, np.int32), np.asarray(suffix, np.int32)
         self.sep = np.asarray(doc_sep, np.int32) if mode == "pack" else np.zeros(0, np.int32)
         docs = np.arange(corpus.num_documents) if documents is None else np.asarray(documents, np.int64)
-        starts = np.asarray(corpus.line_offsets[np.asarray(corpus.doc_offsets[docs])], np.int64)
-        ends = np.asarray(corpus.line_offsets[np.asarray(corpus.doc_offsets[docs + 1])], np.int64)
-        self.docs, self.doc_start, self.doc_len = docs, starts, ends - starts
+        self.docs = docs
+        self.doc_start, self.doc_len = corpus.doc_spans(docs)
         if mode == "pack":
             self.seg_end = np.cumsum(self.doc_len + len(self.sep))  # end of each document (+ separator) in the stream
             total = int(self.seg_end[-1]) if len(docs) else 0
@@ -48,7 +48,7 @@ class LazyBlocks:
         n, start = int(self.doc_len[k]), int(self.doc_start[k])
         parts = []
         if lo < n:
-            parts.append(self.corpus.ids[start + lo: start + min(hi, n)])
+            parts.append(self.corpus.tokens(start + lo, start + min(hi, n)))
         if hi > n:
             parts.append(self.sep[max(lo, n) - n: hi - n])
         return np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0], np.int32)

@@ -9,11 +9,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 import numpy as np
 
 from ptm_app.data.formats import read_records
+from ptm_app.data.pieces import document_lines
 from ptm_app.data.tokenizer import tokenizer_fingerprint
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root, sha256_file
@@ -46,12 +47,25 @@ class TokenizedCorpus:
         first, last = self.doc_offsets[d], self.doc_offsets[d + 1]
         return [self.ids[self.line_offsets[i]: self.line_offsets[i + 1]] for i in range(first, last)]
 
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        return self.ids[start:stop]
+
+    def doc_spans(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each chosen document's token start and length (as ``litcorpus.LitCorpus``)."""
+        starts = np.asarray(self.line_offsets[np.asarray(self.doc_offsets[docs])], np.int64)
+        ends = np.asarray(self.line_offsets[np.asarray(self.doc_offsets[docs + 1])], np.int64)
+        return starts, ends - starts
+
+    def sentence_counts(self, docs: np.ndarray) -> np.ndarray:
+        return np.asarray(self.doc_offsets[docs + 1], np.int64) - np.asarray(self.doc_offsets[docs], np.int64)
+
 
 class CorpusDocuments:
-    """Documents of a corpus as a read-on-demand sequence of lines of ids (``documents[k]`` is document
-    ``docs[k]``), for the NSP/SOP pair datasets (``datasets.SentencePairDataset``) over any corpus size."""
+    """Documents of a corpus (in memory, or prepared: ``litcorpus.LitCorpus``) as a read-on-demand sequence of
+    lines of ids (``documents[k]`` is document ``docs[k]``), for the NSP/SOP pair datasets
+    (``datasets.SentencePairDataset``) over any corpus size."""
 
-    def __init__(self, corpus: TokenizedCorpus, docs):
+    def __init__(self, corpus, docs):
         self.corpus, self.docs = corpus, np.asarray(docs, np.int64)
 
     def __len__(self) -> int:
@@ -61,8 +75,7 @@ class CorpusDocuments:
         return [line.tolist() for line in self.corpus.lines(int(self.docs[k]))]
 
     def sentence_counts(self) -> np.ndarray:
-        offsets = self.corpus.doc_offsets
-        return np.asarray(offsets[self.docs + 1], np.int64) - np.asarray(offsets[self.docs], np.int64)
+        return self.corpus.sentence_counts(self.docs)
 
 
 
@@ -74,7 +87,15 @@ def cache_dir_for(path: Path, text_field: str, tokenizer) -> Path:
 
 def read_texts(path: Path, text_field: str) -> list[str]:
     """Documents' texts in file order (lines inside a text are its sentences/paragraphs)."""
-    return [str(rec[text_field]) for _, rec in read_records(path, (text_field,))]
+    return list(iter_texts([path], text_field))
+
+
+def iter_texts(paths, text_field: str) -> Iterator[str]:
+    """The documents' texts of ``paths`` in order, streamed (never the whole corpus in memory): what a tokenizer
+    is trained on (``tokenizers``' ``train_from_iterator`` pulls it batch by batch)."""
+    for path in paths:
+        for _, record in read_records(path, (text_field,)):
+            yield str(record[text_field])
 
 
 def tokenize_corpus(path: Path, text_field: str, tokenizer, progress: bool = True) -> Path:
@@ -82,7 +103,7 @@ def tokenize_corpus(path: Path, text_field: str, tokenizer, progress: bool = Tru
     target = cache_dir_for(path, text_field, tokenizer)
     if (target / "meta.json").exists():
         return target
-    docs = [[ln for ln in text.split("\n") if ln.strip()] for text in read_texts(path, text_field)]
+    docs = [document_lines(text) for text in read_texts(path, text_field)]
     docs = [d for d in docs if d]
     if not docs:
         raise PtmError(f"corpus {path} is empty: no text in field '{text_field}'; check the file or data.text_field")

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from ptm_app.data.blocks import BlockView, LazyBlocks
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.collators import PadCollator
-from ptm_app.data.corpus import CorpusDocuments, Packing, load_corpus, pack_blocks, read_texts, tokenize_corpus
+from ptm_app.data.corpus import CorpusDocuments, Packing, iter_texts, load_corpus, pack_blocks, tokenize_corpus
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.encoded import EncodedSplit, pick
 from ptm_app.data.formats import split_files
@@ -30,20 +30,23 @@ from ptm_app.errors import PtmError
 
 
 def resolve_source(source: str) -> dict[str, Path]:
-    """A prepared dataset name, a directory of split files, a single file (train only), or ``hf:NAME``."""
+    """A prepared dataset name, a directory of split files, a single file (train only), a glob (train only), a HF
+    ``datasets`` directory written by ``save_to_disk`` (its Arrow files), or ``hf:NAME``."""
     if source.startswith("hf:"):
         from ptm_app.data.hub import hub_dataset_dir
 
         return split_files(hub_dataset_dir(source))
     path = Path(source).expanduser()
     if not path.exists() and any(ch in source for ch in "*?["):  # a glob: its files, in order, are the train split
-        from ptm_app.data.shards import expand_inputs
+        from ptm_app.data.corpus_key import expand_inputs
 
         return {"train": tuple(expand_inputs([source]))}
     if path.is_file():
         return {"train": path.resolve()}
     if path.is_dir():
-        return split_files(path.resolve())
+        from ptm_app.data.corpus_key import hf_saved_splits
+
+        return hf_saved_splits(path.resolve()) or split_files(path.resolve())
     from ptm_app.data.sources import SOURCES, prepared_dir
 
     if source in SOURCES:
@@ -101,9 +104,8 @@ class _Base(pl.LightningDataModule):
     def _tokenizer_corpus(self):
         train = self.files["train"]
         field = getattr(self, "text_field", "text")
-        if isinstance(train, tuple):  # a glob source: the tokenizer trains on all its files
-            return (lambda: [t for f in train for t in read_texts(f, field)]), f"{':'.join(map(str, train))}:{field}"
-        return (lambda: read_texts(train, field)), f"{train}:{field}"
+        files = train if isinstance(train, tuple) else (train,)  # a glob source: the tokenizer trains on all its files
+        return (lambda: iter_texts(files, field)), f"{':'.join(map(str, files))}:{field}"  # streamed, never a list
 
     def load_tokenizer(self):
         if self.tokenizer is None:
@@ -214,11 +216,12 @@ class PretrainDataModule(_Base):
         limit_documents: use only the first N training documents (quick runs).
         examples: ``blocks`` (packed token blocks) or ``nsp``/``sop`` sentence pairs; by default what the
             LightningModule asks for (its ``example_format``).
-        streaming: tokenize into memory-mapped shards on disk (``data.shards``) instead of one in-memory cache,
-            so the corpus is bounded by disk, not RAM; blocks are cut by index arithmetic (``data.blocks``).
-            By default on when a split's files exceed ``STREAM_ABOVE`` bytes or the source is a glob.
+        streaming: tokenize with litdata into chunk files on disk (``data.litcorpus``) instead of one in-memory
+            cache, so the corpus is bounded by disk, not RAM; blocks are cut by index arithmetic (``data.blocks``).
+            By default on when a split's files exceed ``STREAM_ABOVE`` bytes, the source is a glob or a HF
+            ``datasets`` directory (``save_to_disk``).
         prepare_workers: tokenizer processes for ``streaming`` preparation (default: all cores).
-        shard_dir: where ``streaming`` writes its shards (one sub-directory per split); default the cache.
+        shard_dir: where ``streaming`` writes its prepared corpus (one sub-directory per split); default the cache.
     """
 
     STREAM_ABOVE = 100 << 20  # bytes of input above which ``streaming`` switches on by itself
@@ -251,15 +254,15 @@ class PretrainDataModule(_Base):
         return any(isinstance(p, tuple) or p.stat().st_size > self.STREAM_ABOVE for p in files.values())
 
     def _tokenized(self, split: str, path, progress: bool):
-        """The split's ``TokenizedCorpus``: shards (``streaming``) or the in-memory cache, prepared once."""
+        """The split's corpus: litdata chunks (``streaming``) or the in-memory cache, prepared once."""
         tok = self.load_tokenizer()
         if not self.use_streaming():
             return load_corpus(tokenize_corpus(path, self.text_field, tok, progress=progress))
-        from ptm_app.data.shards import load_shards, prepare_shards
+        from ptm_app.data.litcorpus import open_corpus, prepare_corpus
 
         files = list(path) if isinstance(path, tuple) else [path]
         target = Path(self.shard_dir).expanduser() / split if self.shard_dir else None
-        return load_shards(prepare_shards(files, self.text_field, tok, self.prepare_workers, target, progress=progress))
+        return open_corpus(prepare_corpus(files, self.text_field, tok, self.prepare_workers, target, progress=progress))
 
     def prepare_data(self) -> None:
         if self._span_kinds():
@@ -315,7 +318,7 @@ class PretrainDataModule(_Base):
                 documents = CorpusDocuments(corpus, docs[split])  # read on demand
                 self.datasets[split] = SentencePairDataset(documents, kind, self.max_length, self.seed,
                                                            tok.cls_token_id, tok.sep_token_id)
-            elif streaming:  # blocks cut on read, by index arithmetic over the memory-mapped shards
+            elif streaming:  # blocks cut on read, by index arithmetic over the prepared corpus
                 blocks = LazyBlocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split])
                 self.datasets[split] = BlockDataset(BlockView(blocks, 0),
                                                     BlockView(blocks, 1) if self.document_attention else None)

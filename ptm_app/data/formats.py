@@ -1,5 +1,7 @@
-"""Read records from local files: JSONL, CSV/TSV, plain text, Parquet; text formats may be gzip (``.gz``) or
-zstd (``.zst``) compressed (``train.jsonl.gz``), and every format is read as a stream.
+"""Read records from local files: JSONL, CSV/TSV, plain text, Parquet, Arrow (the files of a HF ``datasets``
+``save_to_disk`` directory); text formats may be gzip (``.gz``) or zstd (``.zst``) compressed (``train.jsonl.gz``),
+and every format is read as a stream.  Uncompressed JSONL and text can be read by byte range (``byte_range``), the
+pieces a parallel preparation hands its workers (``data.pieces``).
 
 Every record comes with its 1-based line number so that bad input is reported as ``file:line``.
 """
@@ -15,7 +17,7 @@ from typing import Iterator
 
 from ptm_app.errors import DataFormatError, PtmError
 
-SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".parquet")
+SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".parquet", ".arrow")
 COMPRESSIONS = (".gz", ".zst")
 
 
@@ -27,9 +29,12 @@ def format_suffix(path: Path) -> str:
     return suffixes[-1] if suffixes else ""
 
 
-def open_text(path: Path, **kwargs):
-    """``path`` opened for reading text, decompressing ``.gz`` (gzip) and ``.zst`` (zstandard) on the fly."""
+def open_text(path: Path, byte_range: tuple[int, int] | None = None, **kwargs):
+    """``path`` opened for reading text, decompressing ``.gz`` (gzip) and ``.zst`` (zstandard) on the fly;
+    ``byte_range`` (uncompressed files): only bytes ``[start, stop)``."""
     compression = path.suffix.lower()
+    if byte_range is not None:
+        return io.TextIOWrapper(io.BufferedReader(_ByteWindow(path, *byte_range)), encoding="utf-8", **kwargs)
     if compression == ".gz":
         return gzip.open(path, "rt", encoding="utf-8", **kwargs)
     if compression == ".zst":
@@ -37,11 +42,14 @@ def open_text(path: Path, **kwargs):
     return open(path, encoding="utf-8", **kwargs)
 
 
-def read_records(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[tuple[int, dict]]:
+def read_records(path: str | Path, required: tuple[str, ...] = (), byte_range: tuple[int, int] | None = None,
+                 first_line: int = 1, row_groups: tuple[int, int] | None = None) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, record)``; a missing field or a malformed line raises ``DataFormatError``.
 
     Plain ``.txt`` files yield one record per document: documents are separated by blank lines
-    and each non-blank line becomes one line of the ``text`` field.
+    and each non-blank line becomes one line of the ``text`` field.  ``byte_range`` (uncompressed ``.jsonl``
+    or ``.txt``) reads only the records in ``[start, stop)``, the first of them on line ``first_line``;
+    ``row_groups`` (Parquet) only the row groups ``[first, stop)``.
     """
     path = Path(path)
     if not path.is_file():
@@ -49,12 +57,21 @@ def read_records(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[t
     suffix = format_suffix(path)
     reader = {
         ".jsonl": _jsonl, ".json": _jsonl, ".csv": _csv, ".tsv": _csv, ".txt": _txt, ".parquet": _parquet,
+        ".arrow": _arrow,
     }.get(suffix)
-    if reader is None or (suffix == ".parquet" and path.suffix.lower() in COMPRESSIONS):
+    if reader is None or (suffix in (".parquet", ".arrow") and path.suffix.lower() in COMPRESSIONS):
         raise PtmError(f"data file {path}: unsupported format '{''.join(path.suffixes)}'; use one of "
                        f"{', '.join(SUFFIXES)} (text formats optionally {' or '.join(COMPRESSIONS)} compressed)")
     try:
-        for line, record in reader(path):
+        if byte_range is not None:
+            if reader not in (_jsonl, _txt) or path.suffix.lower() in COMPRESSIONS:
+                raise PtmError(f"data file {path}: byte ranges need an uncompressed .jsonl or .txt file")
+            records = reader(path, byte_range, first_line)
+        elif row_groups is not None and reader is _parquet:
+            records = _parquet(path, row_groups)
+        else:
+            records = reader(path)
+        for line, record in records:
             for field in required:
                 if field not in record or record[field] is None:
                     raise DataFormatError(path, line, f"missing field '{field}'", "add it, or point the data module's *_field option at the right column")
@@ -62,10 +79,29 @@ def read_records(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[t
     except _read_errors() as exc:
         if isinstance(exc, FileNotFoundError):
             raise
-        if path.suffix.lower() in COMPRESSIONS:
-            raise PtmError(f"data file {path} does not decompress ({type(exc).__name__}: {exc}); "
-                           f"the file is truncated or not {path.suffix} compressed: re-download or re-compress it") from None
-        raise PtmError(f"data file {path} cannot be read ({type(exc).__name__}: {exc}); check it is UTF-8 text") from None
+        raise _read_error(path, exc) from None
+
+
+def _read_error(path: Path, exc: BaseException) -> PtmError:
+    if path.suffix.lower() in COMPRESSIONS:
+        return PtmError(f"data file {path} does not decompress ({type(exc).__name__}: {exc}); "
+                        f"the file is truncated or not {path.suffix} compressed: re-download or re-compress it")
+    return PtmError(f"data file {path} cannot be read ({type(exc).__name__}: {exc}); check it is UTF-8 text")
+
+
+def decompress_to(path: Path, target: Path) -> None:
+    """Write the text of the compressed ``path`` to ``target`` (atomically, streamed: bounded memory)."""
+    import shutil
+
+    from ptm_app.paths import atomic_file
+
+    try:
+        with open_text(path) as source, atomic_file(target, "w", encoding="utf-8") as out:
+            shutil.copyfileobj(source, out, 1 << 20)
+    except _read_errors() as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise _read_error(path, exc) from None
 
 
 class _ZstdReader(io.RawIOBase):
@@ -111,9 +147,30 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return OSError, EOFError, zlib.error, UnicodeDecodeError, ZstdError
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with open_text(path) as fh:
-        for line_no, line in enumerate(fh, 1):
+class _ByteWindow(io.RawIOBase):
+    """Bytes ``[start, stop)`` of a file as a stream."""
+
+    def __init__(self, path: Path, start: int, stop: int):
+        self._file, self._left = open(path, "rb"), stop - start
+        self._file.seek(start)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._file.read(min(len(buffer), self._left))
+        self._left -= len(data)
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _jsonl(path: Path, byte_range=None, first_line: int = 1) -> Iterator[tuple[int, dict]]:
+    with open_text(path, byte_range) as fh:
+        for line_no, line in enumerate(fh, first_line):
             if not line.strip():
                 continue
             try:
@@ -134,11 +191,11 @@ def _csv(path: Path) -> Iterator[tuple[int, dict]]:
             yield reader.line_num, record
 
 
-def _txt(path: Path) -> Iterator[tuple[int, dict]]:
+def _txt(path: Path, byte_range=None, first_line: int = 1) -> Iterator[tuple[int, dict]]:
     lines: list[str] = []
-    start = 1
-    with open_text(path) as fh:
-        for line_no, line in enumerate(fh, 1):
+    start = first_line
+    with open_text(path, byte_range) as fh:
+        for line_no, line in enumerate(fh, first_line):
             if line.strip():
                 if not lines:
                     start = line_no
@@ -150,14 +207,34 @@ def _txt(path: Path) -> Iterator[tuple[int, dict]]:
         yield start, {"text": "\n".join(lines)}
 
 
-def _parquet(path: Path) -> Iterator[tuple[int, dict]]:
+def _parquet(path: Path, row_groups: tuple[int, int] | None = None) -> Iterator[tuple[int, dict]]:
+    """Rows numbered from 1; ``row_groups`` (``[first, stop)``): only those row groups (a piece of the file)."""
     import pyarrow.parquet as pq
 
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):  # streamed, one row group at a time
+    parquet = pq.ParquetFile(path)
+    groups = range(*row_groups) if row_groups is not None else None
+    row = sum(parquet.metadata.row_group(g).num_rows for g in range(groups.start)) if groups is not None else 0
+    for batch in parquet.iter_batches(batch_size=4096, row_groups=groups):  # streamed, one row group at a time
         for record in batch.to_pylist():
             row += 1
             yield row, record
+
+
+def _arrow(path: Path) -> Iterator[tuple[int, dict]]:
+    """One Arrow file of a HF ``datasets`` ``save_to_disk`` directory (an IPC stream), memory-mapped, by batch."""
+    import pyarrow as pa
+
+    row = 0
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid as exc:
+            raise PtmError(f"data file {path} is not an Arrow stream ({exc}); save the dataset again with "
+                           f"datasets' save_to_disk") from None
+        for batch in reader:
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record
 
 
 def split_files(source: str | Path, splits=("train", "validation", "test")) -> dict[str, Path]:

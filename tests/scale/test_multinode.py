@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.scale.conftest import ROOT
 
 
@@ -23,9 +25,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_nodes_see_disjoint_shards_and_tokenize_once(mlm_config, tmp_path):
+@pytest.mark.parametrize("streaming", [False, True])  # in memory; litdata chunks (data.litcorpus)
+def test_two_nodes_see_disjoint_shards_and_tokenize_once(mlm_config, tmp_path, streaming):
     probe, markers = tmp_path / "probe", tmp_path / "markers"
     args = [sys.executable, "main.py", "fit", "--config", str(mlm_config), "--run_name", "two_nodes",
+            "--data.init_args.streaming", str(streaming).lower(), "--data.init_args.prepare_workers", "1",
             "--trainer.strategy", "ddp", "--trainer.num_nodes", "2", "--trainer.devices", "1",
             "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
             "--data.class_path", "tests.scale.probe.CountingPretrainData",
