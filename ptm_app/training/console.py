@@ -120,6 +120,8 @@ def _repoint_handlers(old: tuple, new: tuple) -> None:
                                        if isinstance(lg, logging.Logger)]
     for logger in loggers:
         for handler in logger.handlers:
+            if isinstance(getattr(type(handler), "stream", None), property):  # logging's _StderrHandler (dill
+                continue  # adds one): it always writes to the current sys.stderr
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                 for before, after in zip(old, new):
                     if handler.stream is before:
