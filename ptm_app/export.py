@@ -144,7 +144,7 @@ def load_exported_module(directory: str | Path):
         hparams.pop("delta", None)  # LoRA / IA3 / BitFit are already in the saved weights
     module = cls(backbone=str(directory), **hparams)
     module.tokenizer = AutoTokenizer.from_pretrained(directory)
-    module.configure_model()
+    module.build()
     if unmerged and getattr(module, "delta", None) is not None:  # the module re-applied the same spec
         load_delta_state_dict(module.backbone, load_file(str(directory / DELTA_FILE)))
     weights = load_file(str(directory / MODULE_WEIGHTS))

@@ -137,7 +137,7 @@ def test_label_scores_are_the_label_words_mlm_logits_at_the_mask(bert_data, scor
     tok = bert_data.tokenizer
     torch.manual_seed(0)
     module = PromptClassifierModule(backbone_config={**TINY_BERT, "vocab_size": len(tok)}, labels=["neg", "pos"],
-                                    verbalizer=VERBALIZER, scoring=scoring)
+                                    verbalizer=VERBALIZER, scoring=scoring).build()
     module.tokenizer = tok
     module.eval()
     batch = module.make_collator(tok)([bert_data.datasets["validation"][i] for i in range(4)])
@@ -232,7 +232,7 @@ def icl(corpus):
     torch.manual_seed(0)
     module = InContextEvalModule(backbone_config={**GPT, "vocab_size": len(tok), "bos_token_id": tok.eos_token_id,
                                                   "eos_token_id": tok.eos_token_id},
-                                 labels=dm.label_set(), verbalizer={"pos": "good news", "neg": "bad"}, k_shot=3, seed=5)
+                                 labels=dm.label_set(), verbalizer={"pos": "good news", "neg": "bad"}, k_shot=3, seed=5).build()
     module.tokenizer = tok
     module.eval()
     return dm, module, module.build_collator(tok, dm.datasets["train"])
@@ -444,7 +444,7 @@ def test_a_backbone_without_a_trained_mlm_head_is_named_before_zero_shot(saved_a
     config = transformers.BertConfig(**{k: v for k, v in TINY_BERT.items() if k != "model_type"},
                                      vocab_size=len(bert_data.tokenizer))
     getattr(transformers, saved_as)(config).save_pretrained(tmp_path / "bert")
-    module = PromptClassifierModule(backbone=str(tmp_path / "bert"), verbalizer=VERBALIZER)
+    module = PromptClassifierModule(backbone=str(tmp_path / "bert"), verbalizer=VERBALIZER).build()
     with pytest.warns(UserWarning) if saved_as == "BertModel" else contextlib.nullcontext() as caught:
         trainer(limit_val_batches=1).validate(module, datamodule=bert_data, verbose=False)
     fresh = [str(w.message) for w in (caught or []) if "no trained MLM head" in str(w.message)]
