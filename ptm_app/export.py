@@ -28,7 +28,7 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
     Delta-tuned runs: LoRA/IA3 are merged into plain weights; adapters and prompt methods cannot be
     merged, so the directory holds the unchanged base model plus ``delta.safetensors`` and
     ``delta_config.json`` (load with ``backbones.delta.load_delta``).
-    Weights the module keeps outside the transformers model (a soft prompt, a scalar mix and feature head,
+    Weights the module keeps outside the transformers model (a scalar mix and feature head,
     multitask heads) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
     rebuilds the whole module from the directory.  ``also(directory)`` adds more files before the directory
     appears (``--format onnx``: ``inference.onnx_export.write_onnx``)."""
@@ -96,7 +96,8 @@ MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.jso
 
 
 def save_module_weights(ckpt: dict, directory: Path) -> bool:
-    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
+    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any weights
+    or a delta that only the module's settings describe (PET's ``soft_prompt_tokens``: the module rebuilds it)."""
     extra, aliases, seen = {}, {}, {}
     training_only = tuple(ckpt[CKPT_KEY].get("training_only", ()))  # e.g. a distillation projection
     for key, value in ckpt["state_dict"].items():
@@ -107,13 +108,14 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
             aliases[key] = seen[storage]
         else:
             seen[storage], extra[key] = key, value.contiguous()
-    if not extra:
+    if not extra and not ckpt[CKPT_KEY].get("delta"):
         return False
     from safetensors.torch import save_file
 
     hparams = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in ("backbone", "backbone_config",
                                                                               "init_from", "_instantiator")}
-    save_file(extra, str(directory / MODULE_WEIGHTS))
+    if extra:
+        save_file(extra, str(directory / MODULE_WEIGHTS))
     (directory / MODULE_CONFIG).write_text(json.dumps({"module": ckpt[CKPT_KEY]["module"], "hparams": hparams,
                                                        "aliases": aliases}, indent=2, default=str))
     return True
@@ -121,7 +123,8 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
 
 def load_exported_module(directory: str | Path):
     """The LightningModule of an exported run, rebuilt from the directory alone: its backbone from the saved
-    transformers model, its own weights (soft prompt, heads ...) from ``module_weights.safetensors``."""
+    transformers model (+ an unmerged delta: adapters, a soft prompt), its own weights (heads, a scalar mix ...) from
+    ``module_weights.safetensors``."""
     import importlib
     import inspect
 
@@ -147,7 +150,7 @@ def load_exported_module(directory: str | Path):
     module.build()
     if unmerged and getattr(module, "delta", None) is not None:  # the module re-applied the same spec
         load_delta_state_dict(module.backbone, load_file(str(directory / DELTA_FILE)))
-    weights = load_file(str(directory / MODULE_WEIGHTS))
+    weights = load_file(str(directory / MODULE_WEIGHTS)) if (directory / MODULE_WEIGHTS).is_file() else {}
     weights.update({alias: weights[key] for alias, key in spec.get("aliases", {}).items()})
     missing, unexpected = module.load_state_dict(weights, strict=False)
     own = [k for k in missing if not k.startswith(BACKBONE_PREFIX)]
