@@ -28,10 +28,10 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
     Delta-tuned runs: LoRA/IA3 are merged into plain weights; adapters and prompt methods cannot be
     merged, so the directory holds the unchanged base model plus ``delta.safetensors`` and
     ``delta_config.json`` (load with ``backbones.delta.load_delta``).
-    Weights the module keeps outside the transformers model (a soft prompt, a scalar mix and feature head,
-    multitask heads, K-Adapter's switchable adapters and head) go to ``module_weights.safetensors`` with ``module_config.json``; ``load_exported_module``
-    rebuilds the whole module from the directory.  ``also(directory)`` adds more files before the directory
-    appears (``--format onnx``: ``inference.onnx_export.write_onnx``)."""
+    Weights the module keeps outside the transformers model (a scalar mix and feature head, multitask heads,
+    K-Adapter's switchable adapters and head) go to ``module_weights.safetensors`` with ``module_config.json``;
+    ``load_exported_module`` rebuilds the whole module from the directory.  ``also(directory)`` adds more files
+    before the directory appears (``--format onnx``: ``inference.onnx_export.write_onnx``)."""
     ckpt = read_checkpoint(ckpt_path, trust)
     if ckpt[CKPT_KEY].get("no_export"):  # a module whose model is not one transformers model (K-Adapter)
         raise PtmError(f"{ckpt_path}: {ckpt[CKPT_KEY]['no_export']}")
@@ -100,7 +100,8 @@ MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.jso
 
 
 def save_module_weights(ckpt: dict, directory: Path) -> bool:
-    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any."""
+    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any weights
+    or a delta that only the module's settings describe (PET's ``soft_prompt_tokens``: the module rebuilds it)."""
     extra, aliases, seen = {}, {}, {}
     training_only = tuple(ckpt[CKPT_KEY].get("training_only", ()))  # e.g. a distillation projection
     owned = tuple(ckpt[CKPT_KEY].get("module_backbone_keys", ()))  # backbone parts the module owns (K-Adapter)
@@ -113,13 +114,14 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
             aliases[key] = seen[storage]
         else:
             seen[storage], extra[key] = key, value.contiguous()
-    if not extra:
+    if not extra and not ckpt[CKPT_KEY].get("delta"):
         return False
     from safetensors.torch import save_file
 
     hparams = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in ("backbone", "backbone_config",
                                                                               "init_from", "_instantiator")}
-    save_file(extra, str(directory / MODULE_WEIGHTS))
+    if extra:
+        save_file(extra, str(directory / MODULE_WEIGHTS))
     (directory / MODULE_CONFIG).write_text(json.dumps({"module": ckpt[CKPT_KEY]["module"], "hparams": hparams,
                                                        "aliases": aliases}, indent=2, default=str))
     return True
@@ -127,7 +129,8 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
 
 def load_exported_module(directory: str | Path):
     """The LightningModule of an exported run, rebuilt from the directory alone: its backbone from the saved
-    transformers model, its own weights (soft prompt, heads ...) from ``module_weights.safetensors``."""
+    transformers model (+ an unmerged delta: adapters, a soft prompt), its own weights (heads, a scalar mix ...) from
+    ``module_weights.safetensors``."""
     import importlib
     import inspect
 
@@ -150,10 +153,10 @@ def load_exported_module(directory: str | Path):
         hparams.pop("delta", None)  # LoRA / IA3 / BitFit are already in the saved weights
     module = cls(backbone=str(directory), **hparams)
     module.tokenizer = AutoTokenizer.from_pretrained(directory)
-    module.configure_model()
+    module.build()
     if unmerged and getattr(module, "delta", None) is not None:  # the module re-applied the same spec
         load_delta_state_dict(module.backbone, load_file(str(directory / DELTA_FILE)))
-    weights = load_file(str(directory / MODULE_WEIGHTS))
+    weights = load_file(str(directory / MODULE_WEIGHTS)) if (directory / MODULE_WEIGHTS).is_file() else {}
     weights.update({alias: weights[key] for alias, key in spec.get("aliases", {}).items()})
     missing, unexpected = module.load_state_dict(weights, strict=False)
     own = [k for k in missing if not k.startswith(BACKBONE_PREFIX)]

@@ -43,6 +43,7 @@ class SequenceClassificationModule(TaskModule):
     head = "sequence_classification"
     monitor = ("val/acc", "max")
     task_kind = "sequence"
+    needs_labels = True  # one logit per label (regression: one value)
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
@@ -51,9 +52,13 @@ class SequenceClassificationModule(TaskModule):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
-        return super().can_build() and self.hparams.labels is not None
+        return super().can_build() and (self.hparams.get("labels") is not None or not self.needs_labels)
 
     def config_updates(self) -> dict:
+        return {**super().config_updates(), **self.output_config()}
+
+    def output_config(self) -> dict:
+        """The transformers config of the output layer: one logit per label, named."""
         facts = self.data_facts
         if self.hparams.labels is None and facts is not None:
             self.hparams.labels = facts.labels()
@@ -63,8 +68,8 @@ class SequenceClassificationModule(TaskModule):
         labels = list(self.hparams.labels or [])
         if not labels:
             raise PtmError("SequenceClassificationModule needs labels: set model.init_args.labels or use a TaskDataModule")
-        return {**super().config_updates(), "num_labels": len(labels),
-                "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+        return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
+                "label2id": {n: i for i, n in enumerate(labels)}}
 
     def build_metrics(self):
         labels = self.task_labels()
@@ -90,6 +95,7 @@ class SequenceRegressionModule(SequenceClassificationModule):
 
     monitor = ("val/pearson", "max")
     task_kind = "regression"
+    needs_labels = False
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=3e-5), gradient_checkpointing: bool = False, l2_sp: float = 0.0,
@@ -97,14 +103,12 @@ class SequenceRegressionModule(SequenceClassificationModule):
         super().__init__(backbone, backbone_config, None, optim, gradient_checkpointing, l2_sp, init_from, delta,
                          delta_only)
 
-    def can_build(self) -> bool:
-        return TaskModule.can_build(self)
-
-    def config_updates(self) -> dict:
+    def output_config(self) -> dict:
+        """One real-valued output (mean-squared error)."""
         facts = self.data_facts
         if facts is not None and (facts.task or "regression") != "regression":
             raise PtmError("SequenceRegressionModule needs real-valued targets: set data.init_args.task: regression")
-        return {**TaskModule.config_updates(self), "num_labels": 1, "problem_type": "regression"}
+        return {"num_labels": 1, "problem_type": "regression"}
 
     def build_metrics(self):
         return self.kind.metrics(None)

@@ -1,7 +1,7 @@
 """Backbone policies: behaviours composed onto a module's freshly built backbone instead of stacked as mixins
 (docs/design.md principle 10).
 
-A module lists its policies (``PtmModule.__init__(..., policies=[...])``); ``PtmModule.configure_model`` builds the
+A module lists its policies (``PtmModule.make_policies``, from its settings); ``PtmModule.configure_model`` builds the
 backbone, then runs each policy's ``apply`` in order, and every checkpoint save / load runs each policy's ``save`` /
 ``load``, so each policy saves and restores what it owns.  The policies:
 
@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from ptm_app.adaptation.chaining import InitFrom as InitFromSpec, apply_init_from, as_init_from, freeze_prefixes
-from ptm_app.backbones.delta import PROMPT_METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict, trainable_report
+from ptm_app.backbones.delta import (PROMPT_METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict,
+                                    trainable_report, transformers_model)
 from ptm_app.backbones.scalar_mix import ScalarMix
-from ptm_app.checkpoints import restore_frozen_base, strip_frozen_base
+from ptm_app.checkpoints import CKPT_KEY, restore_frozen_base, strip_frozen_base
 from ptm_app.errors import PtmError
 
 
@@ -61,14 +62,17 @@ class Delta(BackbonePolicy):
     """Delta tuning: only the delta (+ head) trains.  ``delta_only`` checkpoints hold just those weights; a backbone
     built from a config alone (random weights) has no source to rebuild it from, so it keeps every weight."""
 
-    def __init__(self, spec: DeltaSpec | dict, delta_only: bool = True):
-        self.spec, self.delta_only = as_delta_spec(spec), delta_only
+    def __init__(self, spec: DeltaSpec | dict, delta_only: bool = True, task_type: Optional[str] = None):
+        """``task_type``: peft's task type when the module's head has none of its own (``backbones.delta``'s
+        ``HEAD_TASK_TYPES``), e.g. ``FEATURE_EXTRACTION`` for PET's masked LM, whose logits then cover the virtual
+        positions too."""
+        self.spec, self.delta_only, self.task_type = as_delta_spec(spec), delta_only, task_type
 
     def apply(self, module, fresh: bool, fitting: bool) -> None:
         if not fresh:
             return
         self.delta_only = self.delta_only and bool(module.hparams.backbone)
-        module.backbone = apply_delta(module.backbone, self.spec, module.head)
+        module.backbone = apply_delta(module.backbone, self.spec, self.task_type or module.head)
         report = trainable_report(module.backbone)  # the console's model line shows the trainable share
         logging.getLogger(__name__).info(f"delta {self.spec.method}: {report['trainable']:,} of {report['total']:,} "
                                          f"parameters trainable ({report['percent']:.3f} %)")
@@ -82,13 +86,30 @@ class Delta(BackbonePolicy):
         return self.spec.method
 
     def save(self, module, checkpoint: dict) -> None:
-        checkpoint["hyper_parameters"]["delta"] = asdict(self.spec)
+        # the module's own ``delta`` setting, or (derived from another setting: PET's soft_prompt_tokens) in the
+        # checkpoint's ptm_app record, where export finds it (``backbones.from_checkpoint.checkpoint_delta``)
+        owner = checkpoint["hyper_parameters"] if "delta" in module.hparams else checkpoint[CKPT_KEY]
+        owner["delta"] = asdict(self.spec)
         if self.delta_only:  # the base is rebuilt from its source: keep only the delta (+ head) weights
-            strip_frozen_base(checkpoint, delta_state_dict(module.backbone), module.hparams.backbone,
-                              module.hparams.backbone_config)
+            kept = {**fresh_state_dict(module.backbone), **delta_state_dict(module.backbone)}
+            strip_frozen_base(checkpoint, kept, module.hparams.backbone, module.hparams.backbone_config)
 
     def load(self, module, checkpoint: dict) -> None:
         restore_frozen_base(checkpoint, module.backbone)  # frozen base + saved delta
+
+
+def fresh_state_dict(backbone: nn.Module) -> dict[str, torch.Tensor]:
+    """The backbone's tensors its source's files did not have (``ptm_missing_keys``: e.g. MiniLM's MLM head,
+    initialised at random when built), by ``state_dict`` name: a rebuild from the source would draw them anew, so a
+    delta-only checkpoint keeps them even when they are frozen."""
+    model = transformers_model(backbone)
+    missing = getattr(model, "ptm_missing_keys", ())
+    if not missing:
+        return {}
+    prefix = next(name for name, sub in backbone.named_modules() if sub is model)
+    state = backbone.state_dict()
+    names = [f"{prefix}.{key}" if prefix else key for key in missing]
+    return {name: state[name].detach().clone() for name in names if name in state}
 
 
 REPRESENTATIONS = ("embedding", "top", "scalar_mix")

@@ -4,7 +4,8 @@
   one [MASK]; a verbalizer maps each label to words; a label's score is the masked LM's logit of its words at the
   mask, and training minimises the cross-entropy of the softmax over the label scores (PET's L_CE).  Evaluated
   without training it is zero-shot; ``fit`` on a few examples is few-shot PET.  Optionally N trainable soft prompt
-  vectors follow [CLS], with the masked LM frozen (prompt tuning, Lester et al. 2021 §2).
+  vectors go before the input, the masked LM frozen or not: peft's prompt tuning, the ``prompt`` delta of
+  ``backbones.delta`` (Lester et al. 2021 §2), the one soft-prompt implementation.
 * ``InContextEvalModule``: in-context learning (GPT-3, Brown et al. 2020 §2).  k training examples with their
   labels precede the query; each candidate label is scored by the causal LM's log-likelihood of its words (per
   token by default, §2.4), and no gradient step is ever taken.
@@ -15,15 +16,15 @@ from typing import Literal, Optional, Union
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import nn
 
 from ptm_app.backbones.build import max_positions
-from ptm_app.data.contract import DataFacts
 from ptm_app.data.collators import ClozeCollator, InContextCollator
 from ptm_app.data.prompt_data import PromptDataset
-from ptm_app.data.prompts import PromptEncoder, Template, Verbalizer, special_affixes
+from ptm_app.data.prompts import PromptEncoder, Template, Verbalizer
 from ptm_app.errors import PtmError
+from ptm_app.adaptation.policies import Delta
 from ptm_app.adaptation.task_module import TaskModule
+from ptm_app.backbones.delta import DeltaSpec, transformers_model
 from ptm_app.training.optim import OptimConfig
 
 NO_FIT = ("InContextEvalModule takes no gradient steps (in-context learning, Brown et al. 2020 §2): "
@@ -88,9 +89,13 @@ class PromptClassifierModule(_LabelScoringModule):
         template: the pattern, with ``{text}`` (optionally ``{text_pair}``) and one ``{mask}``.
         verbalizer: label → one word or a list of words, each one token; None = the labels' own names.
         scoring: a label's score from its words' logits at the mask: ``mean`` (PET) or ``max``.
-        soft_prompt_tokens: N trainable prompt vectors inserted after the special prefix ([CLS]), initialised
-            from sampled vocabulary embeddings (prompt tuning, Lester et al. 2021 §2, §3.2).
-        freeze_backbone: train the soft prompt only; the masked LM, its head included, stays bit-identical.
+        soft_prompt_tokens: N trainable prompt vectors, initialised from sampled vocabulary embeddings (prompt
+            tuning, Lester et al. 2021 §2, §3.2): the ``prompt`` delta (``delta: {method: prompt,
+            num_virtual_tokens: N, prompt_init: sample_vocab}``), peft's, which puts them before the whole input,
+            [CLS] included (Lester et al. prepend too); the [MASK] logit is read N positions later.
+        freeze_backbone: train the soft prompt only; the masked LM, its head included, stays bit-identical, and
+            checkpoints of a pretrained backbone hold just the prompt.  Without it the whole masked LM trains with
+            the prompt, and checkpoints and exports keep both.
     """
 
     head = "masked_lm"
@@ -100,17 +105,33 @@ class PromptClassifierModule(_LabelScoringModule):
                  verbalizer: Optional[dict[str, Union[str, list[str]]]] = None,
                  scoring: Literal["mean", "max"] = "mean", soft_prompt_tokens: int = 0, freeze_backbone: bool = False,
                  optim: OptimConfig = OptimConfig(lr=1e-5), gradient_checkpointing: bool = False):
-        self.template = Template(template)
         if soft_prompt_tokens < 0:
             raise PtmError(f"soft_prompt_tokens must be >= 0 (got {soft_prompt_tokens})")
         if freeze_backbone and not soft_prompt_tokens:
             raise PtmError("freeze_backbone: true leaves nothing to train; set soft_prompt_tokens > 0 "
                            "(prompt tuning) or freeze_backbone: false")
-        self.soft_prompt: Optional[nn.Parameter] = None
+        pattern = Template(template)
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+        self.template = pattern
         self._words: Optional[tuple] = None
         self._fresh_head: list[str] = []  # MLM head weights the backbone's files did not have
         self._restored = self._warned_fresh_head = False
-        super().__init__(backbone, backbone_config, optim, gradient_checkpointing)  # may build the model
+
+    def make_policies(self) -> list:
+        """``soft_prompt_tokens: N`` is the ``prompt`` delta on the masked LM (peft's FEATURE_EXTRACTION wrapper keeps
+        its MLM head: logits for the virtual positions and the input)."""
+        n = self.hparams.soft_prompt_tokens
+        if not n:
+            return []
+        frozen = self.hparams.freeze_backbone
+        spec = DeltaSpec(method="prompt", num_virtual_tokens=n, prompt_init="sample_vocab", train_head=not frozen)
+        return [Delta(spec, delta_only=frozen, task_type="FEATURE_EXTRACTION")]
+
+    @property
+    def delta(self) -> Optional[DeltaSpec]:
+        """The soft prompt's delta spec (None without one)."""
+        policy = self.policy(Delta)
+        return policy.spec if policy is not None else None
 
     def style(self) -> str:
         n = self.hparams.soft_prompt_tokens
@@ -119,15 +140,14 @@ class PromptClassifierModule(_LabelScoringModule):
     def configure_model(self) -> None:
         built_here = self.backbone is None
         super().configure_model()
-        if built_here and not self._restored:
-            prefix = f"{self.backbone.base_model_prefix}."
-            self._fresh_head = [k for k in getattr(self.backbone, "ptm_missing_keys", ()) if not k.startswith(prefix)]
-        if self.hparams.freeze_backbone:
-            self.backbone.requires_grad_(False)
-        n = self.hparams.soft_prompt_tokens
-        if n and self.soft_prompt is None:
-            table = self.backbone.get_input_embeddings().weight
-            self.soft_prompt = nn.Parameter(table[torch.randint(len(table), (n,))].detach().clone().float())
+        if not built_here:
+            return
+        model = transformers_model(self.backbone)
+        if not self._restored:
+            prefix = f"{model.base_model_prefix}."
+            self._fresh_head = [k for k in getattr(model, "ptm_missing_keys", ()) if not k.startswith(prefix)]
+        if self.hparams.soft_prompt_tokens and not self.hparams.freeze_backbone:
+            model.requires_grad_(True)  # the prompt delta froze it: prompt tuning plus fine-tuning of the masked LM
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -136,6 +156,10 @@ class PromptClassifierModule(_LabelScoringModule):
 
     # -- a masked LM without a trained head (e.g. a sentence-transformers checkpoint) --------------------
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "soft_prompt" in checkpoint.get("state_dict", {}):
+            raise PtmError("this checkpoint holds PromptClassifierModule's former soft prompt (vectors after [CLS]); "
+                           "soft_prompt_tokens is now peft's prompt tuning (vectors before [CLS]), which cannot reuse "
+                           "them: train the prompt again (main.py fit with the same config)")
         super().on_load_checkpoint(checkpoint)
         self._restored, self._fresh_head = True, []  # the checkpoint brings its own (trained) head
 
@@ -166,14 +190,6 @@ class PromptClassifierModule(_LabelScoringModule):
             self._warned_fresh_head = True
             rank_zero_warn(message)
 
-    def check_lengths(self, facts: DataFacts) -> None:
-        super().check_lengths(facts)
-        limit, wanted = max_positions(self.backbone), facts.max_length
-        n = self.hparams.soft_prompt_tokens
-        if n and limit is not None and wanted is not None and wanted + n > limit:
-            raise PtmError(f"data.max_length={wanted} + soft_prompt_tokens={n} exceeds the backbone's {limit} "
-                           f"positions; set data.init_args.max_length <= {limit - n}")
-
     def label_words(self) -> list[list[int]]:
         """The verbalizer's token ids per label, for the current labels and tokenizer."""
         if self.tokenizer is None:
@@ -188,31 +204,21 @@ class PromptClassifierModule(_LabelScoringModule):
         if tokenizer.mask_token_id is None:
             raise PtmError("PromptClassifierModule needs a masked LM's tokenizer (it has no mask token)")
         max_length = ((self.data_facts.max_length if self.data_facts is not None else None)
-                      or max_positions(self.backbone) - self.hparams.soft_prompt_tokens)
+                      or max_positions(self.backbone) - self.virtual_positions())
         return ClozeCollator(pad_token_id=tokenizer.pad_token_id, encoder=PromptEncoder(self.template, tokenizer),
                              max_length=max_length)
 
     def model_inputs(self, batch: dict) -> dict:
-        """Token inputs; with a soft prompt, ``inputs_embeds`` with the prompt vectors after the special prefix."""
+        """Token inputs; peft's prompt tuning takes no segment ids (it would drop them with a warning per call)."""
         inputs = super().model_inputs(batch)
-        if self.soft_prompt is None:
-            return inputs
-        ids = inputs.pop("input_ids")
-        at, rows = len(special_affixes(self.tokenizer)[0]), len(ids)
-        embeds = self.backbone.get_input_embeddings()(ids)
-        prompt = self.soft_prompt.to(embeds.dtype).expand(rows, -1, -1)
-        inputs["inputs_embeds"] = torch.cat([embeds[:, :at], prompt, embeds[:, at:]], dim=1)
-        for name, fill in (("attention_mask", 1), ("token_type_ids", 0)):
-            if name in inputs:
-                value = inputs[name]
-                inputs[name] = torch.cat([value[:, :at], value.new_full((rows, len(self.soft_prompt)), fill),
-                                          value[:, at:]], dim=1)
+        if self.virtual_positions():
+            inputs.pop("token_type_ids", None)
         return inputs
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """Label scores [B, C] from the MLM logits at each row's mask."""
+        """Label scores [B, C] from the MLM logits at each row's mask (after the soft prompt's positions)."""
         logits = self.backbone(**self.model_inputs(batch)).logits
-        at = batch["mask_positions"] + (0 if self.soft_prompt is None else len(self.soft_prompt))
+        at = batch["mask_positions"] + self.virtual_positions()
         mask_logits = logits[torch.arange(len(logits), device=logits.device), at].float()
         return label_scores(mask_logits, self.label_words(), self.hparams.scoring)
 

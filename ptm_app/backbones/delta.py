@@ -20,7 +20,7 @@ from typing import Callable, Literal, Optional, Union
 
 import torch
 from peft import (IA3Config, LoraConfig, PeftModel, PeftType, PrefixTuningConfig, PromptEncoderConfig,
-                  PromptTuningConfig, TaskType, get_peft_model)
+                  PromptTuningConfig, PromptTuningInit, TaskType, get_peft_model)
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -61,6 +61,8 @@ class DeltaSpec:
         feedforward_modules: with IA3 and your own ``target_modules``: which of them are FFN layers, whose
             input (not output) is rescaled (Liu et al. 2022 §3.3, l_ff); None = none of them.
         num_virtual_tokens: soft prompt / prefix length (prefix, prompt, ptuning).
+        prompt_init: how prompt tuning's vectors start: ``random`` (peft's default) or ``sample_vocab``, the
+            embeddings of randomly sampled vocabulary tokens (Lester et al. 2021 §3.2).
         train_layer_norm: also train every LayerNorm (Houlsby et al. 2019 §2.1 do).
         train_head: train the task head (a classifier; a pre-trained causal / seq2seq LM head, or one tied to the
             input embeddings, stays frozen; BERT2BERT's new cross-attention and LM head count as head).
@@ -78,6 +80,7 @@ class DeltaSpec:
     target_modules: Optional[list[str]] = None
     feedforward_modules: Optional[list[str]] = None
     num_virtual_tokens: int = 20
+    prompt_init: Literal["random", "sample_vocab"] = "random"
     train_layer_norm: bool = False
     train_head: bool = True
 
@@ -87,6 +90,10 @@ class DeltaSpec:
         for field in ("bottleneck", "r", "num_virtual_tokens"):
             if getattr(self, field) < 1:
                 raise PtmError(f"delta.{field} must be >= 1 (got {getattr(self, field)})")
+        if self.prompt_init not in ("random", "sample_vocab"):
+            raise PtmError(f"delta.prompt_init '{self.prompt_init}' is unknown; use random or sample_vocab")
+        if self.prompt_init != "random" and self.method != "prompt":
+            raise PtmError(f"delta.prompt_init is for method prompt (got method {self.method}); drop it")
         if self.feedforward_modules is not None:
             if self.method != "ia3" or self.target_modules is None:
                 raise PtmError("delta.feedforward_modules is for method ia3 with your own target_modules; "
@@ -209,6 +216,8 @@ def _prompt_config(config_class: type):
         if task is None:
             raise PtmError(f"delta.method={spec.method} needs a peft task type, and this head has none; "
                            f"use lora, ia3, bitfit or adapters, or one of {', '.join(t.value for t in TaskType)}")
+        if spec.prompt_init != "random":  # prompt tuning only (DeltaSpec checks)
+            defaults = {**defaults, "prompt_tuning_init": PromptTuningInit(spec.prompt_init.upper())}
         return config_class(task_type=task, num_virtual_tokens=spec.num_virtual_tokens, **defaults)
     return build
 

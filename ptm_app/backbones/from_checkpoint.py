@@ -59,12 +59,19 @@ def checkpoint_backbone(ckpt: dict) -> tuple[Optional[nn.Module], Optional[tuple
     cannot be merged (adapters, PALs, prefix / prompt / P-tuning)."""
     from ptm_app.backbones.delta import as_delta_spec, merge_for_export
 
-    if not (ckpt["hyper_parameters"].get("delta") or ckpt[CKPT_KEY].get("delta_only")):
+    delta = checkpoint_delta(ckpt)
+    if not (delta or ckpt[CKPT_KEY].get("delta_only")):
         return rebuild_backbone(ckpt), None
     module = module_from_checkpoint(ckpt)
     tuned = module.backbone.eval()
     merged = merge_for_export(tuned)
-    return (merged, None) if merged is not None else (None, (as_delta_spec(ckpt["hyper_parameters"].get("delta")), tuned))
+    return (merged, None) if merged is not None else (None, (as_delta_spec(delta), tuned))
+
+
+def checkpoint_delta(ckpt: dict) -> Optional[dict]:
+    """The checkpoint's delta spec (as a dict): the module's ``delta`` setting, or one derived from another setting
+    (PET's ``soft_prompt_tokens``), which ``adaptation.policies.Delta`` keeps in the ptm_app record."""
+    return ckpt["hyper_parameters"].get("delta") or ckpt[CKPT_KEY].get("delta")
 
 
 def checkpoint_backbone_dir(ckpt_path: str | Path) -> Path:

@@ -47,13 +47,16 @@ class PtmModule(pl.LightningModule):
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False):
         super().__init__()
         self.save_hyperparameters()
-        self.policies = self.make_policies()
+        self.policies = self.make_policies()  # from the settings alone: a bad one is refused at construction
         self.optim = as_optim_config(optim)
         self.backbone = None
         self.tokenizer = None
         self.data_facts: Optional[DataFacts] = None  # from data.contract.connect
-        if self.can_build():
-            self.configure_model()
+
+    # Construction builds nothing: a subclass sets its state after ``super().__init__``.  The backbone is
+    # built by ``configure_model``, which Lightning calls in every fit/validate/test/predict (inside the strategy's
+    # init context: FSDP, DeepSpeed stage 3) and in ``load_from_checkpoint``; code that needs the model without a
+    # trainer (export, analysis, tests) calls ``build()``.
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
@@ -66,6 +69,16 @@ class PtmModule(pl.LightningModule):
                                             weights_only=weights_only, **kwargs)
 
     # -- building -----------------------------------------------------------------------------
+    def build(self) -> "PtmModule":
+        """Build the model now, as a fit's ``configure_model`` does (idempotent; returns the module): for code that
+        needs it without a trainer.  Without connected data the settings must name everything (``can_build``)."""
+        if self.backbone is None and self.data_facts is None and self.tokenizer is None and not self.can_build():
+            raise PtmError(f"{type(self).__name__}: the model cannot be built without its data (a from-scratch "
+                           f"vocabulary, or the label set); connect the data first (data.contract.connect) "
+                           f"or give backbone / labels")
+        self.configure_model()
+        return self
+
     def can_build(self) -> bool:
         """True when the backbone can be built without the data module (pretrained, or a full config)."""
         cfg = self.hparams.backbone_config or {}
@@ -111,7 +124,8 @@ class PtmModule(pl.LightningModule):
             self.check_lengths(self.data_facts)
 
     def make_policies(self) -> list:
-        """This module's backbone policies, from ``self.hparams`` alone (no other state exists yet); none here."""
+        """This module's backbone policies, from ``self.hparams`` alone (a pure function of the settings, called by
+        ``__init__``: it must read no other state); none here."""
         return []
 
     @property

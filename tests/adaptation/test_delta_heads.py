@@ -26,7 +26,7 @@ def trainable(module) -> set[str]:
                                               ("bitfit", ("bias",))])
 def test_token_classification_trains_only_the_delta_and_the_tagger(method, expected):
     delta = {"method": method, **({"target_modules": ["query", "value"]} if method == "lora" else {})}
-    module = TokenClassificationModule(backbone_config=CONFIG, labels=["N", "V", "X"], delta=delta)
+    module = TokenClassificationModule(backbone_config=CONFIG, labels=["N", "V", "X"], delta=delta).build()
     names = trainable(module)
     head = {n for n in names if "classifier" in n}
     assert head, names  # the new tagger always trains
@@ -35,7 +35,7 @@ def test_token_classification_trains_only_the_delta_and_the_tagger(method, expec
 
 def test_qa_with_adapters_keeps_the_encoder_bit_identical():
     torch.manual_seed(0)
-    module = QuestionAnsweringModule(backbone_config=CONFIG, delta={"method": "houlsby", "bottleneck": 8})
+    module = QuestionAnsweringModule(backbone_config=CONFIG, delta={"method": "houlsby", "bottleneck": 8}).build()
     frozen = {n: p.detach().clone() for n, p in module.backbone.named_parameters() if not p.requires_grad}
     assert any("qa_outputs" in n for n in trainable(module)) and frozen
     ids = torch.randint(5, 100, (4, 12))
@@ -71,7 +71,7 @@ def test_delta_config_on_tagging_and_qa_resumes_exactly_and_reloads(config, modu
     saved = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.")}
     assert all(torch.equal(params[k], v) for k, v in saved.items())  # every saved delta tensor is in place
     kwargs = {"labels": module.hparams.labels} if "labels" in module.hparams else {}
-    rebuilt = dict(module_cls(backbone="minilm", delta=module.hparams.delta, **kwargs).backbone.named_parameters())
+    rebuilt = dict(module_cls(backbone="minilm", delta=module.hparams.delta, **kwargs).build().backbone.named_parameters())
     # frozen = every rebuilt parameter not saved, except peft's frozen copy of the fresh (random) head
     frozen = [n for n in rebuilt if f"backbone.{n}" not in saved and "original_module" not in n]
     assert len(frozen) > 50 and all(torch.equal(params[f"backbone.{n}"], rebuilt[n]) for n in frozen)

@@ -91,7 +91,7 @@ def test_scalar_mix_layer_norm_ignores_padding():
 # -- feature extraction ---------------------------------------------------------------------------------
 def tiny_features(representation: str, **kwargs) -> FeatureExtractionModule:
     torch.manual_seed(0)  # the same backbone weights for every representation
-    return FeatureExtractionModule(backbone_config=TINY, labels=LABELS, representation=representation, **kwargs)
+    return FeatureExtractionModule(backbone_config=TINY, labels=LABELS, representation=representation, **kwargs).build()
 
 
 def test_feature_extraction_trains_only_the_head_and_leaves_the_backbone_bit_identical():
@@ -135,7 +135,7 @@ def test_feature_extraction_on_the_elmo_bilstm_from_a_checkpoint(tmp_path):
             "hyper_parameters": {"backbone_config": config.to_dict()},
             "ptm_app": {"head": "bilm", "module": "ptm_app.objectives.bilm.BiLMModule", "tokenizer": {}}}
     torch.save(ckpt, tmp_path / "elmo.ckpt")  # the layout BiLMModule writes
-    module = FeatureExtractionModule(backbone=str(tmp_path / "elmo.ckpt"), labels=LABELS)
+    module = FeatureExtractionModule(backbone=str(tmp_path / "elmo.ckpt"), labels=LABELS).build()
     assert module.task_head[1].in_features == config.output_dim == 16 and module.mix.weights.numel() == 3
     assert torch.equal(module.backbone.embed_tokens.weight, lm.bilm.embed_tokens.weight)
     assert module(batch()).shape == (4, 2)
@@ -163,7 +163,7 @@ def test_stlr_follows_ulmfit_eq3():
 
 def test_discriminative_learning_rates_divide_by_2_6_per_layer():
     module = SequenceClassificationModule(backbone_config=TINY, labels=LABELS,
-                                          optim=OptimConfig(lr=1e-3, layer_decay=2.6, weight_decay=0.1))
+                                          optim=OptimConfig(lr=1e-3, layer_decay=2.6, weight_decay=0.1)).build()
     groups = build_optimizer(module, module.optim, 10)["optimizer"].param_groups
     top = TINY["num_hidden_layers"]
     for g in groups:  # depth from the top: head and layer L → 0, ..., embeddings → L
@@ -206,7 +206,7 @@ def test_layer_ids_of_other_encoders(model_type, config, names):
 # -- unfreezing ---------------------------------------------------------------------------------------------
 def tiny_classifier(**kwargs) -> SequenceClassificationModule:
     torch.manual_seed(0)
-    return SequenceClassificationModule(backbone_config=TINY, labels=LABELS, **kwargs)
+    return SequenceClassificationModule(backbone_config=TINY, labels=LABELS, **kwargs).build()
 
 
 def stages(callback, counts: list[int], interval: str = "epoch") -> list[list[int]]:

@@ -43,7 +43,7 @@ def batch(seed: int = 0, n: int = 3, length: int = 9) -> dict:
 def make(cls, **kwargs):
     torch.manual_seed(0)
     extra = {"labels": TAGS} if cls is not QAFeatureExtractionModule else {}
-    return cls(**{"backbone_config": TINY, **extra, **kwargs})
+    return cls(**{"backbone_config": TINY, **extra, **kwargs}).build()
 
 
 def fit(module, steps: int = 3, batches: list[dict] | None = None) -> pl.Trainer:
@@ -109,7 +109,7 @@ def test_bad_representation_or_pooling_is_one_line_error():
     with pytest.raises(PtmError, match="representation 'scalar-mix' is unknown; use one of embedding, top, scalar_mix"):
         make(TokenFeatureExtractionModule, representation="scalar-mix")
     with pytest.raises(PtmError, match="pooling 'max' is unknown; use cls or mean"):
-        FeatureExtractionModule(backbone_config=TINY, labels=TAGS, pooling="max")
+        FeatureExtractionModule(backbone_config=TINY, labels=TAGS, pooling="max").build()
 
 
 def bilm_checkpoint(path: Path):
@@ -255,7 +255,7 @@ def qa_data(tmp_path) -> QADataModule:
 def test_qa_features_learn_spans_and_write_answers(qa_data, tmp_path):
     torch.manual_seed(0)
     module = QAFeatureExtractionModule(backbone_config={**TINY_BERT, "vocab_size": 30522}, head_hidden=32,
-                                       representation="embedding", optim=OptimConfig(lr=2e-2, warmup=0))
+                                       representation="embedding", optim=OptimConfig(lr=2e-2, warmup=0)).build()
     trainer = tiny_trainer(tmp_path, 60)
     trainer.fit(module, datamodule=qa_data)
     assert trainer.callback_metrics["val/em"] == 1.0 and trainer.callback_metrics["val/f1"] == 1.0

@@ -117,7 +117,7 @@ def test_decoder_prompt_layout_masks_source_and_prompt_and_left_pads_for_generat
 
 
 def test_bert2bert_layout_with_minilm_tokens(tmp_path):
-    module = GenerationModule(backbone=str(tiny_bert_dir(tmp_path)), architecture="bert2bert")
+    module = GenerationModule(backbone=str(tiny_bert_dir(tmp_path)), architecture="bert2bert").build()
     tok = module.tokenizer = _minilm()
     content = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     batch = module.make_collator(tok)([item(content("the cat sat"), content("on a mat"), "on a mat")])
@@ -139,7 +139,7 @@ def test_losses_match_transformers_own_label_shifting():
     torch.manual_seed(0)
     tok = _minilm()
     seq2seq = GenerationModule(backbone_config={**TINY_BART, "vocab_size": len(tok), "pad_token_id": 0,
-                                                "decoder_start_token_id": 101, "eos_token_id": 102}).eval()
+                                                "decoder_start_token_id": 101, "eos_token_id": 102}).build().eval()
     seq2seq.tokenizer = tok
     items = [item([2000, 2001, 2002], [3000, 3001]), item([2003], [3002, 3003, 3004], key=1)]
     batch = seq2seq.make_collator(tok)(items)
@@ -150,7 +150,7 @@ def test_losses_match_transformers_own_label_shifting():
     assert ours == pytest.approx(float(theirs), rel=1e-5)
 
     gpt = GenerationModule(backbone_config={**TINY_GPT2, "vocab_size": 40, "eos_token_id": 2, "bos_token_id": 1,
-                                            "pad_token_id": 0}).eval()
+                                            "pad_token_id": 0}).build().eval()
     assert gpt.architecture == "decoder" and seq2seq.architecture == "encoder_decoder"
     batch = PromptCollator(pad_token_id=0, eos_token_id=2, prompt_ids=(3, 4), prefix=(1,))(
         [item([5, 6, 7], [8, 9]), item([5], [8], key=1)])
@@ -169,7 +169,7 @@ def test_losses_match_transformers_own_label_shifting():
 def test_left_padded_batched_generation_equals_one_by_one():
     torch.manual_seed(0)
     module = GenerationModule(backbone_config={**TINY_GPT2, "vocab_size": 40, "eos_token_id": 2, "bos_token_id": 1,
-                                               "pad_token_id": 0}, max_new_tokens=6).eval()
+                                               "pad_token_id": 0}, max_new_tokens=6).build().eval()
 
     class Tok:  # decoding only: ids as text
         pad_token_id, bos_token_id, eos_token_id, cls_token_id, sep_token_id = 0, 1, 2, None, None
@@ -232,7 +232,7 @@ def test_bert2bert_initialises_encoder_and_decoder_from_the_encoder_checkpoint(t
 
     source = tiny_bert_dir(tmp_path)
     bert = BertModel.from_pretrained(source)
-    model = GenerationModule(backbone=str(source), architecture="bert2bert").backbone
+    model = GenerationModule(backbone=str(source), architecture="bert2bert").build().backbone
     assert model.config.decoder.is_decoder and model.config.decoder.add_cross_attention
     assert (model.config.decoder_start_token_id, model.config.eos_token_id, model.config.pad_token_id) == (101, 102, 0)
     key = "encoder.layer.1.attention.self.query.weight"
@@ -240,10 +240,10 @@ def test_bert2bert_initialises_encoder_and_decoder_from_the_encoder_checkpoint(t
     assert torch.equal(model.decoder.bert.state_dict()[key], bert.state_dict()[key])  # warm-started decoder
     assert any("crossattention" in n for n, _ in model.decoder.named_parameters())  # new, random
     with pytest.raises(PtmError, match="bert2bert warm-starts from a pre-trained encoder"):
-        GenerationModule(backbone_config=TINY_BERT, architecture="bert2bert")
+        GenerationModule(backbone_config=TINY_BERT, architecture="bert2bert").build()
     for architecture in (None, "decoder"):  # a bidirectional encoder as a "decoder" would see its target
         with pytest.raises(PtmError, match="bidirectional encoder \\(bert\\).*architecture: bert2bert"):
-            GenerationModule(backbone=str(source), architecture=architecture)
+            GenerationModule(backbone=str(source), architecture=architecture).build()
 
 
 # -- end to end through main.py -----------------------------------------------------------------------
@@ -390,7 +390,7 @@ def test_encoder_decoder_starts_from_our_own_bart_pretraining_run(copy_task, tmp
     assert run_main(["fit", "--config", str(tmp_path / "bart_pre.yaml")], runs) == 0
     export = tmp_path / "bart_export"
     assert run_main(["export", "--ckpt_path", str(runs / "bart_pre"), "--output_dir", str(export)], runs) == 0
-    module = GenerationModule(backbone=str(export))
+    module = GenerationModule(backbone=str(export)).build()
     assert module.architecture == "encoder_decoder" and type(module.backbone).__name__ == "BartForConditionalGeneration"
     pretrained = torch.load(runs / "bart_pre" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     key = "model.encoder.layers.0.self_attn.q_proj.weight"

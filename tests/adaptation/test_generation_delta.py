@@ -65,7 +65,7 @@ def build(arch: str, backbones: dict, method: str, **spec) -> GenerationModule:
     module = GenerationModule(backbone=str(backbones[arch]), architecture=arch, prompt=" =>", max_new_tokens=4,
                               optim={"lr": 1e-2, "warmup": 0},
                               delta={"method": method, "r": 4, "bottleneck": 8, "num_virtual_tokens": PROMPT_SIZE,
-                                     **spec})
+                                     **spec}).build()
     module.tokenizer = AutoTokenizer.from_pretrained(backbones[arch])
     return module
 

@@ -52,7 +52,7 @@ BATCHES = [task_batch(task, i) for i, task in enumerate(["mood", "tags", "score"
 def build(encoder, method: str) -> MultitaskModule:
     torch.manual_seed(0)
     return MultitaskModule(backbone=str(encoder), tasks=TASKS, optim={"lr": 1e-2, "warmup": 0},
-                           delta={"method": method, "r": 4, "bottleneck": 8, "num_virtual_tokens": PROMPT_SIZE})
+                           delta={"method": method, "r": 4, "bottleneck": 8, "num_virtual_tokens": PROMPT_SIZE}).build()
 
 
 def outputs(module: MultitaskModule) -> list[torch.Tensor]:

@@ -31,13 +31,15 @@ def test_settings_become_policies_in_the_order_they_apply(tmp_path):
     assert plain.policies == [] and plain.style() == "full fine-tuning"
     features = adaptation.FeatureExtractionModule(backbone_config=config, labels=["a", "b"], representation="top")
     assert [type(p) for p in features.policies] == [FrozenFeatures]
+    assert features.backbone is None  # construction builds nothing: a fit's configure_model, or build()
+    features.build()
     assert not any(p.requires_grad for p in features.backbone.parameters()) and features.mix is None
     assert features.style() == "frozen features: top"
 
 
 def test_an_unknown_representation_is_one_line():
     with pytest.raises(PtmError, match="representation 'middle' is unknown"):
-        adaptation.FeatureExtractionModule(backbone_config=TINY_BERT, labels=["a"], representation="middle")
+        adaptation.FeatureExtractionModule(backbone_config=TINY_BERT, labels=["a"], representation="middle").build()
 
 
 def test_policies_are_not_a_config_key():

@@ -25,7 +25,7 @@ V = 5
 def tuned(cls, method: str, **kwargs):
     torch.manual_seed(0)
     extra = {"labels": TAGS} if cls is TokenClassificationModule else {}
-    return cls(**{"backbone_config": TINY, "delta": {"method": method, "num_virtual_tokens": V}, **extra, **kwargs})
+    return cls(**{"backbone_config": TINY, "delta": {"method": method, "num_virtual_tokens": V}, **extra, **kwargs}).build()
 
 
 def by_hand(module, b: dict):
@@ -81,7 +81,7 @@ def test_prompt_tuned_qa_learns_spans_through_the_post_processing(qa_data, tmp_p
     torch.manual_seed(0)
     module = QuestionAnsweringModule(backbone_config={**TINY_BERT, "vocab_size": 30522, "hidden_dropout_prob": 0.0},
                                      delta={"method": "prompt", "num_virtual_tokens": V},
-                                     optim=OptimConfig(lr=2e-2, warmup=0, weight_decay=0.0))
+                                     optim=OptimConfig(lr=2e-2, warmup=0, weight_decay=0.0)).build()
     trainer = tiny_trainer(tmp_path, 80)
     trainer.fit(module, datamodule=qa_data)
     assert trainer.callback_metrics["val/em"] == 1.0  # every "purple elephants" found at its own position

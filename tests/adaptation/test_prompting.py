@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from ptm_app.training.trainer import PtmTrainer
-from ptm_app.adaptation.prompting import InContextEvalModule, PromptClassifierModule
+from ptm_app.adaptation.prompting import InContextEvalModule, PromptClassifierModule, label_scores
+from ptm_app.backbones.delta import transformers_model
 from ptm_app.data.prompts import PromptEncoder, Template, Verbalizer, longest_first
 from ptm_app.data.prompt_data import PromptDataModule
 from ptm_app.data.sources import prepared_dir
@@ -137,7 +138,7 @@ def test_label_scores_are_the_label_words_mlm_logits_at_the_mask(bert_data, scor
     tok = bert_data.tokenizer
     torch.manual_seed(0)
     module = PromptClassifierModule(backbone_config={**TINY_BERT, "vocab_size": len(tok)}, labels=["neg", "pos"],
-                                    verbalizer=VERBALIZER, scoring=scoring)
+                                    verbalizer=VERBALIZER, scoring=scoring).build()
     module.tokenizer = tok
     module.eval()
     batch = module.make_collator(tok)([bert_data.datasets["validation"][i] for i in range(4)])
@@ -188,40 +189,92 @@ def test_few_shot_training_raises_accuracy_and_lowers_loss(corpus, fixed_vocab):
     assert after["val/acc"] >= 0.85 and after["val/acc"] > before["val/acc"], (before, after)
 
 
-def test_soft_prompt_with_frozen_backbone_trains_only_the_prompt(corpus, tmp_path):
+def test_soft_prompt_is_peft_prompt_tuning_before_cls_and_trains_only_the_prompt(corpus, tmp_path):
+    """``soft_prompt_tokens`` is the ``prompt`` delta (peft's prompt tuning): N vectors sampled from the word table
+    go before the whole input ([CLS] included), the [MASK] logit is read N positions later, and with
+    ``freeze_backbone`` only the prompt trains (the masked LM, its head included, stays bit-identical)."""
     pl.seed_everything(0)
     dm = data(corpus, max_length=60, limit_train=16)  # + 4 prompt vectors = TINY_BERT's 64 positions
     module = PromptClassifierModule(backbone_config=TINY_BERT, verbalizer=VERBALIZER, soft_prompt_tokens=4,
                                     freeze_backbone=True, optim=OptimConfig(lr=1e-2, warmup=0))
     trainer(limit_val_batches=1).validate(module, datamodule=dm, verbose=False)
-    assert [n for n, p in module.named_parameters() if p.requires_grad] == ["soft_prompt"]
+    assert [n for n, p in module.named_parameters() if p.requires_grad] == [
+        "backbone.prompt_encoder.default.embedding.weight"]
+    assert module.delta.method == "prompt" and module.virtual_positions() == 4
+    model = transformers_model(module.backbone)
+    table = model.get_input_embeddings().weight
+    prompt = module.backbone.prompt_encoder["default"].embedding.weight
+    assert (prompt[:, None, :] == table[None]).all(-1).any(-1).all()  # sample_vocab: each vector is a word's row
 
+    module.eval()
     batch = module.make_collator(dm.tokenizer)([dm.datasets["validation"][i] for i in range(3)])
-    inputs = module.model_inputs(batch)
-    embed = module.backbone.get_input_embeddings()
-    tokens = embed(batch["input_ids"])
-    assert torch.equal(inputs["inputs_embeds"][:, 1:5], module.soft_prompt.expand(3, -1, -1))  # after [CLS]
-    assert torch.equal(inputs["inputs_embeds"][:, [0]], tokens[:, [0]])
-    assert torch.equal(inputs["inputs_embeds"][:, 5:], tokens[:, 1:])
-    assert inputs["attention_mask"].shape == (3, batch["input_ids"].shape[1] + 4)
-    assert inputs["attention_mask"][:, :5].eq(1).all()
-    mask_rows = inputs["inputs_embeds"][torch.arange(3), batch["mask_positions"] + 4]
-    assert torch.equal(mask_rows, embed.weight[dm.tokenizer.mask_token_id].expand(3, -1))
+    with torch.no_grad():  # by hand: the prompt, then [CLS] and the rest; the mask 4 positions further on
+        embeds = torch.cat([prompt.expand(3, -1, -1), table[batch["input_ids"]]], dim=1)
+        mask = torch.cat([torch.ones(3, 4, dtype=batch["attention_mask"].dtype), batch["attention_mask"]], dim=1)
+        logits = model(inputs_embeds=embeds, attention_mask=mask).logits
+        expected = label_scores(logits[torch.arange(3), batch["mask_positions"] + 4], module.label_words())
+        assert torch.allclose(module(batch), expected, atol=1e-6)
 
-    backbone = {k: v.clone() for k, v in module.backbone.state_dict().items()}
-    prompt = module.soft_prompt.detach().clone()
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    before = prompt.detach().clone()
     fitted = trainer(max_steps=5, limit_val_batches=0)
     fitted.fit(module, datamodule=dm)
-    assert all(torch.equal(v, module.backbone.state_dict()[k]) for k, v in backbone.items())
-    assert not torch.equal(module.soft_prompt.detach(), prompt)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in base.items())
+    assert not torch.equal(prompt.detach(), before)
 
     fitted.save_checkpoint(tmp_path / "soft.ckpt")  # self-contained: backbone config, tokenizer, the prompt
     loaded = PromptClassifierModule.load_from_checkpoint(tmp_path / "soft.ckpt", weights_only=True).eval()
-    assert torch.equal(loaded.soft_prompt, module.soft_prompt) and loaded.hparams.labels == ["neg", "pos"]
+    assert torch.equal(loaded.backbone.prompt_encoder["default"].embedding.weight, prompt)
+    assert loaded.hparams.labels == ["neg", "pos"]
     with torch.no_grad():
         assert torch.equal(loaded(batch), module.eval()(batch))
     with pytest.raises(PtmError, match="leaves nothing to train"):
         PromptClassifierModule(backbone_config=TINY_BERT, freeze_backbone=True)
+
+
+def test_a_frozen_pretrained_backbone_checkpoint_keeps_the_prompt_and_the_fresh_mlm_head_only(bert_data, tmp_path):
+    """Prompt tuning on a backbone saved without an MLM head (as all-MiniLM-L6-v2): the checkpoint holds the prompt
+    and the freshly initialised head, not the frozen encoder (rebuilt from its source), and reloads to the same
+    scores whatever the RNG then draws."""
+    import transformers
+
+    config = transformers.BertConfig(**{k: v for k, v in TINY_BERT.items() if k != "model_type"},
+                                     vocab_size=len(bert_data.tokenizer))
+    config.max_position_embeddings = 68  # bert_data's 64 + the 4 virtual positions
+    transformers.BertModel(config).save_pretrained(tmp_path / "bert")
+    pl.seed_everything(0)
+    module = PromptClassifierModule(backbone=str(tmp_path / "bert"), verbalizer=VERBALIZER, soft_prompt_tokens=4,
+                                    freeze_backbone=True, optim=OptimConfig(lr=1e-2, warmup=0))
+    fitted = trainer(max_steps=2, limit_val_batches=0)
+    fitted.fit(module, datamodule=bert_data)
+    fitted.save_checkpoint(tmp_path / "soft.ckpt")
+    saved = torch.load(tmp_path / "soft.ckpt", weights_only=True)["state_dict"]
+    kept = sorted(k for k in saved if k.startswith("backbone."))
+    assert "backbone.prompt_encoder.default.embedding.weight" in kept
+    assert kept and all(k.startswith(("backbone.prompt_encoder.", "backbone.base_model.cls.predictions."))
+                        for k in kept), kept
+    torch.manual_seed(123)  # a rebuild draws a different fresh head: the saved one must replace it
+    loaded = PromptClassifierModule.load_from_checkpoint(tmp_path / "soft.ckpt").eval()
+    batch = next(iter(bert_data.val_dataloader()))
+    with torch.no_grad():
+        assert torch.equal(loaded(batch), module.eval()(batch))
+
+
+def test_a_checkpoint_with_the_former_soft_prompt_is_refused_in_one_line(corpus, tmp_path):
+    pl.seed_everything(0)
+    dm = data(corpus, max_length=60, limit_train=8)
+    module = PromptClassifierModule(backbone_config=TINY_BERT, verbalizer=VERBALIZER, soft_prompt_tokens=4,
+                                    freeze_backbone=True)
+    fitted = trainer(max_steps=1, limit_val_batches=0)
+    fitted.fit(module, datamodule=dm)
+    fitted.save_checkpoint(tmp_path / "new.ckpt")
+    ckpt = torch.load(tmp_path / "new.ckpt", weights_only=True)
+    ckpt["state_dict"] = {k: v for k, v in ckpt["state_dict"].items() if "prompt_encoder" not in k}
+    ckpt["state_dict"]["soft_prompt"] = torch.zeros(4, TINY_BERT["hidden_size"])  # as the former module saved it
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    with pytest.raises(PtmError, match="former soft prompt .* train the prompt again") as err:
+        PromptClassifierModule.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert "\n" not in str(err.value)
 
 
 # -- in-context learning --------------------------------------------------------------------------------
@@ -232,7 +285,7 @@ def icl(corpus):
     torch.manual_seed(0)
     module = InContextEvalModule(backbone_config={**GPT, "vocab_size": len(tok), "bos_token_id": tok.eos_token_id,
                                                   "eos_token_id": tok.eos_token_id},
-                                 labels=dm.label_set(), verbalizer={"pos": "good news", "neg": "bad"}, k_shot=3, seed=5)
+                                 labels=dm.label_set(), verbalizer={"pos": "good news", "neg": "bad"}, k_shot=3, seed=5).build()
     module.tokenizer = tok
     module.eval()
     return dm, module, module.build_collator(tok, dm.datasets["train"])
@@ -414,22 +467,36 @@ def test_pet_zero_shot_then_few_shot_on_bbc(tmp_path):
     assert few_shot["test/f1_macro"] > zero_shot["test/f1_macro"]
 
 
-def test_soft_prompt_survives_export_and_reloads_from_the_directory(corpus, tmp_path):
-    """The soft prompt is not a transformers weight: export keeps it in module_weights.safetensors and
-    load_exported_module rebuilds the prompt classifier from the directory alone, with the same scores."""
-    from ptm_app.export import MODULE_WEIGHTS, export_checkpoint, load_exported_module
+def test_soft_prompt_and_the_trained_masked_lm_survive_export_and_reload_from_the_directory(corpus, tmp_path):
+    """Without ``freeze_backbone`` the masked LM trains with the prompt: the checkpoint keeps both, and export
+    writes the trained model (``save_pretrained``) plus the prompt (``delta.safetensors``); load_exported_module
+    rebuilds the prompt classifier from the directory alone, with the same scores."""
+    from ptm_app.backbones.delta import CONFIG_FILE, DELTA_FILE
+    from ptm_app.export import MODULE_CONFIG, export_checkpoint, load_exported_module
 
     pl.seed_everything(0)
     dm = data(corpus, max_length=60, limit_train=16)
     module = PromptClassifierModule(backbone_config=TINY_BERT, verbalizer=VERBALIZER, soft_prompt_tokens=4,
-                                    freeze_backbone=True, optim=OptimConfig(lr=5e-2, warmup=0))
+                                    optim=OptimConfig(lr=5e-2, warmup=0))
     fitted = trainer(max_steps=5, limit_val_batches=0)
+    model = None
+
+    class Snapshot(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            nonlocal model
+            model = {k: v.clone() for k, v in transformers_model(pl_module.backbone).state_dict().items()}
+
+    fitted.callbacks.append(Snapshot())
     fitted.fit(module, datamodule=dm)
+    assert all(p.requires_grad for p in module.backbone.parameters())  # the prompt and the whole masked LM
+    trained = transformers_model(module.backbone).state_dict()
+    assert any(not torch.equal(v, trained[k]) for k, v in model.items())  # the base trained too
     fitted.save_checkpoint(tmp_path / "soft.ckpt")
     out = export_checkpoint(tmp_path / "soft.ckpt", tmp_path / "export")
-    assert (out / MODULE_WEIGHTS).is_file() and (out / "config.json").is_file()
-    loaded = load_exported_module(out)
-    assert torch.equal(loaded.soft_prompt, module.soft_prompt)
+    assert all((out / name).is_file() for name in ("config.json", DELTA_FILE, CONFIG_FILE, MODULE_CONFIG))
+    loaded = load_exported_module(out).eval()
+    assert torch.equal(loaded.backbone.prompt_encoder["default"].embedding.weight,
+                       module.backbone.prompt_encoder["default"].embedding.weight)
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
         assert torch.allclose(loaded(batch), module.eval()(batch), atol=1e-6)
@@ -444,7 +511,7 @@ def test_a_backbone_without_a_trained_mlm_head_is_named_before_zero_shot(saved_a
     config = transformers.BertConfig(**{k: v for k, v in TINY_BERT.items() if k != "model_type"},
                                      vocab_size=len(bert_data.tokenizer))
     getattr(transformers, saved_as)(config).save_pretrained(tmp_path / "bert")
-    module = PromptClassifierModule(backbone=str(tmp_path / "bert"), verbalizer=VERBALIZER)
+    module = PromptClassifierModule(backbone=str(tmp_path / "bert"), verbalizer=VERBALIZER).build()
     with pytest.warns(UserWarning) if saved_as == "BertModel" else contextlib.nullcontext() as caught:
         trainer(limit_val_batches=1).validate(module, datamodule=bert_data, verbose=False)
     fresh = [str(w.message) for w in (caught or []) if "no trained MLM head" in str(w.message)]

@@ -82,7 +82,7 @@ def test_entity_spans_and_f1_are_exact_match_seqeval_style():
 
 
 def test_module_logs_token_accuracy_and_entity_f1_for_bio_tags():
-    module = TokenClassificationModule(backbone_config={**TINY_BERT, "vocab_size": 50}, labels=["B-PER", "I-PER", "O"])
+    module = TokenClassificationModule(backbone_config={**TINY_BERT, "vocab_size": 50}, labels=["B-PER", "I-PER", "O"]).build()
     # gold words: B-PER I-PER O B-PER; predicted: B-PER O O B-PER (argmax of these logits)
     logits = torch.nn.functional.one_hot(torch.tensor([[2, 0, 2, 2, 0, 1]]), 3).float()
     module.forward = lambda batch: logits

@@ -235,7 +235,7 @@ def test_teacher_logits_follow_the_students_label_order(teacher):
     from ptm_app.errors import PtmError
 
     config = {**TINY_BERT, "vocab_size": 100}
-    module = DistillationModule(teacher=str(teacher), backbone_config=config, labels=["pos", "neg"])
+    module = DistillationModule(teacher=str(teacher), backbone_config=config, labels=["pos", "neg"]).build()
     assert [module.teacher.config.id2label[i] for i in range(2)] == ["neg", "pos"]
     batch = {"input_ids": torch.tensor([[2, 10, 11, 3]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
     _, reordered = module.teacher_forward(batch, hidden=False)
@@ -243,7 +243,7 @@ def test_teacher_logits_follow_the_students_label_order(teacher):
         plain = module.teacher(**batch).logits
     assert torch.equal(reordered, plain[:, [1, 0]]) and not torch.equal(reordered, plain)
     with pytest.raises(PtmError, match=r"predicts labels \['neg', 'pos'\] but the data's labels are \['a', 'b'\]"):
-        DistillationModule(teacher=str(teacher), backbone_config=config, labels=["a", "b"])
+        DistillationModule(teacher=str(teacher), backbone_config=config, labels=["a", "b"]).build()
 
 
 def test_prepared_encoder_teaches_hidden_states_to_a_student_of_its_layers(tiny_corpus, tmp_path):

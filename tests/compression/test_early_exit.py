@@ -49,7 +49,7 @@ def test_pabee_weighted_loss_and_exit_table_by_hand():
 
     assert pabee_loss([torch.tensor(1.0), torch.tensor(2.0), torch.tensor(4.0)]).item() == pytest.approx(17 / 6)
     module = EarlyExitModule(backbone_config={**TINY_BERT, "num_hidden_layers": 3, "vocab_size": 50},
-                             labels=["a", "b"], entropy_thresholds=[0.3], patiences=[1])
+                             labels=["a", "b"], entropy_thresholds=[0.3], patiences=[1]).build()
     assert len(module.exits) == 2  # off-ramps after layers 1 and 2; layer 3 is the model's own head
     logits = torch.tensor([[[0.0, 1.0], [3.0, 0.0], [10.0, 0.0]],    # entropy exit 2 (class 0), patience exit 3
                            [[0.0, 6.0], [0.0, 6.0], [5.0, 0.0]]])    # entropy exit 1 (class 1), patience exit 2
@@ -147,7 +147,7 @@ def test_exit_forward_stops_after_the_exit_layer_and_matches_the_evaluation_rule
 
     torch.manual_seed(0)
     module = EarlyExitModule(backbone_config={**TINY_BERT, "num_hidden_layers": 4, "vocab_size": 50},
-                             labels=["a", "b", "c"]).eval()
+                             labels=["a", "b", "c"]).build().eval()
     with torch.no_grad():  # confident, varied off-ramps so that examples exit at different layers
         for ramp in module.exits:
             ramp.classifier.weight.mul_(60)

@@ -42,7 +42,7 @@ def theseus(predecessor, **kwargs):
 
     model, _ = load_teacher(str(predecessor))
     labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    return TheseusModule(predecessor=str(predecessor), labels=labels, **kwargs).eval()
+    return TheseusModule(predecessor=str(predecessor), labels=labels, **kwargs).build().eval()
 
 
 def test_mixed_model_is_the_successor_at_p1_and_the_predecessor_at_p0(predecessor):

@@ -63,7 +63,7 @@ def packed_batch(collator, change_a=False):
 ])
 def test_document_b_ignores_document_a_and_starts_at_position_zero(module_cls, config):
     torch.manual_seed(0)
-    m = module_cls(backbone_config={**config, "vocab_size": V}).eval()
+    m = module_cls(backbone_config={**config, "vocab_size": V}).build().eval()
     collate = PadCollator(pad_token_id=0)
     base, changed = packed_batch(collate), packed_batch(collate, change_a=True)
     inputs = m.model_inputs(base)
@@ -88,7 +88,7 @@ def test_padding_is_masked_and_clm_does_not_predict_across_documents():
     assert batch["document_ids"].tolist() == [[0, 0, 1, 1, 1], [2, 2, 2, -1, -1]]
     assert batch["labels"].tolist() == [[5, 6, -100, 8, 9], [5, 6, 7, -100, -100]]  # B's first token: no target
     torch.manual_seed(0)
-    m = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": V}).eval()
+    m = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": V}).build().eval()
     mask = m.model_inputs(batch)["attention_mask"][:, 0]
     blocked = torch.finfo(mask.dtype).min
     assert (mask[1, :3, 3:] == blocked).all()  # real tokens never see padding
@@ -97,7 +97,7 @@ def test_padding_is_masked_and_clm_does_not_predict_across_documents():
 
 
 def test_models_that_cannot_take_the_mask_get_one_line():
-    m = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V})
+    m = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}).build()
     m.backbone.config._attn_implementation = "flash_attention_2"  # takes only 2-D padding masks
     with pytest.raises(PtmError, match="document_attention"):
         packed_document_inputs(m.backbone, torch.ones(1, 4), torch.zeros(1, 4))

@@ -31,7 +31,7 @@ def test_generation_module_prompt_layout_gives_its_own_generations(config):
     torch.manual_seed(0)
     module = GenerationModule(backbone_config={**config, "vocab_size": len(tok), "pad_token_id": 0,
                                                "eos_token_id": 102, "decoder_start_token_id": 101},
-                              max_new_tokens=6).eval()
+                              max_new_tokens=6).build().eval()
     module.tokenizer = tok
     loaded = LoadedModel("tiny", module.backbone, tok, module.head, module)
     settings = decoding_settings(loaded, 6, False, None, None, None, 1)
@@ -49,7 +49,7 @@ def test_frozen_features_run_embeds_with_its_trained_scalar_mix():
     tok = minilm_tokenizer()
     torch.manual_seed(0)
     module = FeatureExtractionModule(backbone_config={**TINY_BERT, "vocab_size": len(tok)}, labels=["a", "b"],
-                                     representation="scalar_mix", do_layer_norm=True).eval()
+                                     representation="scalar_mix", do_layer_norm=True).build().eval()
     with torch.no_grad():
         module.mix.weights.copy_(torch.tensor([2.0, -1.0, 0.5]))  # as if trained: far from uniform
         module.mix.gamma.fill_(1.7)

@@ -49,7 +49,7 @@ def test_backbone_stays_frozen_and_the_head_reads_every_adapter(adapter_runs, ti
 
     monkeypatch.setenv("PTM_RUNS_DIR", str(adapter_runs))
     module = KAdapterModule(backbone="minilm", labels=["neg", "pos"],
-                            adapters={"factual": "factual_run", "linguistic": "linguistic_run"})
+                            adapters={"factual": "factual_run", "linguistic": "linguistic_run"}).build()
     module.configure_model()
     base = {k: v.clone() for k, v in module.backbone.state_dict().items() if not k.startswith("delta_adapters.")}
     adapters = {k: v.clone() for k, v in module.backbone.state_dict().items() if k.startswith("delta_adapters.")}

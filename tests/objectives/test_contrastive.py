@@ -27,7 +27,7 @@ def examples(n=8, length=20, epoch=0, seed=0):
 def module(objective, **kw):
     torch.manual_seed(0)
     config = {**TINY_BERT, "vocab_size": V, **kw.pop("config", {})}
-    return ContrastiveModule(backbone_config=config, objective=objective, **kw)
+    return ContrastiveModule(backbone_config=config, objective=objective, **kw).build()
 
 
 def ngram_collator(**kw):

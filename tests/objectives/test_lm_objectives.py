@@ -7,7 +7,7 @@ from tests.conftest import TINY_BERT, TINY_GPT2
 
 
 def test_causal_lm_has_no_future_leak():
-    module = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": 50}).eval()
+    module = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": 50}).build().eval()
     ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
     changed = ids.clone()
     changed[:, 7:] = (changed[:, 7:] + 1) % 50  # change every token from position 7 on
@@ -18,7 +18,7 @@ def test_causal_lm_has_no_future_leak():
 
 
 def test_clm_labels_ignore_padding_and_loss_is_next_token_ce():
-    module = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": 50}).eval()
+    module = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": 50}).build().eval()
     batch = CLMCollator(pad_token_id=0)([{"input_ids": torch.tensor([5, 6, 7, 8]), "key": 0},
                                          {"input_ids": torch.tensor([9, 10]), "key": 1}])
     assert batch["labels"].tolist() == [[5, 6, 7, 8], [9, 10, -100, -100]]
@@ -31,7 +31,7 @@ def test_clm_labels_ignore_padding_and_loss_is_next_token_ce():
 
 
 def test_mlm_loss_is_cross_entropy_on_selected_positions_only():
-    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40}).eval()
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40}).build().eval()
     ids = torch.randint(5, 40, (3, 10), generator=torch.Generator().manual_seed(1))
     labels = torch.full_like(ids, -100)
     labels[0, 2], labels[1, 5], labels[2, 9] = 11, 12, 13

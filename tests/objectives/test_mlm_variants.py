@@ -70,7 +70,7 @@ def test_sentence_pairs_format_and_balance():
 
 def test_nsp_loss_is_the_weighted_sum_of_targets():
     m = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, sentence_objective="nsp",
-                       loss_weights={"mlm": 1.0, "sentence": 0.5})
+                       loss_weights={"mlm": 1.0, "sentence": 0.5}).build()
     b = collator()(examples(8))
     b["token_type_ids"] = torch.zeros_like(b["input_ids"])
     b["sentence_labels"] = torch.tensor([0, 1] * 4)

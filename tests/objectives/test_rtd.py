@@ -44,7 +44,7 @@ def disc_labels_seen(module, b):
 
 def test_sample_equal_to_original_is_labelled_original():
     torch.manual_seed(0)
-    m = ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA)
+    m = ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA).build()
     b = batch()
     forced_generator(m, lambda orig: orig)  # a perfect generator: every sample equals the original
     corrupted = disc_labels_seen(m, b)
@@ -55,7 +55,7 @@ def test_sample_equal_to_original_is_labelled_original():
 
 
 def test_replaced_positions_are_exactly_the_changed_ones():
-    m = ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA)
+    m = ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA).build()
     b = batch(1)
     forced_generator(m, lambda orig: 5 + (orig - 5 + 1) % 55)  # always a different token
     corrupted = disc_labels_seen(m, b)
@@ -67,7 +67,7 @@ def test_replaced_positions_are_exactly_the_changed_ones():
 
 
 def test_joint_loss_weights_the_discriminator_and_shares_embeddings():
-    m = ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA, discriminator_weight=50.0)
+    m = ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA, discriminator_weight=50.0).build()
     assert m.generator.config.hidden_size == 8  # a quarter of the discriminator
     assert m.generator.electra.embeddings is m.backbone.electra.embeddings
     losses = m._losses(batch())
@@ -76,7 +76,7 @@ def test_joint_loss_weights_the_discriminator_and_shares_embeddings():
 
 def test_two_stage_initialises_d_from_g_then_freezes_g():
     m = ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA, mode="two_stage", generator_size=1.0,
-                                     generator_steps=2)
+                                     generator_steps=2).build()
     b = batch()
     assert set(m._losses(b)) == {"gen_loss"}  # stage 0: G alone
     m.start_discriminator_stage()
@@ -100,4 +100,4 @@ def test_two_stage_needs_equal_sizes():
     from ptm_app.errors import PtmError
 
     with pytest.raises(PtmError, match="same size"):
-        ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA, mode="two_stage", generator_steps=5)
+        ReplacedTokenDetectionModule(backbone_config=TINY_ELECTRA, mode="two_stage", generator_steps=5).build()

@@ -79,8 +79,8 @@ def test_sparse_path_projects_only_the_masked_rows():
 
 def test_module_default_is_sparse_and_the_switch_keeps_loss_and_weight_names():
     torch.manual_seed(0)
-    sparse = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}).eval()
-    dense = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, sparse_prediction=False).eval()
+    sparse = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}).build().eval()
+    dense = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, sparse_prediction=False).build().eval()
     dense.load_state_dict(sparse.state_dict())
     inputs, labels = masked_batch(1)
     batch = {**inputs, "labels": labels}
@@ -95,7 +95,7 @@ def test_electra_generator_loss_is_the_same_sparse_or_dense():
     electra = {"model_type": "electra", "embedding_size": 16, "hidden_size": 32, "num_hidden_layers": 2,
                "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64, "vocab_size": V}
     torch.manual_seed(0)
-    m = ReplacedTokenDetectionModule(backbone_config=electra).eval()
+    m = ReplacedTokenDetectionModule(backbone_config=electra).build().eval()
     inputs, labels = masked_batch(2)
     batch = {**inputs, "labels": labels, "keys": [(0, i) for i in range(len(labels))]}
     sparse = m._losses(batch)

@@ -150,7 +150,7 @@ def test_masks_land_in_both_sentences_never_on_specials_and_follow_the_keys():
 
 def test_xlm_takes_langs_and_positions_and_its_loss_is_masked_cross_entropy():
     torch.manual_seed(0)
-    module = TranslationLMModule(backbone_config={**TINY_XLM, "vocab_size": V, "n_langs": 2}).eval()
+    module = TranslationLMModule(backbone_config={**TINY_XLM, "vocab_size": V, "n_langs": 2}).build().eval()
     assert type(module.backbone).__name__ == "XLMWithLMHeadModel"
     batch = collator()(random_pairs(8))
     inputs = module.model_inputs(batch)
@@ -168,7 +168,7 @@ def test_xlm_takes_langs_and_positions_and_its_loss_is_masked_cross_entropy():
 
 def test_languages_map_onto_the_backbones_language_ids():
     module = TranslationLMModule(backbone_config={**TINY_XLM, "vocab_size": V, "n_langs": 2,
-                                                  "lang2id": {"fr": 0, "en": 1}})
+                                                  "lang2id": {"fr": 0, "en": 1}}).build()
     assert module._language_ids(["en", "fr"]) == [1, 0]  # the data's en (0) is the backbone's language 1
     module.language_ids = [1, 0]
     batch = collator()(random_pairs(2))
@@ -176,7 +176,7 @@ def test_languages_map_onto_the_backbones_language_ids():
     for languages, problem in ((["en", "de"], "no language id for ['de']"), (None, "needs parallel sentence pairs")):
         with pytest.raises(PtmError, match=re.escape(problem)):
             module._language_ids(languages)
-    one = TranslationLMModule(backbone_config={**TINY_XLM, "vocab_size": V, "n_langs": 1})
+    one = TranslationLMModule(backbone_config={**TINY_XLM, "vocab_size": V, "n_langs": 1}).build()
     with pytest.raises(PtmError, match="n_langs=1"):  # XLM would silently skip its language embeddings
         one._language_ids(["en", "fr"])
 

@@ -23,7 +23,7 @@ def examples(epoch, n=4, length=12):
 
 
 def test_unilm_draws_each_mode_about_equally_and_builds_its_mask():
-    module = UnifiedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40})
+    module = UnifiedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40}).build()
     collate = module.make_collator(Tok(), seed=1)
     counts = Counter()
     for epoch in range(300):
@@ -45,7 +45,7 @@ def test_unilm_draws_each_mode_about_equally_and_builds_its_mask():
 
 
 def test_unilm_left_to_right_batches_do_not_leak_the_future():
-    module = UnifiedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40}, mode_weights={"left_to_right": 1.0}).eval()
+    module = UnifiedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40}, mode_weights={"left_to_right": 1.0}).build().eval()
     b = module.make_collator(Tok(), seed=1)(examples(0))
     changed = dict(b, input_ids=b["input_ids"].clone())
     changed["input_ids"][:, 8:] = 5
@@ -57,7 +57,7 @@ def test_unilm_left_to_right_batches_do_not_leak_the_future():
 
 def test_xlnet_collator_targets_never_see_themselves():
     module = PermutationLMModule(backbone_config={"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2,
-                                                  "d_inner": 64, "vocab_size": 40}).eval()
+                                                  "d_inner": 64, "vocab_size": 40}).build().eval()
     b = module.make_collator(Tok(), seed=2)(examples(0, n=2, length=30))
     assert torch.equal(b["input_ids"][:, 0], torch.full((2,), 2))  # inputs keep their natural order
     targets = b["target_mapping"].argmax(-1)  # [B, K] positions of the targets
@@ -75,7 +75,7 @@ def test_xlnet_gives_every_parameter_a_gradient():
     """DDP (without find_unused_parameters) fails on a parameter that takes no part in the loss: XLNet's relative
     segment encodings (seg_embed, r_s_bias) need token_type_ids, which the module supplies for one segment."""
     module = PermutationLMModule(backbone_config={"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2,
-                                                  "d_inner": 64, "vocab_size": 40})
+                                                  "d_inner": 64, "vocab_size": 40}).build()
     batch = module.make_collator(Tok(), seed=1)(examples(0, n=2, length=20))
     inputs = module.model_inputs(batch)
     assert torch.equal(inputs["token_type_ids"], torch.zeros_like(batch["input_ids"]))
@@ -88,7 +88,7 @@ def test_xlnet_runs_with_its_weights_cast_to_bf16():
     """DeepSpeed's bf16 casts the weights and the batch's float tensors and runs without autocast: the float32
     positional encoding XLNet makes inside must follow."""
     module = PermutationLMModule(backbone_config={"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2,
-                                                  "d_inner": 64, "vocab_size": 40})
+                                                  "d_inner": 64, "vocab_size": 40}).build()
     batch = module.make_collator(Tok(), seed=1)(examples(0, n=2, length=20))
     batch = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
     module.backbone.to(torch.bfloat16)

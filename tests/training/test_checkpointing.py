@@ -24,8 +24,8 @@ def twins(cls, config: dict, **kwargs):
     """The same module built with checkpointing off and on, with identical weights, in train mode."""
     config = {**config, "vocab_size": 100, **NO_DROPOUT[config["model_type"]]}
     torch.manual_seed(0)
-    plain = cls(backbone_config=config, **kwargs)
-    checkpointed = cls(backbone_config=config, gradient_checkpointing=True, **kwargs)
+    plain = cls(backbone_config=config, **kwargs).build()
+    checkpointed = cls(backbone_config=config, gradient_checkpointing=True, **kwargs).build()
     checkpointed.load_state_dict(plain.state_dict())
     return plain.train(), checkpointed.train()
 
@@ -114,7 +114,7 @@ def test_delta_tuning_with_frozen_embeddings(delta):
 def test_unsupported_backbone_is_refused_in_one_line():
     config = {"model_type": "ptm_bilstm_lm", "vocab_size": 50, "embedding_dim": 16, "hidden_size": 16, "num_layers": 1}
     with pytest.raises(PtmError, match="gradient_checkpointing: BiLSTMForLanguageModeling does not support it") as err:
-        BiLMModule(backbone_config=config, gradient_checkpointing=True)
+        BiLMModule(backbone_config=config, gradient_checkpointing=True).build()
     assert "\n" not in str(err.value)
 
 

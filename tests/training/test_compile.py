@@ -83,17 +83,17 @@ def test_compile_units_are_the_blocks_wherever_they_are():
     from ptm_app.adaptation.classification import SequenceClassificationModule
     from ptm_app.objectives import CausalLMModule, MaskedLMModule
 
-    bert = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50})
+    bert = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}).build()
     assert [type(m).__name__ for m in compile_units(bert)] == ["BertLayer", "BertLayer"]
-    gpt2 = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": 50})
+    gpt2 = CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": 50}).build()
     assert [type(m).__name__ for m in compile_units(gpt2)] == ["GPT2Block", "GPT2Block"]
     lora = SequenceClassificationModule(backbone_config={**TINY_BERT, "vocab_size": 50}, labels=["a", "b"],
-                                        delta={"method": "lora", "r": 2})
+                                        delta={"method": "lora", "r": 2}).build()
     units = compile_units(lora)  # inside the peft wrapper, with the LoRA layers in them
     assert len(units) == 2 and all(any("lora_A" in n for n, _ in u.named_parameters()) for u in units)
     albert = MaskedLMModule(backbone_config={"model_type": "albert", "vocab_size": 50, "embedding_size": 16,
                                             "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                                            "intermediate_size": 64})
+                                            "intermediate_size": 64}).build()
     assert compile_units(albert) == [albert.backbone.albert]  # no repeated block class: the base model whole
 
 
