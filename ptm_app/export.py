@@ -33,8 +33,6 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
     ``load_exported_module`` rebuilds the whole module from the directory.  ``also(directory)`` adds more files
     before the directory appears (``--format onnx``: ``inference.onnx_export.write_onnx``)."""
     ckpt = read_checkpoint(ckpt_path, trust)
-    if ckpt[CKPT_KEY].get("no_export"):  # a module whose model is not one transformers model (K-Adapter)
-        raise PtmError(f"{ckpt_path}: {ckpt[CKPT_KEY]['no_export']}")
     model, delta = checkpoint_backbone(ckpt)
     output_dir = Path(output_dir)
     with atomic_dir(output_dir) as tmp:
