@@ -59,6 +59,7 @@ analysis: data
 	test -f checkpoints/lora_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_tweets.yaml
 	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml
 	test -f checkpoints/bbc_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/bbc_minilm.yaml
+	test -f checkpoints/lora_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_bbc.yaml
 	$(PY) main.py robustness --config configs/analysis/robustness_bbc_minilm.yaml
 	test -f checkpoints/bert_mlm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm.yaml
 	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml

@@ -23,7 +23,8 @@ TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5
 RUNS_MADE_FIRST = {
     "robustness_tweets_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "tweets_minilm.yaml",
                                                 ROOT / "configs" / "adapt" / "lora_tweets.yaml"]),
-    "robustness_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml"]),
+    "robustness_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml",
+                                             ROOT / "configs" / "adapt" / "lora_bbc.yaml"]),
     "probe_own_pretrained": ("--models", ["minilm"], [ROOT / "configs" / "pretrain" / f"{name}.yaml"
                                                       for name in ("bert_mlm",)])}
 COMMANDS = {"knowledge_probe": "knowledge-probe"}  # file-name prefix -> command, where the two differ
