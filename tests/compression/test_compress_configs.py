@@ -14,6 +14,7 @@ import yaml
 from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("outside_the_repo")  # see tests/compression/conftest.py
 ROOT = Path(__file__).resolve().parents[2]
 COMPRESS = sorted(c for c in (ROOT / "configs" / "compress").glob("*.yaml")
                   if not c.stem.startswith(("prune_", "quantize_", "report_")))

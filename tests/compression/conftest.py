@@ -1,0 +1,13 @@
+"""Fixtures of the compression tests."""
+import pytest
+
+
+@pytest.fixture
+def outside_the_repo(tmp_path, monkeypatch):
+    """Run from an empty directory: a config's relative teacher (``checkpoints/bbc_minilm``) must resolve to the
+    test's tiny substitute under its runs directory, never to a real run a developer made in the repo's
+    ``checkpoints/`` (``make analysis`` trains that one)."""
+    where = tmp_path / "cwd"
+    where.mkdir()
+    monkeypatch.chdir(where)
+    return where
