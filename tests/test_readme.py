@@ -38,3 +38,15 @@ def test_architecture_names_only_paths_that_exist():
     assert len(named) > 20
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, missing
+
+
+def test_every_figure_the_readme_shows_is_in_the_repo():
+    """The README's pictures (docs/figures/, copied from the runs that made its tables) exist."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(figures) >= 5
+    for figure in figures:
+        path = ROOT / figure
+        assert path.is_file() and path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG", figure
