@@ -219,6 +219,33 @@ def table(rows: list[dict], note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def targets(rows: list[dict]) -> str:
+    """Issue 13's targets, judged on ptm_app's rows against the peers' at the same sizes (empty when a size or a
+    peer is missing): peak RSS at the largest corpus within 1.2x of that at the smallest and under 1.5 GB, tokens/s
+    >= the better peer at every size, first batch under 10 s at the largest."""
+    mine = {r["corpus_mb"]: r for r in rows if r["candidate"] == "ptm_app"}
+    if len(mine) < 2:
+        return ""
+    small, large = mine[min(mine)], mine[max(mine)]
+    checks = [(f"peak RSS at {large['corpus_mb']:,} MB within 1.2x of {small['corpus_mb']:,} MB",
+               f"{large['peak_rss_mb']:,.0f} / {small['peak_rss_mb']:,.0f} MB = "
+               f"{large['peak_rss_mb'] / small['peak_rss_mb']:.2f}x", large["peak_rss_mb"] <= 1.2 * small["peak_rss_mb"]),
+              (f"peak RSS at {large['corpus_mb']:,} MB under 1,500 MB", f"{large['peak_rss_mb']:,.0f} MB",
+               large["peak_rss_mb"] < 1500)]
+    for size, row in sorted(mine.items()):
+        peers = [r for r in rows if r["corpus_mb"] == size and r["candidate"] != "ptm_app"]
+        if peers:
+            best = max(peers, key=lambda r: r["tokens_per_s"])
+            ratio = row["tokens_per_s"] / best["tokens_per_s"]
+            checks.append((f"tokens/s at {size:,} MB >= the better peer ({LABELS[best['candidate']].split(' (')[0]})",
+                           f"{ratio:.2f}x", ratio >= 1.0))
+    checks.append((f"first batch at {large['corpus_mb']:,} MB under 10 s", f"{large['first_batch_s']:.2f} s",
+                   large["first_batch_s"] < 10))
+    lines = ["", "| target (issue 13) | measured | met |", "|---|---|---|"]
+    lines += [f"| {name} | {measured} | {'yes' if met else '**no**'} |" for name, measured, met in checks]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.data_prep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="corpus sizes in MB")
@@ -232,11 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     corpora = [args.corpus.resolve()] if args.corpus else [build_corpus(args.work / f"corpus_{mb}mb.jsonl", mb)
                                                            for mb in args.sizes]
+    before = os.getloadavg()[0]
     rows = [row for corpus in corpora for row in measure(corpus, args.only, args.workers)]
-    load = os.getloadavg()[0]
+    after = os.getloadavg()[0]
+    busy = max(before, after) > 1.5 * args.workers
     note = (f"One run, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load average "
-            f"{load:.1f} when it ended (a shared machine: the numbers are noisy); MiniLM tokenizer, `text` field.")
-    text_table = table(rows, note)
+            f"(1 min) {before:.1f} before, {after:.1f} after"
+            f"{' (a shared machine: the numbers are noisy)' if busy else ''}; MiniLM tokenizer, `text` field.")
+    text_table = table(rows, note) + targets(rows)
     out = args.out or HERE
     out.mkdir(parents=True, exist_ok=True)
     (out / "data.json").write_text(json.dumps({"note": note, "rows": rows}, indent=2))

@@ -12,7 +12,9 @@ worker processes tokenize one piece into one record::
 
 litdata writes the records into ``chunk-*.bin`` files and ``index.json`` last (a complete set).  With
 ``use_checkpoint`` it notes every finished chunk, so an interrupted preparation restarts past them and writes
-byte-identical chunks (the restart unit is one chunk).  ``key.json`` (``data.corpus_key``) ties the directory to
+byte-identical chunks (the restart unit is one chunk).  ``checksums.json`` holds each chunk's sha256, written once
+the set is complete; opening always checks the chunk sizes, and with ``verify`` also the checksums (it reads
+the whole corpus once: a bit flip keeps the size).  ``key.json`` (``data.corpus_key``) ties the directory to
 its inputs, text field and tokenizer, so a second run or another rank reuses it.
 
 Reading (``LitCorpus``) uses ``StreamingDataset.read_window`` (a window of one field of one record, without
@@ -41,11 +43,12 @@ import numpy as np
 from ptm_app.data.corpus_key import check_key, corpus_dir_for, corpus_key
 from ptm_app.data.pieces import plan_pieces, piece_documents
 from ptm_app.errors import PtmError
-from ptm_app.paths import write_json
+from ptm_app.paths import sha256_file, write_json
 
 FORMAT_VERSION = 1
 PIECE_BYTES = 8 << 20  # input text per record (UTF-8 bytes)
 CHUNK_BYTES = "64MB"  # litdata chunk files
+CHECKSUMS = "checksums.json"  # {"sha256": {chunk file: hex digest}}, written when the chunk set is complete
 LINE_BATCH = 1000  # lines per tokenizer call (as corpus.tokenize_corpus)
 
 
@@ -93,6 +96,8 @@ def prepare_corpus(files: Sequence[Path], text_field: str, tokenizer, workers: O
     if key_file.exists():
         check_key(target, json.loads(key_file.read_text()), key)
         if (target / "index.json").exists():
+            if not (target / CHECKSUMS).exists():  # stopped between litdata's index and the checksums
+                _write_checksums(target)
             return target
     elif target.is_dir() and any(target.iterdir()):
         raise PtmError(f"{target} is not empty and holds no prepared corpus (no key.json); point "
@@ -131,11 +136,21 @@ def prepare_corpus(files: Sequence[Path], text_field: str, tokenizer, workers: O
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
     shutil.rmtree(scratch, ignore_errors=True)
+    _write_checksums(target)
     corpus = open_corpus(target, key)
     if corpus.num_documents == 0 or corpus.num_tokens == 0:
         raise PtmError(f"corpus {files[0]} is empty: no text in field '{text_field}'; check the file or "
                        f"data.text_field")
     return target
+
+
+def _chunks(target: Path) -> list[dict]:
+    return json.loads((target / "index.json").read_text())["chunks"]
+
+
+def _write_checksums(target: Path) -> None:
+    write_json(target / CHECKSUMS, {"sha256": {c["filename"]: sha256_file(target / c["filename"])
+                                               for c in _chunks(target)}})
 
 
 @contextmanager
@@ -257,7 +272,7 @@ class LitCorpus:
     def __init__(self, target: Path):
         self.target, self._dataset, self._pid = Path(target), None, None
         # all records (len(StreamingDataset) is this rank's share under torch.distributed; read_window is not)
-        records = sum(c["chunk_size"] for c in json.loads((self.target / "index.json").read_text())["chunks"])
+        records = sum(c["chunk_size"] for c in _chunks(self.target))
         counts = np.stack([self._window(r, 0, 3, "counts") for r in range(records)]).astype(np.int64)
         doc_tokens = [self._window(r, 0, int(n), "doc_tokens") for r, n in enumerate(counts[:, 1])]
         doc_lines = [self._window(r, 0, int(n), "doc_lines") for r, n in enumerate(counts[:, 1])]
@@ -323,9 +338,10 @@ class LitCorpus:
         return np.split(ids.astype(np.int32), np.cumsum(lengths)[:-1])
 
 
-def open_corpus(target: Path, expected_key: Optional[dict] = None) -> LitCorpus:
+def open_corpus(target: Path, expected_key: Optional[dict] = None, verify: bool = False) -> LitCorpus:
     """The prepared corpus in ``target``; an incomplete directory, another key or format version, or a chunk file
-    whose size differs from ``index.json`` is one error naming it."""
+    whose size differs from ``index.json`` (with ``verify``: whose sha256 differs from ``checksums.json``) is one
+    error naming it."""
     target = Path(target)
     index_file = target / "index.json"
     if not index_file.exists():
@@ -333,10 +349,22 @@ def open_corpus(target: Path, expected_key: Optional[dict] = None) -> LitCorpus:
     if expected_key is not None:
         key_file = target / "key.json"
         check_key(target, json.loads(key_file.read_text()) if key_file.exists() else {}, expected_key)
-    for chunk in json.loads(index_file.read_text())["chunks"]:
+    chunks = _chunks(target)
+    for chunk in chunks:
         path = target / chunk["filename"]
         size = path.stat().st_size if path.exists() else None
         if size != chunk["chunk_bytes"]:
             raise PtmError(f"chunk {path} is {'missing' if size is None else f'{size} bytes'} but index.json says "
                            f"{chunk['chunk_bytes']}: it is truncated or corrupt; delete {target} and prepare again")
+    if verify:
+        if not (target / CHECKSUMS).exists():
+            raise PtmError(f"corpus directory {target} has no {CHECKSUMS} (prepared by an older ptm_app), so it "
+                           f"cannot be verified; delete it and prepare again, or set "
+                           f"data.init_args.verify_chunks: false")
+        sums = json.loads((target / CHECKSUMS).read_text())["sha256"]
+        for chunk in chunks:
+            path = target / chunk["filename"]
+            if sums.get(chunk["filename"]) != sha256_file(path):
+                raise PtmError(f"chunk {path} does not match its sha256 in {CHECKSUMS}: it is corrupt; delete "
+                               f"{target} and prepare again")
     return LitCorpus(target)

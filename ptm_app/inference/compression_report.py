@@ -15,7 +15,10 @@ rows' order: ``make compress``).  For each row, all in one process:
   rows are timed, and its percentage of the teacher's; an early-exit row also gets its mean exit layer.
 
 Writes ``compression.md|csv|json``, ``compression.png`` (size and batch-32 latency against the metric) and
-``settings.json`` into the report's run directory.
+``settings.json`` into the report's run directory; with ``targets`` (issue 14's: a 3-layer student keeps 95 % of
+the teacher's metric at 1.8x its batch-32 speed, dynamic int8 is 1.5x faster at batch 1 for at most one point, the
+distilled BiLSTM beats the same BiLSTM trained alone), also ``compression_targets.md|csv|json``, each condition
+judged from the measured rows.
 """
 from __future__ import annotations
 
@@ -49,6 +52,71 @@ class CompressionRow:
     model: str
     make: str = ""
     exit: Optional[str] = None
+
+
+@dataclass
+class CompressionTarget:
+    """A target the table is judged on; every condition that is set must hold for ``row``.
+
+    Args:
+        row: the name of the row judged.
+        min_metric_pct: its metric is at least this % of the teacher's.
+        max_metric_drop: its metric is at most this many points (metric x 100) below the teacher's.
+        min_speedup_b1: its batch-1 speed-up against the teacher is at least this.
+        min_speedup_b32: its batch-32 speed-up against the teacher is at least this.
+        beats: the name of another row whose metric its own must exceed.
+    """
+
+    row: str
+    min_metric_pct: Optional[float] = None
+    max_metric_drop: Optional[float] = None
+    min_speedup_b1: Optional[float] = None
+    min_speedup_b32: Optional[float] = None
+    beats: Optional[str] = None
+
+
+def as_target(target) -> CompressionTarget:
+    return target if isinstance(target, CompressionTarget) else CompressionTarget(**target)
+
+
+def check_targets(targets: list[CompressionTarget], names: list[str]) -> None:
+    """Refuse, before anything runs, a target naming a row the report does not have, or setting no condition."""
+    for t in targets:
+        for name in (t.row, t.beats):
+            if name is not None and name not in names:
+                raise PtmError(f"compression target names row {name!r}, which is not in the report; use one of "
+                               f"{names}")
+        if all(v is None for k, v in asdict(t).items() if k not in ("row",)):
+            raise PtmError(f"compression target for {t.row!r} sets no condition; set min_metric_pct, "
+                           f"max_metric_drop, min_speedup_b1, min_speedup_b32 or beats")
+
+
+def judge(targets: list[CompressionTarget], measured: list[dict]) -> list[dict]:
+    """One line per condition: the target, what was measured and whether it is met (teacher: the first row)."""
+    rows, teacher = {r["model"]: r for r in measured}, measured[0]
+    judged = []
+    for t in targets:
+        r = rows[t.row]
+        checks = []
+        if t.min_metric_pct is not None:
+            pct = r["metric_pct_of_teacher"]
+            checks.append((f"metric >= {t.min_metric_pct:g} % of the teacher's",
+                           "n/a" if pct is None else f"{pct:.1f} %", pct is not None and pct >= t.min_metric_pct))
+        if t.max_metric_drop is not None:
+            drop = 100.0 * (teacher["metric"] - r["metric"])
+            checks.append((f"at most {t.max_metric_drop:g} point(s) below the teacher", f"{drop:.1f} points",
+                           drop <= t.max_metric_drop))
+        for batch, floor in (("b1", t.min_speedup_b1), ("b32", t.min_speedup_b32)):
+            if floor is not None:
+                got = r[f"speedup_{batch}"]
+                checks.append((f"batch-{batch[1:]} speed-up >= {floor:g}x", f"{got:.2f}x", got >= floor))
+        if t.beats is not None:
+            other = rows[t.beats]
+            checks.append((f"metric above {t.beats!r}", f"{r['metric']:.3f} vs {other['metric']:.3f}",
+                           r["metric"] > other["metric"]))
+        judged += [{"row": t.row, "target": name, "measured": got, "met": "yes" if met else "no"}
+                   for name, got, met in checks]
+    return judged
 
 
 def as_row(row) -> CompressionRow:
@@ -204,7 +272,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
                     examples: Optional[int] = None, metric: Literal["accuracy", "f1_macro"] = "accuracy",
                     max_length: int = 128, batch_size: int = 32, repeats: int = 20, seed: int = 0,
                     make_missing: bool = False, run_name: str = "compress_report",
-                    output_dir: Optional[str] = None) -> Path:
+                    output_dir: Optional[str] = None, targets: Optional[list[CompressionTarget]] = None) -> Path:
     """The compression table (Qiu et al. 2020, Table 3) measured from trained models.
 
     Args:
@@ -221,9 +289,12 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         make_missing: run the make commands of missing rows first (in order) instead of stopping.
         run_name: output directory name under the runs root (checkpoints/).
         output_dir: output directory (overrides run_name).
+        targets: conditions on rows judged from the measurements (``CompressionTarget``).
     """
     teacher, rows = as_row(teacher), [as_row(r) for r in rows]
-    resolved = {**dict(locals()), "teacher": asdict(teacher), "rows": [asdict(r) for r in rows]}
+    targets = [as_target(t) for t in targets or []]
+    resolved = {**dict(locals()), "teacher": asdict(teacher), "rows": [asdict(r) for r in rows],
+                "targets": [asdict(t) for t in targets]}
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.representations import sample_indices
     from ptm_app.analysis.tables import write_table
@@ -232,6 +303,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     if repeats < 1:
         raise PtmError(f"repeats: {repeats}; time at least 1 round")
     everything = [teacher, *rows]
+    check_targets(targets, [row.name for row in everything])
     for row in everything:
         if row.make:
             make_steps(row)  # a malformed command is refused before anything runs
@@ -277,6 +349,10 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     md = write_table(measured, COLUMNS, out / "compression", title)
     save_png(draw(measured), out / "compression.png")
     print(md.read_text(encoding="utf-8"), end="")
+    if targets:
+        met = write_table(judge(targets, measured), ["row", "target", "measured", "met"],
+                          out / "compression_targets", f"Targets ({source})")
+        print("\n" + met.read_text(encoding="utf-8"), end="")
     return out
 
 

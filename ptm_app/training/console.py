@@ -18,6 +18,7 @@ run directory is known is kept and written when it is.
 """
 from __future__ import annotations
 
+import inspect
 import io
 import logging
 import re
@@ -38,7 +39,7 @@ NOISE_TRANSFORMERS = (  # messages of transformers' loggers that say nothing abo
     r"`loss_type=None` was set in the config but it is unrecognized",  # every decoder-only model, once
     r"The tied weights mapping for this model specifies to tie",  # a head absent from the checkpoint: load report
 )
-LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")  # "lightning": the unified package's handler
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _BUFFER_LIMIT = 1 << 20
 
@@ -121,7 +122,7 @@ def _repoint_handlers(old: tuple, new: tuple) -> None:
     for logger in loggers:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
-                    and not isinstance(type(handler).__dict__.get("stream"), property):  # logging.lastResort's
+                    and not isinstance(inspect.getattr_static(handler, "stream", None), property):  # lastResort's
                 # kind (dill attaches one) reads sys.stderr at each record, so it follows by itself
                 for before, after in zip(old, new):
                     if handler.stream is before:

@@ -93,21 +93,24 @@ def test_deepspeed_says_nothing_about_the_cpu_once_main_has_named_it():
     assert "Setting accelerator" not in after.stdout + after.stderr
 
 
-def test_the_console_log_opens_and_closes_with_logging_last_resort_attached(tmp_path):
-    """A library that attaches ``logging.lastResort`` (its stream is a read-only property that follows sys.stderr)
-    must not break closing the console log: a second run in the same process crashed there with AttributeError."""
+@pytest.mark.parametrize("kind", ["last_resort", "subclass"])
+def test_the_console_log_opens_and_closes_with_logging_last_resort_attached(tmp_path, kind):
+    """A library that attaches ``logging.lastResort`` (its stream is a read-only property that follows sys.stderr),
+    or a handler subclassing its type, must not break closing the console log: a second run in the same process
+    crashed there with AttributeError."""
     import logging
     import sys
 
     from ptm_app.training.console import close_console_log, open_console_log
 
+    handler = logging.lastResort if kind == "last_resort" else type("Sub", (type(logging.lastResort),), {})(0)
     logger = logging.getLogger("test_console.last_resort")
-    logger.addHandler(logging.lastResort)
+    logger.addHandler(handler)
     try:
         open_console_log(tmp_path)
         print("inside the run", file=sys.stderr)
         close_console_log()
     finally:
-        logger.removeHandler(logging.lastResort)
+        logger.removeHandler(handler)
     assert "inside the run" in (tmp_path / "logs" / "console.log").read_text()
-    assert logging.lastResort.stream is sys.stderr
+    assert handler.stream is sys.stderr

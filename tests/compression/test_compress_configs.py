@@ -109,7 +109,7 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
     assert (export / "config.json").exists()
 
 
-def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys):
+def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys, outside_the_repo):
     config = ROOT / "configs" / "compress" / "distill_bbc_3layer.yaml"
     assert run_main(["fit", "--config", str(config), *QUICK], tmp_path / "runs") != 0
     err = capsys.readouterr().err.strip().splitlines()

@@ -61,9 +61,9 @@ def plain_teacher(tmp: Path, source: str = "bbc") -> Path:
     return out
 
 
-def report_config(tmp: Path, teacher: str, rows: list[dict]) -> Path:
+def report_config(tmp: Path, teacher: str, rows: list[dict], targets: list[dict] = ()) -> Path:
     cfg = {"source": "bbc", "examples": EXAMPLES, "max_length": MAX_LENGTH, "repeats": 3, "run_name": "table",
-           "teacher": {"name": "teacher", "model": teacher}, "rows": rows}
+           "teacher": {"name": "teacher", "model": teacher}, "rows": rows, "targets": list(targets)}
     config = tmp / "report.yaml"
     config.write_text(yaml.safe_dump(cfg))
     return config
@@ -104,9 +104,20 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
         {"name": "int8", "model": str(int8),
          "make": f"python main.py quantize --ckpt_path {teacher} --output_dir {int8} --repeats 1"},
         {"name": "3 layers", "model": str(pruned),
-         "make": f"python main.py prune --ckpt_path {teacher} --output_dir {pruned} --drop_layers top:3 --repeats 1"}])
+         "make": f"python main.py prune --ckpt_path {teacher} --output_dir {pruned} --drop_layers top:3 --repeats 1"}],
+        targets=[{"row": "int8", "min_speedup_b1": 0.01, "max_metric_drop": 100},
+                 {"row": "3 layers", "min_metric_pct": 1000, "min_speedup_b32": 1.2, "beats": "int8"}])
     assert run_main(["compress-report", "--config", str(config), "--make_missing", "true"], runs) == 0
     by = check_table(runs / "table", ["teacher", "int8", "3 layers"])
+    judged = [(r["row"], r["target"], r["met"]) for r in json.loads((runs / "table" / "compression_targets.json")
+                                                                   .read_text())]
+    yes = {True: "yes", False: "no"}
+    assert judged == [  # each condition judged from the table's own numbers
+        ("int8", "at most 100 point(s) below the teacher", "yes"), ("int8", "batch-1 speed-up >= 0.01x", "yes"),
+        ("3 layers", "metric >= 1000 % of the teacher's", "no"),
+        ("3 layers", "batch-32 speed-up >= 1.2x", yes[by["3 layers"]["speedup_b32"] >= 1.2]),
+        ("3 layers", "metric above 'int8'", yes[by["3 layers"]["metric"] > by["int8"]["metric"]])]
+    assert "| 3 layers | metric >= 1000 % of the teacher's |" in (runs / "table" / "compression_targets.md").read_text()
     records = scored_records()
     fp32, small, quant = (load_for_inference(str(d)) for d in (teacher, pruned, int8))
     assert by["teacher"]["params"] == params_of(fp32.model)
@@ -172,6 +183,19 @@ def test_bad_rows_are_one_line(tmp_path, capsys):
     assert run_main(["compress-report", "--config", str(config)], runs) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a 'python main.py COMMAND ...' command" in err[0], err
+
+
+@pytest.mark.parametrize("target,said", [({"row": "int9", "min_speedup_b1": 1.5}, "names row 'int9', which is not"),
+                                         ({"row": "t", "beats": "nobody"}, "names row 'nobody', which is not"),
+                                         ({"row": "t"}, "sets no condition")])
+def test_bad_targets_are_one_line_before_anything_runs(tmp_path, capsys, target, said):
+    runs = tmp_path / "runs"
+    cfg = {"source": "bbc", "teacher": {"name": "t", "model": "nowhere"}, "rows": [], "targets": [target]}
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert run_main(["compress-report", "--config", str(config)], runs) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
 
 
 def made_by(argv: list[str]) -> str:

@@ -224,6 +224,30 @@ def test_bad_input_is_one_line(tmp_path, minilm):
         prepare_corpus([path], "text", minilm, workers=1, target=tmp_path / "busy", progress=False)
 
 
+def test_a_flipped_bit_keeps_the_size_and_is_caught_by_verify_chunks(tmp_path):
+    """Preparation records every chunk's sha256; ``verify_chunks: true`` finds a same-size corruption that the
+    size check cannot, in one line, and a corpus without checksums cannot be verified (one line, not a pass)."""
+    path = subset(tmp_path, "bbc", 20)
+    spec = dict(tokenizer=TokenizerSpec(pretrained="minilm"), source=str(path), max_length=32, streaming=True,
+                prepare_workers=1, shard_dir=str(tmp_path / "s"))
+    PretrainDataModule(**spec, verify_chunks=True).setup("fit")  # a sound corpus verifies
+    target = tmp_path / "s" / "train"
+    sums = json.loads((target / "checksums.json").read_text())["sha256"]
+    chunks = sorted(target.glob("chunk-*.bin"))
+    assert sorted(sums) == [c.name for c in chunks] and all(len(v) == 64 for v in sums.values())
+    data = bytearray(chunks[0].read_bytes())
+    data[len(data) // 2] ^= 0x01
+    chunks[0].write_bytes(bytes(data))
+    PretrainDataModule(**spec).setup("fit")  # the size check alone passes it
+    with pytest.raises(PtmError, match=rf"chunk .*{chunks[0].name} does not match its sha256 in checksums.json: it "
+                                       r"is corrupt; delete .* and prepare again") as err:
+        PretrainDataModule(**spec, verify_chunks=True).setup("fit")
+    assert "\n" not in str(err.value)
+    (target / "checksums.json").unlink()
+    with pytest.raises(PtmError, match=r"has no checksums.json .* set data.init_args.verify_chunks: false"):
+        open_corpus(target, verify=True)
+
+
 def test_import_keeps_torchvision_out_and_transformers_working():
     code = ("import sys, litdata; from transformers import AutoTokenizer; import ptm_app.data.litcorpus; "
             "print('torchvision' in sys.modules)")
