@@ -117,3 +117,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_runtest_teardown(item):
+    """With ``PTM_TEST_RSS_LOG=FILE``: after every test, append ``worker test RSS-MB`` (the process's resident set
+    now), to find the test files after which a worker's memory stays high."""
+    path = os.environ.get("PTM_TEST_RSS_LOG")
+    if not path:
+        return
+    with open("/proc/self/statm") as fh:
+        rss_mb = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    with open(path, "a") as fh:
+        fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {item.nodeid} {rss_mb:.0f}\n")
