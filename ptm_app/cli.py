@@ -5,6 +5,7 @@ Every run writes to ``checkpoints/<run_name>/`` (``$PTM_RUNS_DIR`` moves it): th
 """
 from __future__ import annotations
 
+import contextvars
 import sys
 from pathlib import Path
 from typing import Optional
@@ -277,6 +278,14 @@ def _check_precision(precision, accelerator) -> None:
 
 
 def run_lightning(argv: list[str]) -> int:
+    """One LightningCLI run, in a copy of the current ``contextvars`` context: jsonargparse sets context variables
+    it never resets (``subclass_arg_parser`` holds the last parser, whose instantiators hold the CLI, its trainer,
+    model and optimizer), so without the copy every run in one process (a sweep, a notebook, the test suite) would
+    keep the previous run's model alive."""
+    return contextvars.copy_context().run(_run_lightning, argv)
+
+
+def _run_lightning(argv: list[str]) -> int:
     lock = RunLock()  # taken on the run directory once the config names it
     quiet_third_party()
     try:

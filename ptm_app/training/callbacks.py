@@ -116,6 +116,12 @@ class LastCheckpoint(Callback):
             if sigterm:
                 trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch (exit 143)
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        """Give SIGTERM back to Lightning's handler before Lightning's teardown restores the one before it: put back
+        after the teardown (``on_fit_end`` comes later), Lightning's handler would outlive the run and keep its
+        trainer, model and optimizer alive for the rest of the process."""
+        self._restore(signal.SIGTERM)
+
     def on_fit_end(self, trainer, pl_module) -> None:
         self._restore()
         if self.sigterm:  # arrived after the last step (its last.ckpt is written): what follows must not run
@@ -124,10 +130,10 @@ class LastCheckpoint(Callback):
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._restore()
 
-    def _restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}
+    def _restore(self, *signums: int) -> None:
+        for signum in signums or list(self._previous):
+            if signum in self._previous:
+                signal.signal(signum, self._previous.pop(signum))
 
 
 def optimizer_stepped(trainer) -> bool:
