@@ -15,6 +15,9 @@ pytest.importorskip("litdata")
 
 CORPUS_RECIPES = [c for c in RECIPES if yaml.safe_load(c.read_text())["data"]["class_path"] == "PretrainDataModule"]
 STEPS = 3
+# in the default suite: one recipe per kind of reading (NSP sentence pairs, span masking, permutation LM, a
+# bidirectional LSTM LM, causal LM blocks), ~5 s each; the other ten (~80 s) run with `make test-slow`
+DEFAULT = {"bert", "spanbert", "xlnet", "elmo", "gpt_clm"}
 
 
 def logged(run: Path) -> dict[str, list[float]]:
@@ -29,7 +32,8 @@ def test_every_corpus_recipe_is_compared():
         c.stem for c in CORPUS_RECIPES}
 
 
-@pytest.mark.parametrize("config", CORPUS_RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("config", [pytest.param(c, marks=() if c.stem in DEFAULT else pytest.mark.slow)
+                                    for c in CORPUS_RECIPES], ids=lambda p: p.stem)
 def test_recipe_sees_the_same_first_batches_on_both_paths(config, tmp_path):
     runs = tmp_path / "runs"
     args = tiny_args(config, steps=STEPS)  # validates after step 3
