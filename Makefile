@@ -68,15 +68,15 @@ analysis: data
 # (each report config names the command of each row; --make_missing true runs the ones not yet made, in order),
 # then the tables, latencies measured in one process.  Hours on 2 CPU cores; not part of `make test`.
 compress: data
-	$(PY) main.py compress-report --config configs/compress/report_bbc.yaml --make_missing true
-	$(PY) main.py compress-report --config configs/compress/report_tweets.yaml --make_missing true
+	$(PY) main.py compress-report --config configs/compress/report_bbc.yaml --make_missing true --readme README.md
+	$(PY) main.py compress-report --config configs/compress/report_tweets.yaml --make_missing true --readme README.md
 
 # The knowledge table (README "Knowledge-enriched pre-training"): five pre-trainings of the same small BERT on Brown
 # (MLM, ERNIE, SenseBERT, LIBERT, KEPLER) at equal steps, each exported, probed and fine-tuned on three tasks, and
 # MiniLM with and without K-Adapter; resumable (finished runs are skipped).  Many hours on 2 CPU cores (KEPLER's
 # link prediction embeds every WordNet synset); not part of `make test`.  Writes checkpoints/knowledge_brown/.
 knowledge: data
-	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml
+	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme README.md
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).

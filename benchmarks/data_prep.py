@@ -25,7 +25,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-START, END = "<!-- data:start -->", "<!-- data:end -->"
 BLOCK, BATCH, READ_BATCHES = 128, 32, 300
 
 PREPARE = r"""
@@ -272,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "data.json").write_text(json.dumps({"note": note, "rows": rows}, indent=2))
     (out / "data.md").write_text(text_table)
     if args.out is None and not args.corpus:
-        from benchmarks.inference_latency import update_readme
+        from ptm_app.paths import write_between_markers
 
-        update_readme(text_table, start=START, end=END)
+        write_between_markers(HERE / "README.md", "data", text_table)
     print(text_table)
     return 0
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -411,10 +410,9 @@ def markdown(results: dict) -> str:
 
 def update_readme(table: str, readme: Path = HERE / "README.md") -> None:
     """Put the table between the results markers of ``benchmarks/README.md`` (generated, never typed in)."""
-    text = readme.read_text()
-    start, end = "<!-- results:start -->", "<!-- results:end -->"
-    if start in text and end in text:
-        readme.write_text(re.sub(f"{start}.*{end}", lambda _: f"{start}\n{table}{end}", text, flags=re.S))
+    from ptm_app.paths import write_between_markers
+
+    write_between_markers(readme, "results", table)
 
 
 def _strip(value):

@@ -16,7 +16,6 @@ import argparse
 import copy
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -26,7 +25,6 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 CANDIDATES = ("PyTorch fp32", "PyTorch bf16", "ONNX Runtime fp32")
-START, END = "<!-- inference:start -->", "<!-- inference:end -->"
 
 
 def texts(n: int) -> list[str]:
@@ -131,12 +129,11 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(table: str, readme: Path = HERE / "README.md", start: str = START, end: str = END) -> None:
-    """Put the table between the inference markers (or ``start``/``end``) of ``benchmarks/README.md`` (generated,
-    never typed in)."""
-    text = readme.read_text()
-    if start in text and end in text:
-        readme.write_text(re.sub(f"{start}.*{end}", lambda _: f"{start}\n{table}{end}", text, flags=re.S))
+def update_readme(table: str, readme: Path = HERE / "README.md") -> None:
+    """Put the table between the inference markers of ``benchmarks/README.md`` (generated, never typed in)."""
+    from ptm_app.paths import write_between_markers
+
+    write_between_markers(readme, "inference", table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from unittest import mock
 import yaml
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root, write_json
+from ptm_app.paths import has_markers, runs_root, write_between_markers, write_json
 
 PLAN_KEYS = {"name", "pretrain_args", "task_args", "probe", "link_prediction", "tasks", "models"}
 MODEL_KEYS = {"id", "label", "pretrain", "adapters", "tasks"}
@@ -224,8 +224,13 @@ def knowledge_report_command(argv: list[str]) -> int:
     parser.add_argument("plan", help="the knowledge plan (YAML), e.g. configs/sweeps/knowledge_brown.yaml")
     parser.add_argument("--collect_only", action="store_true", help="run nothing: the table from the runs there are")
     parser.add_argument("--only", nargs="*", default=None, help="model ids to run (the table has every row)")
+    parser.add_argument("--readme", help="also put the table into this file (e.g. README.md), between the lines "
+                                         "<!-- <plan name>:start --> and <!-- <plan name>:end -->")
     args = parser.parse_args(argv)
     plan = load_knowledge_plan(args.plan)
+    if args.readme and not has_markers(args.readme, plan["name"]):
+        raise PtmError(f"--readme {args.readme} has no '<!-- {plan['name']}:start -->' and '<!-- {plan['name']}:end "
+                       f"-->' lines; add them where the table goes")
     unknown = sorted(set(args.only or []) - {m["id"] for m in plan["models"]})
     if unknown:
         raise PtmError(f"--only {' '.join(unknown)}: no such model in {args.plan} "
@@ -233,6 +238,8 @@ def knowledge_report_command(argv: list[str]) -> int:
     failed = [] if args.collect_only else run_plan(plan, args.only)
     md = write_knowledge_report(plan)
     print(md.read_text(encoding="utf-8"), end="")
+    if args.readme:
+        write_between_markers(args.readme, plan["name"], md.read_text(encoding="utf-8"))
     print(f"wrote {md}, {md.with_suffix('.csv')}, {md.with_suffix('.json')} and {md.parent / 'knowledge_runs.json'}")
     if failed:
         raise PtmError(f"knowledge-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")

@@ -121,6 +121,28 @@ def atomic_file(target: str | os.PathLike, mode: str = "w", **kwargs: Any) -> It
         raise
 
 
+def has_markers(path: str | os.PathLike, name: str) -> bool:
+    """Does ``path`` exist and hold the ``<!-- name:start -->`` ... ``<!-- name:end -->`` pair?"""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return f"<!-- {name}:start -->" in text and f"<!-- {name}:end -->" in text.partition(f"<!-- {name}:start -->")[2]
+
+
+def write_between_markers(path: str | os.PathLike, name: str, text: str) -> bool:
+    """Replace what stands between the lines ``<!-- name:start -->`` and ``<!-- name:end -->`` of ``path`` (a README)
+    with ``text``, atomically: generated tables go into documents without being typed.  False when ``path`` lacks the
+    markers (nothing is written)."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    old = Path(path).read_text(encoding="utf-8")
+    head, found, rest = old.partition(start)
+    _, found_end, tail = rest.partition(end)
+    if not (found and found_end):
+        return False
+    with atomic_file(path, "w", encoding="utf-8") as fh:
+        fh.write(f"{head}{start}\n{text.rstrip()}\n{end}{tail}")
+    return True
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_file(path, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=2, sort_keys=True, ensure_ascii=False)

@@ -1,9 +1,10 @@
-"""Directory swaps that readers never see half done: ``replace_dir`` and its crash recovery ``restore_replaced``."""
+"""Directory swaps that readers never see half done: ``replace_dir`` and its crash recovery ``restore_replaced``;
+generated tables written between a document's markers."""
 from __future__ import annotations
 
 import os
 
-from ptm_app.paths import replace_dir, restore_replaced
+from ptm_app.paths import has_markers, replace_dir, restore_replaced, write_between_markers
 
 
 def test_replace_dir_swaps_whole_directories_and_files(tmp_path):
@@ -32,3 +33,18 @@ def test_a_crash_between_the_renames_is_undone_by_the_reader(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
     assert restore_replaced(tmp_path / "best.ckpt") == tmp_path / "best.ckpt"  # nothing to restore: unchanged
     assert not (tmp_path / "best.ckpt").exists()
+
+
+def test_write_between_markers_replaces_only_the_named_section(tmp_path):
+    doc = tmp_path / "README.md"
+    doc.write_text("a\n<!-- t:start -->\nold\nlines\n<!-- t:end -->\nb\n<!-- u:start -->\nkeep\n<!-- u:end -->\n")
+    assert has_markers(doc, "t") and has_markers(doc, "u") and not has_markers(doc, "v")
+    assert write_between_markers(doc, "t", "| x |\n|---|\n| 1 |\n\n")
+    assert doc.read_text() == ("a\n<!-- t:start -->\n| x |\n|---|\n| 1 |\n<!-- t:end -->\nb\n<!-- u:start -->\nkeep\n"
+                               "<!-- u:end -->\n")
+    before = doc.read_text()
+    assert not write_between_markers(doc, "v", "nothing")
+    assert doc.read_text() == before
+    doc.write_text("<!-- w:end -->\n<!-- w:start -->\n")  # the end before the start is no section
+    assert not has_markers(doc, "w") and not write_between_markers(doc, "w", "x")
+    assert not has_markers(tmp_path / "missing.md", "t")

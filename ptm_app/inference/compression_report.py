@@ -31,7 +31,7 @@ from typing import Literal, Optional
 import torch
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root, write_json
+from ptm_app.paths import has_markers, runs_root, write_between_markers, write_json
 
 COLUMNS = ["model", "params", "nonzero_params", "size_mb", "latency_b1_ms", "latency_b32_ms", "speedup_b1",
            "speedup_b32", "metric", "metric_pct_of_teacher", "exit_layer"]
@@ -272,7 +272,8 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
                     examples: Optional[int] = None, metric: Literal["accuracy", "f1_macro"] = "accuracy",
                     max_length: int = 128, batch_size: int = 32, repeats: int = 20, seed: int = 0,
                     make_missing: bool = False, run_name: str = "compress_report",
-                    output_dir: Optional[str] = None, targets: Optional[list[CompressionTarget]] = None) -> Path:
+                    output_dir: Optional[str] = None, targets: Optional[list[CompressionTarget]] = None,
+                    readme: Optional[str] = None) -> Path:
     """The compression table (Qiu et al. 2020, Table 3) measured from trained models.
 
     Args:
@@ -290,6 +291,8 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         run_name: output directory name under the runs root (checkpoints/).
         output_dir: output directory (overrides run_name).
         targets: conditions on rows judged from the measurements (``CompressionTarget``).
+        readme: also put both tables into this file (e.g. README.md), between the lines
+            ``<!-- <run_name>:start -->`` and ``<!-- <run_name>:end -->``, so the document's numbers are generated.
     """
     teacher, rows = as_row(teacher), [as_row(r) for r in rows]
     targets = [as_target(t) for t in targets or []]
@@ -304,6 +307,10 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         raise PtmError(f"repeats: {repeats}; time at least 1 round")
     everything = [teacher, *rows]
     check_targets(targets, [row.name for row in everything])
+    section = Path(output_dir).name if output_dir else run_name
+    if readme and not has_markers(readme, section):
+        raise PtmError(f"readme {readme} has no '<!-- {section}:start -->' and '<!-- {section}:end -->' lines; add "
+                       f"them where the table goes")
     for row in everything:
         if row.make:
             make_steps(row)  # a malformed command is refused before anything runs
@@ -349,10 +356,13 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     md = write_table(measured, COLUMNS, out / "compression", title)
     save_png(draw(measured), out / "compression.png")
     print(md.read_text(encoding="utf-8"), end="")
+    tables = [md]
     if targets:
-        met = write_table(judge(targets, measured), ["row", "target", "measured", "met"],
-                          out / "compression_targets", f"Targets ({source})")
-        print("\n" + met.read_text(encoding="utf-8"), end="")
+        tables.append(write_table(judge(targets, measured), ["row", "target", "measured", "met"],
+                                  out / "compression_targets", f"Targets ({source})"))
+        print("\n" + tables[-1].read_text(encoding="utf-8"), end="")
+    if readme:
+        write_between_markers(readme, section, "\n".join(t.read_text(encoding="utf-8") for t in tables))
     return out
 
 

@@ -61,9 +61,9 @@ def plain_teacher(tmp: Path, source: str = "bbc") -> Path:
     return out
 
 
-def report_config(tmp: Path, teacher: str, rows: list[dict], targets: list[dict] = ()) -> Path:
+def report_config(tmp: Path, teacher: str, rows: list[dict], targets: list[dict] = (), **more) -> Path:
     cfg = {"source": "bbc", "examples": EXAMPLES, "max_length": MAX_LENGTH, "repeats": 3, "run_name": "table",
-           "teacher": {"name": "teacher", "model": teacher}, "rows": rows, "targets": list(targets)}
+           "teacher": {"name": "teacher", "model": teacher}, "rows": rows, "targets": list(targets), **more}
     config = tmp / "report.yaml"
     config.write_text(yaml.safe_dump(cfg))
     return config
@@ -106,7 +106,9 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
         {"name": "3 layers", "model": str(pruned),
          "make": f"python main.py prune --ckpt_path {teacher} --output_dir {pruned} --drop_layers top:3 --repeats 1"}],
         targets=[{"row": "int8", "min_speedup_b1": 0.01, "max_metric_drop": 100},
-                 {"row": "3 layers", "min_metric_pct": 1000, "min_speedup_b32": 1.2, "beats": "int8"}])
+                 {"row": "3 layers", "min_metric_pct": 1000, "min_speedup_b32": 1.2, "beats": "int8"}],
+        readme=str(tmp_path / "README.md"))
+    (tmp_path / "README.md").write_text("intro\n<!-- table:start -->\n<!-- table:end -->\nend\n")
     assert run_main(["compress-report", "--config", str(config), "--make_missing", "true"], runs) == 0
     by = check_table(runs / "table", ["teacher", "int8", "3 layers"])
     judged = [(r["row"], r["target"], r["met"]) for r in json.loads((runs / "table" / "compression_targets.json")
@@ -118,6 +120,8 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
         ("3 layers", "batch-32 speed-up >= 1.2x", yes[by["3 layers"]["speedup_b32"] >= 1.2]),
         ("3 layers", "metric above 'int8'", yes[by["3 layers"]["metric"] > by["int8"]["metric"]])]
     assert "| 3 layers | metric >= 1000 % of the teacher's |" in (runs / "table" / "compression_targets.md").read_text()
+    both = "\n".join((runs / "table" / f).read_text() for f in ("compression.md", "compression_targets.md"))
+    assert (tmp_path / "README.md").read_text() == f"intro\n<!-- table:start -->\n{both.rstrip()}\n<!-- table:end -->\nend\n"
     records = scored_records()
     fp32, small, quant = (load_for_inference(str(d)) for d in (teacher, pruned, int8))
     assert by["teacher"]["params"] == params_of(fp32.model)
@@ -187,10 +191,12 @@ def test_bad_rows_are_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("target,said", [({"row": "int9", "min_speedup_b1": 1.5}, "names row 'int9', which is not"),
                                          ({"row": "t", "beats": "nobody"}, "names row 'nobody', which is not"),
-                                         ({"row": "t"}, "sets no condition")])
+                                         ({"row": "t"}, "sets no condition"),
+                                         (None, "has no '<!-- compress_report:start -->' and")])
 def test_bad_targets_are_one_line_before_anything_runs(tmp_path, capsys, target, said):
     runs = tmp_path / "runs"
-    cfg = {"source": "bbc", "teacher": {"name": "t", "model": "nowhere"}, "rows": [], "targets": [target]}
+    cfg = {"source": "bbc", "teacher": {"name": "t", "model": "nowhere"}, "rows": [], "targets": [target] if target
+           else [], "readme": str(tmp_path / "nothing.md")}
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(cfg))
     assert run_main(["compress-report", "--config", str(config)], runs) == 2

@@ -98,6 +98,16 @@ def test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys):
     assert len(err) == 1 and message in err[0], err
 
 
+def test_a_readme_without_the_plans_markers_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers here\n")
+    assert main(["knowledge-report", str(PLAN), "--readme", str(readme)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no '<!-- knowledge_brown:start -->'" in err[0], err
+    assert readme.read_text() == "# no markers here\n"
+
+
 @pytest.mark.slow
 def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatch, capsys):
     """Two tiny BERTs pre-trained 4 steps (plain MLM and SenseBERT) on a span corpus, exported, probed on hypernymy
@@ -144,6 +154,10 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     sense = yaml.safe_load((runs_dir / "kb_tiny-sensebert-pretrain" / "config.yaml").read_text())
     assert sense["model"]["init_args"]["supersense_input"] is True and sense["trainer"]["max_steps"] == 4
     capsys.readouterr()
-    assert run_main(["knowledge-report", str(path)], runs_dir) == 0
+    readme = tmp_path / "README.md"
+    readme.write_text("# Results\n\n<!-- kb_tiny:start -->\nold\n<!-- kb_tiny:end -->\n\nafter\n")
+    assert run_main(["knowledge-report", str(path), "--readme", str(readme)], runs_dir) == 0
     printed = capsys.readouterr().out
     assert "exit" not in printed and "| SenseBERT |" in printed  # every cell was done: only the table
+    table = (out / "knowledge.md").read_text().rstrip()
+    assert readme.read_text() == f"# Results\n\n<!-- kb_tiny:start -->\n{table}\n<!-- kb_tiny:end -->\n\nafter\n"
