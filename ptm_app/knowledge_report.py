@@ -27,7 +27,7 @@ from unittest import mock
 import yaml
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import has_markers, runs_root, write_between_markers, write_json
+from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
 
 PLAN_KEYS = {"name", "pretrain_args", "task_args", "probe", "link_prediction", "tasks", "models"}
 MODEL_KEYS = {"id", "label", "pretrain", "adapters", "tasks"}
@@ -228,9 +228,8 @@ def knowledge_report_command(argv: list[str]) -> int:
                                          "<!-- <plan name>:start --> and <!-- <plan name>:end -->")
     args = parser.parse_args(argv)
     plan = load_knowledge_plan(args.plan)
-    if args.readme and not has_markers(args.readme, plan["name"]):
-        raise PtmError(f"--readme {args.readme} has no '<!-- {plan['name']}:start -->' and '<!-- {plan['name']}:end "
-                       f"-->' lines; add them where the table goes")
+    if args.readme:
+        require_markers(args.readme, plan["name"])
     unknown = sorted(set(args.only or []) - {m["id"] for m in plan["models"]})
     if unknown:
         raise PtmError(f"--only {' '.join(unknown)}: no such model in {args.plan} "

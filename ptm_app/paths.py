@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,23 +121,36 @@ def atomic_file(target: str | os.PathLike, mode: str = "w", **kwargs: Any) -> It
         raise
 
 
-def has_markers(path: str | os.PathLike, name: str) -> bool:
-    """Does ``path`` exist and hold the ``<!-- name:start -->`` ... ``<!-- name:end -->`` pair?"""
+def _marker_split(text: str, name: str) -> Optional[tuple[str, str, str, str]]:
+    """``(before, start line, end line, after)`` around the ``<!-- name:start/end -->`` section, or None."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    head, found, rest = text.partition(start)
+    _, found_end, tail = rest.partition(end)
+    return (head, start, end, tail) if found and found_end else None
+
+
+def require_markers(path: str | os.PathLike, name: str) -> None:
+    """Refuse, in one line, a document that is missing or has no ``<!-- name:start/end -->`` section (checked
+    before a long report runs, not after)."""
+    from ptm_app.errors import PtmError
+
     path = Path(path)
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    return f"<!-- {name}:start -->" in text and f"<!-- {name}:end -->" in text.partition(f"<!-- {name}:start -->")[2]
+    if not path.is_file():
+        raise PtmError(f"readme {path} not found; give an existing file with the lines '<!-- {name}:start -->' and "
+                       f"'<!-- {name}:end -->' where the table goes")
+    if _marker_split(path.read_text(encoding="utf-8"), name) is None:
+        raise PtmError(f"readme {path} has no '<!-- {name}:start -->' and '<!-- {name}:end -->' lines; add them "
+                       f"where the table goes")
 
 
 def write_between_markers(path: str | os.PathLike, name: str, text: str) -> bool:
     """Replace what stands between the lines ``<!-- name:start -->`` and ``<!-- name:end -->`` of ``path`` (a README)
     with ``text``, atomically: generated tables go into documents without being typed.  False when ``path`` lacks the
     markers (nothing is written)."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    old = Path(path).read_text(encoding="utf-8")
-    head, found, rest = old.partition(start)
-    _, found_end, tail = rest.partition(end)
-    if not (found and found_end):
+    split = _marker_split(Path(path).read_text(encoding="utf-8"), name)
+    if split is None:
         return False
+    head, start, end, tail = split
     with atomic_file(path, "w", encoding="utf-8") as fh:
         fh.write(f"{head}{start}\n{text.rstrip()}\n{end}{tail}")
     return True

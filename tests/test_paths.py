@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
-from ptm_app.paths import has_markers, replace_dir, restore_replaced, write_between_markers
+import pytest
+
+from ptm_app.errors import PtmError
+from ptm_app.paths import replace_dir, require_markers, restore_replaced, write_between_markers
 
 
 def test_replace_dir_swaps_whole_directories_and_files(tmp_path):
@@ -38,7 +41,9 @@ def test_a_crash_between_the_renames_is_undone_by_the_reader(tmp_path):
 def test_write_between_markers_replaces_only_the_named_section(tmp_path):
     doc = tmp_path / "README.md"
     doc.write_text("a\n<!-- t:start -->\nold\nlines\n<!-- t:end -->\nb\n<!-- u:start -->\nkeep\n<!-- u:end -->\n")
-    assert has_markers(doc, "t") and has_markers(doc, "u") and not has_markers(doc, "v")
+    require_markers(doc, "t"), require_markers(doc, "u")
+    with pytest.raises(PtmError, match=r"has no '<!-- v:start -->' and '<!-- v:end -->' lines"):
+        require_markers(doc, "v")
     assert write_between_markers(doc, "t", "| x |\n|---|\n| 1 |\n\n")
     assert doc.read_text() == ("a\n<!-- t:start -->\n| x |\n|---|\n| 1 |\n<!-- t:end -->\nb\n<!-- u:start -->\nkeep\n"
                                "<!-- u:end -->\n")
@@ -46,5 +51,8 @@ def test_write_between_markers_replaces_only_the_named_section(tmp_path):
     assert not write_between_markers(doc, "v", "nothing")
     assert doc.read_text() == before
     doc.write_text("<!-- w:end -->\n<!-- w:start -->\n")  # the end before the start is no section
-    assert not has_markers(doc, "w") and not write_between_markers(doc, "w", "x")
-    assert not has_markers(tmp_path / "missing.md", "t")
+    assert not write_between_markers(doc, "w", "x")
+    with pytest.raises(PtmError, match="has no"):
+        require_markers(doc, "w")
+    with pytest.raises(PtmError, match=r"missing.md not found"):
+        require_markers(tmp_path / "missing.md", "t")

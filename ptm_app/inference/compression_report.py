@@ -31,7 +31,7 @@ from typing import Literal, Optional
 import torch
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import has_markers, runs_root, write_between_markers, write_json
+from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
 
 COLUMNS = ["model", "params", "nonzero_params", "size_mb", "latency_b1_ms", "latency_b32_ms", "speedup_b1",
            "speedup_b32", "metric", "metric_pct_of_teacher", "exit_layer"]
@@ -86,7 +86,7 @@ def check_targets(targets: list[CompressionTarget], names: list[str]) -> None:
             if name is not None and name not in names:
                 raise PtmError(f"compression target names row {name!r}, which is not in the report; use one of "
                                f"{names}")
-        if all(v is None for k, v in asdict(t).items() if k not in ("row",)):
+        if all(v is None for k, v in asdict(t).items() if k != "row"):
             raise PtmError(f"compression target for {t.row!r} sets no condition; set min_metric_pct, "
                            f"max_metric_drop, min_speedup_b1, min_speedup_b32 or beats")
 
@@ -307,10 +307,9 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         raise PtmError(f"repeats: {repeats}; time at least 1 round")
     everything = [teacher, *rows]
     check_targets(targets, [row.name for row in everything])
-    section = Path(output_dir).name if output_dir else run_name
-    if readme and not has_markers(readme, section):
-        raise PtmError(f"readme {readme} has no '<!-- {section}:start -->' and '<!-- {section}:end -->' lines; add "
-                       f"them where the table goes")
+    out = Path(output_dir) if output_dir else runs_root() / run_name
+    if readme:
+        require_markers(readme, out.name)
     for row in everything:
         if row.make:
             make_steps(row)  # a malformed command is refused before anything runs
@@ -347,7 +346,6 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
                  speedup_b1=round(t0["batch_1"] / t["batch_1"], 3),
                  speedup_b32=round(t0["batch_32"] / t["batch_32"], 3),
                  metric_pct_of_teacher=round(100.0 * r["metric"] / base["metric"], 2) if base["metric"] else None)
-    out = Path(output_dir) if output_dir else runs_root() / run_name
     write_json(out / "settings.json", {**resolved, "threads": torch.get_num_threads(), "examples_scored":
                                        len(records), "labels": labels,
                                        "resolved": {row.name: locate(row) for row in everything}})
@@ -362,7 +360,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
                                   out / "compression_targets", f"Targets ({source})"))
         print("\n" + tables[-1].read_text(encoding="utf-8"), end="")
     if readme:
-        write_between_markers(readme, section, "\n".join(t.read_text(encoding="utf-8") for t in tables))
+        write_between_markers(readme, out.name, "\n".join(t.read_text(encoding="utf-8") for t in tables))
     return out
 
 

@@ -192,7 +192,7 @@ def test_bad_rows_are_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("target,said", [({"row": "int9", "min_speedup_b1": 1.5}, "names row 'int9', which is not"),
                                          ({"row": "t", "beats": "nobody"}, "names row 'nobody', which is not"),
                                          ({"row": "t"}, "sets no condition"),
-                                         (None, "has no '<!-- compress_report:start -->' and")])
+                                         (None, "nothing.md not found")])
 def test_bad_targets_are_one_line_before_anything_runs(tmp_path, capsys, target, said):
     runs = tmp_path / "runs"
     cfg = {"source": "bbc", "teacher": {"name": "t", "model": "nowhere"}, "rows": [], "targets": [target] if target
