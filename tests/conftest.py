@@ -107,6 +107,25 @@ def assert_resumes_exactly(argv: list[str], runs: Path, stop: int, steps: int) -
         assert part[step] == pytest.approx(full[step], rel=1e-5, abs=1e-6), step
 
 
+def worker_threads() -> int:
+    """Intra-op threads for one pytest-xdist worker: the cores this process may use shared among the workers
+    (at least 1).  Two workers with torch's default of one thread per core oversubscribe the cores, and OpenMP's
+    spinning threads then run a step up to 10x slower than alone; a lone process keeps the default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker (and the processes its tests start, through ``OMP_NUM_THREADS``) uses its
+    share of the cores: see ``worker_threads``."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        import torch
+
+        threads = worker_threads()
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module of tiny models (threads only add contention on 2 shared cores);

@@ -25,6 +25,7 @@ from ptm_app.errors import PtmError
 from ptm_app.adaptation.policies import Delta
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec, transformers_model
+from ptm_app.objectives.heads import logits_at
 from ptm_app.training.optim import OptimConfig
 
 NO_FIT = ("InContextEvalModule takes no gradient steps (in-context learning, Brown et al. 2020 §2): "
@@ -216,10 +217,10 @@ class PromptClassifierModule(_LabelScoringModule):
         return inputs
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """Label scores [B, C] from the MLM logits at each row's mask (after the soft prompt's positions)."""
-        logits = self.backbone(**self.model_inputs(batch)).logits
+        """Label scores [B, C] from the MLM logits at each row's mask (after the soft prompt's positions), the
+        vocabulary projection computed at the mask only."""
         at = batch["mask_positions"] + self.virtual_positions()
-        mask_logits = logits[torch.arange(len(logits), device=logits.device), at].float()
+        mask_logits = logits_at(self.backbone, self.model_inputs(batch), at).float()
         return label_scores(mask_logits, self.label_words(), self.hparams.scoring)
 
 

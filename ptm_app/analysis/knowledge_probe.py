@@ -32,6 +32,7 @@ import torch
 from ptm_app.analysis.knowledge_facts import (SLOT, SUBJECT, WORDNET_RELATIONS, Fact, read_facts, relation_file,
                                              valid_objects)
 from ptm_app.errors import PtmError
+from ptm_app.objectives.heads import logits_at
 from ptm_app.paths import atomic_file, runs_root, write_json
 
 COLUMNS = ["model", "relation", "ranking", "facts", "multi_token", "p_at_1", "p_at_10", "mrr"]
@@ -121,9 +122,12 @@ def masked_scores(lm: LanguageModel, facts: list[Fact], batch_size: int) -> torc
     for start in range(0, len(facts), batch_size):
         texts = [fill(f.template, f.subject).replace(SLOT, tok.mask_token) for f in facts[start:start + batch_size]]
         enc = tok(texts, return_tensors="pt", padding=True)
-        logits = lm.model(**enc).logits
         rows, cols = torch.nonzero(enc["input_ids"] == tok.mask_token_id, as_tuple=True)
-        out.append(torch.log_softmax(logits[rows, cols].float(), dim=-1))
+        if rows.tolist() == list(range(len(texts))):  # one mask per fact (the slot): project only there
+            logits = logits_at(lm.model, dict(enc), cols)
+        else:
+            logits = lm.model(**enc).logits[rows, cols]
+        out.append(torch.log_softmax(logits.float(), dim=-1))
     return torch.cat(out)
 
 

@@ -103,3 +103,27 @@ def masked_lm_forward(model, inputs: dict, labels: torch.Tensor, *, sparse: bool
     logits = head(sequence[selected])
     loss = nn.functional.cross_entropy(logits.float(), labels[selected])
     return MaskedLMOutput(loss, logits, sequence)
+
+
+def logits_at(model, inputs: dict, positions: torch.Tensor) -> torch.Tensor:
+    """``[B, V]`` vocabulary logits of a masked LM at one position per row (PET's ``[MASK]``, Schick & Schütze
+    2021 §3), projecting only those rows onto the vocabulary.
+
+    A forward pre-hook on the model's output embeddings (the ``[H, V]`` decoder, where the cost is) gathers the
+    rows it is given, so the model's own forward runs unchanged, inside a peft wrapper too (prompt tuning's
+    virtual tokens are before the input: ``positions`` count them).  Equal to the dense logits at ``positions``
+    (tests/adaptation/test_prompting.py); a model without output embeddings takes the dense path."""
+    rows = torch.arange(len(positions), device=positions.device)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_output_embeddings()
+    if decoder is None:
+        return model(**inputs).logits[rows, positions]
+
+    def gather(_module, args):
+        return (args[0][rows, positions].unsqueeze(1), *args[1:])
+
+    handle = decoder.register_forward_pre_hook(gather)
+    try:
+        return model(**inputs).logits[:, 0]
+    finally:
+        handle.remove()

@@ -142,9 +142,14 @@ def test_label_scores_are_the_label_words_mlm_logits_at_the_mask(bert_data, scor
     module.tokenizer = tok
     module.eval()
     batch = module.make_collator(tok)([bert_data.datasets["validation"][i] for i in range(4)])
+    projected = []  # the vocabulary projection sees one row per example: the mask's
+    decoder = module.backbone.get_output_embeddings()
+    handle = decoder.register_forward_hook(lambda _m, args, _out: projected.append(tuple(args[0].shape)))
     with torch.no_grad():
         scores = module(batch)
+        handle.remove()
         logits = module.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert projected == [(4, 1, TINY_BERT["hidden_size"])]
     rows_, cols = (batch["input_ids"] == tok.mask_token_id).nonzero(as_tuple=True)
     assert rows_.tolist() == [0, 1, 2, 3] and cols.tolist() == batch["mask_positions"].tolist()
     at_mask = logits[rows_, cols]

@@ -73,6 +73,25 @@ def test_the_filter_is_what_makes_the_second_answer_first(rigged_mlm):
     assert alone[0]["rank"] == 2 and filtered[0]["rank"] == 1
 
 
+def test_masked_scores_equal_the_dense_log_probabilities_at_each_mask(rigged_mlm):
+    """The vocabulary is projected at the mask only (``objectives.heads.logits_at``): the same numbers as the
+    full forward's logits there, for facts of different lengths in one padded batch."""
+    from ptm_app.analysis.knowledge_facts import SLOT, Fact
+    from ptm_app.analysis.knowledge_probe import fill, load_language_model, masked_scores
+
+    lm = load_language_model(str(rigged_mlm))
+    facts = [Fact("kind_of", TEMPLATE, s, "animal") for s in ("dog", "grey wolf of the north", "owl")]
+    tok = lm.tokenizer
+    enc = tok([fill(f.template, f.subject).replace(SLOT, tok.mask_token) for f in facts], return_tensors="pt",
+              padding=True)
+    with torch.no_grad():
+        dense = lm.model(**enc).logits
+    rows, cols = torch.nonzero(enc["input_ids"] == tok.mask_token_id, as_tuple=True)
+    assert len(set(cols.tolist())) > 1  # the masks sit at different positions
+    expected = torch.log_softmax(dense[rows, cols].float(), dim=-1)
+    assert torch.allclose(masked_scores(lm, facts, batch_size=3), expected, atol=1e-5)
+
+
 def test_a_masked_lm_without_a_trained_head_is_refused(tiny_bert_dir, tmp_path, capsys):
     facts = write_jsonl(tmp_path / "kind_of.jsonl", _facts([("dog", "animal")]))
     assert run_main(["knowledge-probe", "--models", str(tiny_bert_dir), "--relations", str(facts)], tmp_path) == 2
