@@ -118,6 +118,7 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
 
     hparams = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in ("backbone", "backbone_config",
                                                                               "init_from", "_instantiator")}
+    hparams.update(ckpt[CKPT_KEY].get("export_hparams", {}))  # settings the export made part of the weights
     if extra:
         save_file(extra, str(directory / MODULE_WEIGHTS))
     (directory / MODULE_CONFIG).write_text(json.dumps({"module": ckpt[CKPT_KEY]["module"], "hparams": hparams,

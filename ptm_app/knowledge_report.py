@@ -8,7 +8,10 @@ cloze of one WordNet relation (``analysis.knowledge_probe``: P@1 over the vocabu
 from that export.  A model without ``pretrain`` is fine-tuned from the tasks' configs as they are (MiniLM); one with
 ``adapters`` first trains each named adapter (K-Adapter: ``knowledge.k_adapter``) and runs its own ``tasks`` configs
 with those runs as its adapters.  Every run is a sweep cell (``sweep.run_cell``): run directory
-``<plan>-<model>-<cell>``, resumed from ``last.ckpt`` when interrupted, skipped when it has test metrics.
+``<plan>-<model>-<cell>``, resumed from ``last.ckpt`` when interrupted, skipped when it has test metrics and was
+made by the same recipe (``cell.json``: config, arguments and, for a task, the fingerprint of the pre-training or
+adapters it started from); a changed recipe runs again, and the table leaves out any number made from an earlier
+pre-training.  Pre-trainings are tested on ``last.ckpt``, the checkpoint their export is made from.
 
 The table is ``<runs>/<plan>/knowledge.md`` (+ ``.csv``, ``.json``) and ``knowledge_runs.json`` names the run
 directory and metric key behind every cell; a cell that does not apply to its row (link prediction without relation
@@ -31,7 +34,6 @@ from ptm_app.paths import require_markers, runs_root, write_between_markers, wri
 
 PLAN_KEYS = {"name", "pretrain_args", "task_args", "probe", "link_prediction", "tasks", "models"}
 MODEL_KEYS = {"id", "label", "pretrain", "adapters", "tasks"}
-LINK_METRICS = ("mrr", "hits@10")
 
 
 def load_knowledge_plan(path: str | Path) -> dict:
@@ -79,8 +81,8 @@ def cells(plan: dict, model: dict) -> list[tuple[dict, list[str]]]:
     out, task_args = [], [str(a) for a in plan.get("task_args") or []]
     task_configs = {task: spec["config"] for task, spec in plan["tasks"].items()}
     extra: list[str] = []
-    if model.get("pretrain"):
-        out.append(({"name": f"{model['id']}/pretrain", "config": model["pretrain"]},
+    if model.get("pretrain"):  # tested on the checkpoint the tasks start from (the export of last.ckpt)
+        out.append(({"name": f"{model['id']}/pretrain", "config": model["pretrain"], "test_ckpt": "last"},
                     [str(a) for a in plan.get("pretrain_args") or []]))
         export = str(run_dir(plan, model, "pretrain") / "export")
         extra = ["--model.init_args.backbone", export, "--data.init_args.tokenizer", json.dumps({"pretrained": export})]
@@ -100,26 +102,35 @@ def cells(plan: dict, model: dict) -> list[tuple[dict, list[str]]]:
 def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
     """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
     probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
-    from ptm_app.sweep import is_done, run_cell
+    from ptm_app.sweep import cell_fingerprint, is_done, record_cell, run_cell
 
     failed = []
     models = [m for m in plan["models"] if not only or m["id"] in only]
     todo = [(m, cell, common) for m in models for cell, common in cells(plan, m)]
+    upstream: dict[str, list[str]] = {}  # per model: the fingerprints of its pre-training or adapters
     for i, (model, cell, common) in enumerate(todo, 1):
         where = runs_root() / f"{plan['name']}-{cell['name'].replace('/', '-')}"  # sweep.run_name's directory
         if any(f.startswith(f"{model['id']}/") for f in failed):
             continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
-        if not is_done(where):
+        cell_plan = {"name": plan["name"], "common": common, "test": True}
+        first = cell["name"].endswith("/pretrain") or "/adapter_" in cell["name"]
+        starts_from = [] if first else upstream.get(model["id"], [])
+        fingerprint = cell_fingerprint(cell_plan, cell, starts_from)
+        if first:
+            upstream.setdefault(model["id"], []).append(fingerprint)
+        if not is_done(where, fingerprint):
             start = time.monotonic()
             print(f"[{i}/{len(todo)}] {cell['name']}: {cell['config']}", flush=True)
             with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when given args beside sys.argv's
-                code = run_cell({"name": plan["name"], "common": common, "test": True}, cell)
+                code = run_cell(cell_plan, cell, upstream=starts_from)
             print(f"[{i}/{len(todo)}] {cell['name']}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
             if code == 143:
                 raise PtmError(f"knowledge-report stopped by SIGTERM in {cell['name']}; run it again to continue")
             if code:
                 failed.append(cell["name"])
                 continue
+        else:
+            record_cell(where, fingerprint, cell, starts_from)  # a run from before fingerprints: adopted
         if cell["name"].endswith("/pretrain"):
             export_once(where)
     probe_models(plan, [m for m in models if m.get("pretrain") and f"{m['id']}/pretrain" not in failed])
@@ -148,10 +159,14 @@ def probe_models(plan: dict, models: list[dict]) -> None:
     from ptm_app.analysis.knowledge_facts import read_facts, relation_file, valid_objects
     from ptm_app.analysis.knowledge_probe import load_language_model, sample_facts, score_relation, summaries
 
+    from ptm_app.sweep import recorded_fingerprint
+
     settings = {"relation": "hypernym", "facts": 200, "seed": 0, **(plan.get("probe") or {})}
     path = probe_file(plan)
     results = json.loads(path.read_text()) if path.is_file() else {}
-    models = [m for m in models if m["id"] not in results]
+    made_by = {m["id"]: recorded_fingerprint(run_dir(plan, m, "pretrain")) for m in models}
+    models = [m for m in models if m["id"] not in results or not probe_is_current(results[m["id"]], settings,
+                                                                                    made_by[m["id"]])]
     if not models:
         return
     facts = read_facts(relation_file(settings["relation"]))
@@ -163,8 +178,13 @@ def probe_models(plan: dict, models: list[dict]) -> None:
         relation = sample[0].relation
         row = next(r for r in summaries(lm.name, scored, {relation: skipped})
                    if r["relation"] == relation and r["ranking"] == "vocabulary")
-        results[model["id"]] = {**row, "export": str(export), **settings}
+        results[model["id"]] = {**row, "export": str(export), "pretrain": made_by[model["id"]], **settings}
         write_json(path, results)
+
+
+def probe_is_current(result: dict, settings: dict, pretrain: Optional[str]) -> bool:
+    """A stored probe result is of this pre-training's export, with the plan's probe settings."""
+    return result.get("pretrain") == pretrain and all(result.get(k) == v for k, v in settings.items())
 
 
 def summary_metrics(run: Path) -> dict:
@@ -172,26 +192,39 @@ def summary_metrics(run: Path) -> dict:
     return json.loads(summary.read_text()).get("metrics", {}) if summary.is_file() else {}
 
 
+def made_from(run: Path) -> Optional[list[str]]:
+    """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
+    path = run / "cell.json"
+    return json.loads(path.read_text()).get("upstream") if path.is_file() else None
+
+
 def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
-    """Rows, columns, and per row and column the run directory and metric key the number came from."""
+    """Rows, columns, and per row and column the run directory and metric key the number came from.  A probe or a
+    task run made from an earlier pre-training (or adapters) than the row's current one is left out: stale."""
+    from ptm_app.sweep import recorded_fingerprint
+
     link = plan.get("link_prediction", "test")
-    columns = ["model", "link MRR", "link Hits@10", f"{(plan.get('probe') or {}).get('relation', 'hypernym')} P@1",
+    links = {"link MRR": f"test/{link}/mrr", "link Hits@10": f"test/{link}/hits@10",
+             "link MRR, unseen entities": f"test/inductive/{link}/mrr"}  # transductive, then inductive
+    columns = ["model", *links, f"{(plan.get('probe') or {}).get('relation', 'hypernym')} P@1",
                *[spec["column"] for spec in plan["tasks"].values()]]
     probes = json.loads(probe_file(plan).read_text()) if probe_file(plan).is_file() else {}
     rows, sources = [], {}
     for model in plan["models"]:
         label = model.get("label") or model["id"]
         row, where = {"model": label}, {}
+        firsts = ["pretrain"] if model.get("pretrain") else [f"adapter_{a}" for a in model.get("adapters") or {}]
+        current = [recorded_fingerprint(run_dir(plan, model, cell)) for cell in firsts]
         if model.get("pretrain"):
             run = run_dir(plan, model, "pretrain")
             metrics = summary_metrics(run)
-            for column, metric in zip(columns[1:3], LINK_METRICS):
-                key = f"test/{link}/{metric}"
+            for column, key in links.items():
                 if key in metrics:
                     row[column], where[column] = metrics[key], {"run": str(run), "metric": key}
-            if model["id"] in probes:
-                row[columns[3]] = probes[model["id"]]["p_at_1"]
-                where[columns[3]] = {"probe": str(probe_file(plan)), "export": probes[model["id"]]["export"],
+            probe_column = columns[len(links) + 1]
+            if model["id"] in probes and probes[model["id"]].get("pretrain") == current[0]:
+                row[probe_column] = probes[model["id"]]["p_at_1"]
+                where[probe_column] = {"probe": str(probe_file(plan)), "export": probes[model["id"]]["export"],
                                      "facts": probes[model["id"]]["facts"]}
         runs_tasks = model.get("tasks") or plan["tasks"]
         for task, spec in plan["tasks"].items():
@@ -199,7 +232,7 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
                 continue
             run = run_dir(plan, model, task)
             key = f"test/{spec['metric']}"
-            value = summary_metrics(run).get(key)
+            value = summary_metrics(run).get(key) if made_from(run) in (None, current) else None
             if value is not None:
                 row[spec["column"]], where[spec["column"]] = value, {"run": str(run), "metric": key}
         rows.append(row)

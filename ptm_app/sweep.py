@@ -5,23 +5,29 @@ A plan is YAML: ``name`` (run directories are ``<name>-<cell>``), ``common`` (ar
 test, e.g. a step budget), ``test: true`` to test each cell's best checkpoint (``last`` for cells that do not
 fit), and ``cells``: ``{name, config, args, fit}`` each (``fit: false`` for zero-shot cells that only test).
 A cell whose run directory already has test metrics is skipped and an interrupted fit resumes exactly from its
-``last.ckpt``, so a stopped sweep (Ctrl-C, SIGTERM) continues where it stopped; ``--force`` reruns from scratch.  The table is ``<runs>/<name>.md`` and ``.csv``, built from the runs'
-``summary.json`` files.
+``last.ckpt``, so a stopped sweep (Ctrl-C, SIGTERM) continues where it stopped; ``--force`` reruns from scratch.
+Each run directory records what made it (``cell.json``: a hash of the config file's text, the arguments and the
+cells it starts from); a cell whose config or arguments changed since is not skipped or resumed but run afresh,
+its old directory kept beside it as ``<run>.stale-N``.  The table is ``<runs>/<name>.md`` and ``.csv``, built from
+the runs' ``summary.json`` files.
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Optional, Sequence
 
 import yaml
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root
+from ptm_app.paths import runs_root, write_json
 
-CELL_KEYS = {"name", "config", "args", "fit"}
+CELL_KEYS = {"name", "config", "args", "fit", "test_ckpt"}
+CELL_FILE = "cell.json"
 
 
 def load_plan(path: str | Path) -> dict:
@@ -37,7 +43,7 @@ def load_plan(path: str | Path) -> dict:
         bad = set(cell) - CELL_KEYS
         if bad or "name" not in cell or "config" not in cell:
             raise PtmError(f"sweep plan {path}: cell {cell.get('name', '?')} needs 'name' and 'config' "
-                           f"(optional 'args', 'fit'); unknown keys: {sorted(bad) or 'none'}")
+                           f"(optional 'args', 'fit', 'test_ckpt'); unknown keys: {sorted(bad) or 'none'}")
         if not Path(cell["config"]).is_file():
             raise PtmError(f"sweep plan {path}: cell {cell['name']}: config {cell['config']} not found")
     return plan
@@ -47,26 +53,69 @@ def run_name(plan: dict, cell: dict) -> str:
     return f"{plan['name']}-{cell['name'].replace('/', '-')}"
 
 
-def is_done(run_dir: Path) -> bool:
+def is_done(run_dir: Path, fingerprint: Optional[str] = None) -> bool:
+    """The run has test metrics (and, given ``fingerprint``, was made by that recipe: ``recorded_fingerprint``)."""
     summary = run_dir / "summary.json"
-    return summary.is_file() and any(k.startswith("test/") for k in json.loads(summary.read_text()).get("metrics", {}))
+    tested = summary.is_file() and any(k.startswith("test/")
+                                       for k in json.loads(summary.read_text()).get("metrics", {}))
+    return tested and (fingerprint is None or recorded_fingerprint(run_dir) in (None, fingerprint))
 
 
-def run_cell(plan: dict, cell: dict, fresh: bool = False) -> int:
-    """Fit (resuming an interrupted fit from its ``last.ckpt`` unless ``fresh``), then test."""
+def cell_fingerprint(plan: dict, cell: dict, upstream: Sequence[str] = ()) -> str:
+    """What makes a cell's run: its config file's text, the plan's and the cell's arguments, whether it fits and
+    which checkpoint it tests, and the fingerprints of the cells it starts from (``upstream``: a pre-training
+    whose export it fine-tunes), hashed."""
+    recipe = {"config": Path(cell["config"]).read_text(encoding="utf-8"),
+              "args": [str(a) for a in [*(plan.get("common") or []), *(cell.get("args") or [])]],
+              "fit": cell.get("fit", True), "test_ckpt": cell.get("test_ckpt"), "upstream": list(upstream)}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def recorded_fingerprint(run_dir: Path) -> Optional[str]:
+    """The fingerprint in ``<run>/cell.json``; None for a directory made before sweeps recorded one (trusted)."""
+    path = run_dir / CELL_FILE
+    return json.loads(path.read_text()).get("fingerprint") if path.is_file() else None
+
+
+def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[str] = ()) -> None:
+    """Write ``<run>/cell.json`` unless it is there (a directory from before fingerprints is adopted as it is)."""
+    if not (run_dir / CELL_FILE).is_file():
+        write_json(run_dir / CELL_FILE, {"fingerprint": fingerprint, "cell": cell, "upstream": list(upstream)})
+
+
+def set_aside_if_stale(run_dir: Path, fingerprint: str) -> Optional[Path]:
+    """Move a run directory made by another recipe to ``<run>.stale-N`` (kept, never deleted); returns where."""
+    if recorded_fingerprint(run_dir) in (None, fingerprint):
+        return None
+    n = 1
+    while run_dir.with_name(f"{run_dir.name}.stale-{n}").exists():
+        n += 1
+    return run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{n}"))
+
+
+def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str] = ()) -> int:
+    """Fit (resuming an interrupted fit of the same recipe from its ``last.ckpt`` unless ``fresh``), then test the
+    ``best`` checkpoint (``cell['test_ckpt']`` to choose another, e.g. ``last``)."""
     from ptm_app.cli import run_lightning
     from ptm_app.config_errors import guarded
 
     name, common = run_name(plan, cell), [str(a) for a in plan.get("common") or []]
     base = ["--config", cell["config"], *common, *[str(a) for a in cell.get("args") or []], "--run_name", name]
+    fingerprint, run_dir = cell_fingerprint(plan, cell, upstream), runs_root() / name
+    moved = set_aside_if_stale(run_dir, fingerprint)
+    if moved is not None:
+        print(f"{cell['name']}: its config or arguments changed since {run_dir.name} ran; that run is kept as "
+              f"{moved.name} and the cell runs afresh", flush=True)
+    record_cell(run_dir, fingerprint, cell, upstream)
     fits = cell.get("fit", True)
     if fits:
-        resume = not fresh and (runs_root() / name / "checkpoints" / "last.ckpt").exists()
+        resume = not fresh and moved is None and (run_dir / "checkpoints" / "last.ckpt").exists()
         code = guarded(run_lightning, ["fit", *base, *(["--ckpt_path", "last"] if resume else [])])
         if code:
             return code
     if plan.get("test", True):
-        return guarded(run_lightning, ["test", *base, *(["--ckpt_path", "best"] if fits else [])])
+        return guarded(run_lightning, ["test", *base, *(["--ckpt_path", cell.get("test_ckpt", "best")] if fits
+                                                        else [])])
     return 0
 
 
@@ -84,9 +133,11 @@ def sweep_command(argv: list[str]) -> int:
     failed = []
     for i, cell in enumerate(cells, 1):
         run_dir = runs_root() / run_name(plan, cell)
-        done = is_done(run_dir)
+        fingerprint = cell_fingerprint(plan, cell)
+        done = is_done(run_dir, fingerprint)
         if args.list:
-            print(f"{cell['name']:40s} {'done' if done else 'todo'}  {run_dir}")
+            stale = recorded_fingerprint(run_dir) not in (None, fingerprint)
+            print(f"{cell['name']:40s} {'done' if done else 'stale' if stale else 'todo'}  {run_dir}")
             continue
         if done and not args.force:
             print(f"[{i}/{len(cells)}] {cell['name']}: done, skipped")

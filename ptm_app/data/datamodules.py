@@ -214,8 +214,10 @@ class PretrainDataModule(_Base):
             Full blocks without cross-document attention (Krell et al. 2021).
         holdout: fraction of documents held out for validation perplexity when the source has no validation split.
         limit_documents: use only the first N training documents (quick runs).
-        examples: ``blocks`` (packed token blocks) or ``nsp``/``sop`` sentence pairs; by default what the
-            LightningModule asks for (its ``example_format``).
+        examples: ``blocks`` (packed token blocks), ``nsp``/``sop`` sentence pairs, or ``knowledge_spans``
+            (whole sentences of one document per block, padded: what ERNIE and SenseBERT read from a span corpus
+            such as ``brown_spans``, so a plain-MLM control can read the same); by default what the LightningModule
+            asks for (its ``example_format``).
         streaming: tokenize with litdata into chunk files on disk (``data.litcorpus``) instead of one in-memory
             cache, so the corpus is bounded by disk, not RAM; blocks are cut by index arithmetic (``data.blocks``).
             By default on when a split's files exceed ``STREAM_ABOVE`` bytes, the source is a glob or a HF
@@ -233,7 +235,8 @@ class PretrainDataModule(_Base):
                  packing: Packing = "pack", batch_size: int = 16,
                  eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
                  holdout: float = 0.05, limit_documents: Optional[int] = None,
-                 examples: Optional[Literal["blocks", "nsp", "sop"]] = None, document_attention: bool = False,
+                 examples: Optional[Literal["blocks", "nsp", "sop", "knowledge_spans"]] = None,
+                 document_attention: bool = False,
                  streaming: Optional[bool] = None, prepare_workers: Optional[int] = None,
                  shard_dir: Optional[str] = None, verify_chunks: bool = False):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)

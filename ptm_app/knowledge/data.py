@@ -162,7 +162,7 @@ class KeplerDataModule(PretrainDataModule):
                  max_length: int = 128, packing: Packing = "pack", batch_size: int = 16,
                  eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
                  holdout: float = 0.05, limit_documents: Optional[int] = None,
-                 examples: Optional[Literal["blocks"]] = None, document_attention: bool = False,
+                 examples: Optional[Literal["blocks", "knowledge_spans"]] = None, document_attention: bool = False,
                  streaming: Optional[bool] = None, prepare_workers: Optional[int] = None,
                  shard_dir: Optional[str] = None, graph: str = "wordnet_kg", relations: Optional[list[str]] = None,
                  entity_text: EntityText = "names_gloss", description_length: int = 64, kg_batch_size: int = 16,

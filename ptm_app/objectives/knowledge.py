@@ -8,15 +8,17 @@ words not in WordNet (``A(w)`` empty) take no part.
 
 At the input (§3.2, "supersense aware input embeddings") a word's vector is ``(W + S M) x + p``: ``M`` maps the
 word to its allowed supersenses and ``S`` is the supersense embedding matrix, the same one that scores the
-supersenses at the output (tied, as BERT ties ``W``).  Here ``M x`` is read from the corpus annotation (the
-word's ``A(w)`` at its first sub-token); a masked word's input is ``[MASK]``, which has no supersenses.
+supersenses at the output (tied, as BERT ties ``W``).  ``M`` is a table over the vocabulary, as in the paper: a
+token that is a whole word maps to its ``A(w)``, word pieces and special tokens (``[MASK]`` included) to nothing;
+``vocabulary_senses`` reads it once from the corpus annotation.  The input term is then a function of the token
+id, so export folds it into the word-embedding table (``backbones.from_checkpoint.fold_sense_input``) and the
+exported model is a plain transformers model with the same inputs as in training.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.sources.wordnet import LEXNAMES
 
 NUM_SUPERSENSES = len(LEXNAMES)  # 45: 26 noun, 15 verb, 3 adjective and 1 adverb files
@@ -40,11 +42,24 @@ def allowed_from_masks(masks: torch.Tensor, num_supersenses: int = NUM_SUPERSENS
     return ((masks.unsqueeze(-1) >> bits) & 1).bool()
 
 
-def input_word_senses(input_ids: torch.Tensor, labels: torch.Tensor, senses: torch.Tensor) -> torch.Tensor:
-    """``M x`` as bit masks: the word's ``A(w)`` where the input still holds the original token, 0 where the
-    collator replaced it (``[MASK]``, or a random token whose senses the annotation does not give)."""
-    original = (labels == IGNORE_INDEX) | (input_ids == labels)
-    return senses * original
+def vocabulary_senses(ids, senses, line_offsets, word_start, vocab_size: int) -> torch.Tensor:
+    """SenseBERT's ``M`` as ``[vocab_size]`` int64 bit masks: for every token that stands alone as a word of the
+    corpus (an annotated first sub-token followed by a word start or the end of its sentence), the ``A(w)`` the
+    annotation gives it (the union, should two surface forms normalise to one token); 0 for the rest.
+
+    ``ids``/``senses``: the corpus's tokens and their annotation (``data.knowledge_spans``); ``line_offsets``:
+    sentence boundaries; ``word_start``: per vocabulary id, whether the token begins a word."""
+    import numpy as np
+
+    ids, senses = np.asarray(ids, np.int64), np.asarray(senses, np.int64)
+    next_starts = np.ones(len(ids), bool)
+    next_starts[:-1] = np.asarray(word_start, bool)[ids[1:]]
+    ends = np.asarray(line_offsets, np.int64)[1:] - 1
+    next_starts[ends[(ends >= 0) & (ends < len(ids))]] = True
+    alone = (senses != 0) & next_starts
+    table = np.zeros(vocab_size, np.int64)
+    np.bitwise_or.at(table, ids[alone], senses[alone])
+    return torch.from_numpy(table)
 
 
 def sense_aware_embeddings(word_embeddings: torch.Tensor, senses: torch.Tensor,

@@ -14,11 +14,12 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.errors import PtmError
 from ptm_app.objectives.knowledge import (SupersenseHead, allowed_from_masks, allowed_senses_losses,
-                                          input_word_senses, sense_aware_embeddings)
+                                          sense_aware_embeddings, vocabulary_senses)
 from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.training.module import weighted_mean_update
@@ -108,6 +109,9 @@ class MaskedLMModule(LanguageModelModule):
             if self.supersense_objective:
                 heads["supersense"] = SupersenseHead(hidden)
             self.heads = nn.ModuleDict(heads)
+        if self.supersense_input and not hasattr(self, "word_senses"):  # SenseBERT's M (``vocabulary_senses``)
+            vocab = self.backbone.get_input_embeddings().num_embeddings
+            self.register_buffer("word_senses", torch.zeros(vocab, dtype=torch.long, device=self.device))
 
     def make_collator(self, tokenizer, seed: int = 0) -> MLMCollator:
         if tokenizer.mask_token_id is None:
@@ -144,14 +148,38 @@ class MaskedLMModule(LanguageModelModule):
         return {**batch, **views[LEVELS[self.knowledge_stage()]]}
 
     def model_inputs(self, batch: dict) -> dict:
-        """With ``supersense_input``, the sense-aware input embeddings in place of the token ids."""
+        """With ``supersense_input``, the sense-aware input embeddings ``(W + S M) x`` in place of the token ids."""
         inputs = super().model_inputs(batch)
-        if not (self.supersense_input and "senses" in batch):
+        if not self.supersense_input:
             return inputs
-        word = self.backbone.get_input_embeddings()(inputs.pop("input_ids"))
-        senses = input_word_senses(batch["input_ids"], batch["labels"], batch["senses"])
-        inputs["inputs_embeds"] = sense_aware_embeddings(word, senses, self.heads["supersense"].classifier.weight)
+        ids = inputs.pop("input_ids")
+        word = self.backbone.get_input_embeddings()(ids)
+        inputs["inputs_embeds"] = sense_aware_embeddings(word, self.word_senses[ids],
+                                                         self.heads["supersense"].classifier.weight)
         return inputs
+
+    def on_fit_start(self) -> None:
+        """SenseBERT's ``M`` from the training corpus's annotation, once (a resumed run restores it)."""
+        super().on_fit_start()
+        if self.supersense_input and not self.word_senses.any():
+            dataset = self.data_facts.train_examples() if self.data_facts is not None else None
+            corpus = getattr(dataset, "corpus", None)
+            if corpus is None:
+                raise PtmError("supersense_objective with supersense_input needs sentence blocks with WordNet senses "
+                               "(source: brown_spans), but the data module built other examples; remove "
+                               "data.init_args.examples")
+            vocab = self.word_senses.numel()
+            table = vocabulary_senses(corpus.ids, corpus.senses, corpus.line_offsets,
+                                      word_start_table(self.tokenizer, vocab), vocab)
+            self.word_senses.copy_(table.to(self.word_senses.device))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.supersense_input:  # export folds (W + S M) into the word table: the plain model needs no M
+            checkpoint[CKPT_KEY]["fold_sense_input"] = {"senses": "word_senses",
+                                                        "matrix": "heads.supersense.classifier.weight"}
+            checkpoint[CKPT_KEY]["training_only"] = ["word_senses"]
+            checkpoint[CKPT_KEY]["export_hparams"] = {"supersense_input": False}
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
         out = masked_lm_forward(self.backbone, self.model_inputs(batch), batch["labels"],

@@ -89,6 +89,17 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     after = json.loads(summary_path.read_text())
     assert after["global_step"] == 2 and "test/acc" in after["metrics"]
     assert (runs / "grid-tiny-bitfit" / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before  # no new steps
+    # a cell whose arguments changed is neither skipped nor resumed: it runs afresh, its old run kept aside
+    plan["cells"][1]["args"] += ["--trainer.max_steps", "3"]
+    path.write_text(yaml.safe_dump(plan))
+    assert run_main(["sweep", str(path), "--list"], runs) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split()[:2] == ["tiny/full", "done"] and listed[1].split()[:2] == ["tiny/bitfit", "stale"]
+    assert run_main(["sweep", str(path)], runs) == 0
+    out = capsys.readouterr().out
+    assert out.count("done, skipped") == 1 and "that run is kept as grid-tiny-bitfit.stale-1" in out
+    assert json.loads(summary_path.read_text())["global_step"] == 3
+    assert json.loads((runs / "grid-tiny-bitfit.stale-1" / "summary.json").read_text())["global_step"] == 2
 
 
 def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):

@@ -119,9 +119,9 @@ def test_allowed_senses_loss_hand_computed():
 
 
 def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
-    """SenseBERT §3.2: the input vector is (W + S M) x + p.  Token 1 (A = {0, 2}) gets W x + S_0 + S_2, token 2
-    (A = {1}) but replaced by [MASK] gets W [MASK] only, token 3 (no WordNet word) W x; S is the supersense
-    head's output matrix, so both sides train it."""
+    """SenseBERT §3.2: the input vector is (W + S M) x + p, M a table over the vocabulary.  Token 11 (A = {0, 2})
+    gets W x + S_0 + S_2; where the collator put [MASK] (12 -> 4) the input is W [MASK] only; token 13 (no WordNet
+    word) W x; S is the supersense head's output matrix, so both sides train it."""
     from ptm_app.objectives.mlm import MaskedLMModule
 
     module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True,
@@ -130,9 +130,9 @@ def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
     S = module.heads["supersense"].classifier.weight  # [45, H]: row s = the embedding of supersense s
     with torch.no_grad():
         S.copy_(torch.arange(45 * 32, dtype=torch.float32).reshape(45, 32) / 1000)
+    module.word_senses[11], module.word_senses[12] = 0b101, 0b010
     batch = {"input_ids": torch.tensor([[2, 11, 4, 13, 3]]), "attention_mask": torch.ones(1, 5, dtype=torch.long),
-             "labels": torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 12, IGNORE_INDEX, IGNORE_INDEX]]),
-             "senses": torch.tensor([[0, 0b101, 0b010, 0, 0]])}
+             "labels": torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 12, IGNORE_INDEX, IGNORE_INDEX]])}
     inputs = module.model_inputs(batch)
     assert "input_ids" not in inputs
     W = module.backbone.get_input_embeddings().weight
@@ -150,6 +150,17 @@ def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
     assert "inputs_embeds" not in plain.model_inputs(batch)
     with pytest.raises(PtmError, match="set supersense_objective: true"):
         MaskedLMModule(backbone_config=TINY_BERT, supersense_input=True)
+
+
+def test_m_is_the_senses_of_tokens_that_stand_alone_as_words():
+    """Two sentences of ids 1 2 ##3 4 | 4 2: token 2 begins a longer word in the first (its annotation belongs to
+    the word 2##3, not to 2) and stands alone in the second; 4 ends both sentences; 1 appears once."""
+    from ptm_app.objectives.knowledge import vocabulary_senses
+
+    word_start = [True, True, True, False, True, True]  # id 3 is a continuation piece
+    ids, senses = [1, 2, 3, 4, 4, 2], [0b1, 0b10, 0, 0b100, 0b100, 0b1000]
+    table = vocabulary_senses(ids, senses, [0, 4, 6], word_start, 6)
+    assert table.tolist() == [0, 0b1, 0b1000, 0, 0b100, 0]
 
 
 # -- prepared sets -------------------------------------------------------------------------------------------------
@@ -318,8 +329,38 @@ def test_recipe_resumes_exactly_and_exports(recipe, tmp_path):
     assert ("val/supersense_acc" in rows) == (recipe == "sensebert_brown")
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
-    assert AutoModelForMaskedLM.from_pretrained(out).config.hidden_size == 32
+    exported = AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert exported.config.hidden_size == 32
     assert sorted(losses(runs / "full")) == list(range(6))
+    if recipe == "sensebert_brown":
+        assert_sense_input_is_folded_into_the_export(runs / "full" / "checkpoints" / "last.ckpt", exported, out)
+
+
+def assert_sense_input_is_folded_into_the_export(ckpt, exported, out):
+    """SenseBERT's M is the corpus's single-token words with their A(w) (word pieces and specials: none); the
+    plain exported model given token ids computes what the module computed from (W + S M) x, and its MLM decoder
+    is still W (untied from the folded input table)."""
+    from transformers import AutoTokenizer
+
+    from ptm_app.objectives.mlm import MaskedLMModule
+
+    module = MaskedLMModule.load_from_checkpoint(ckpt, weights_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    senses = {w: int(module.word_senses[tok.convert_tokens_to_ids(w)]) for w in ("ate", "ice", "cat", "cream")}
+    assert senses == {"ate": 1 << 34, "ice": 1 << 13, "cat": 1 << 5, "cream": 0}
+    assert module.word_senses.count_nonzero() == 3
+    enc = tok(["we ate ice cream in new york .", "the cat sat on the mat ."], return_tensors="pt", padding=True)
+    batch = {**enc, "labels": torch.full_like(enc["input_ids"], IGNORE_INDEX)}
+    with torch.no_grad():
+        inputs = module.model_inputs(batch)
+        assert "inputs_embeds" in inputs
+        trained = module.backbone(**inputs).logits
+        plain = exported(**enc).logits
+        torch.testing.assert_close(plain, trained, atol=1e-5, rtol=1e-5)
+        W = module.backbone.get_input_embeddings().weight
+        assert torch.equal(exported.get_output_embeddings().weight, W)
+        assert not torch.equal(exported.get_input_embeddings().weight, W)
+    assert exported.config.tie_word_embeddings is False
 
 
 # -- LIBERT ---------------------------------------------------------------------------------------------------------

@@ -38,15 +38,16 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
     (runs_dir / "knowledge_brown" / "probe.json").write_text(json.dumps(
         {"mlm": {"p_at_1": 0.125, "facts": 400, "export": "e"}, "kepler": {"p_at_1": 0.25, "facts": 400, "export": "f"}}))
     rows, columns, sources = collect(plan)
-    assert columns == ["model", "link MRR", "link Hits@10", "hypernym P@1", "wordnet_supersense acc",
-                       "wordnet_pairs F1", "Brown POS acc"]
+    assert columns == ["model", "link MRR", "link Hits@10", "link MRR, unseen entities", "hypernym P@1",
+                       "wordnet_supersense acc", "wordnet_pairs F1", "Brown POS acc"]
     assert [r["model"] for r in rows] == ["BERT-small MLM", "BERT-small ERNIE masking", "BERT-small SenseBERT",
                                           "BERT-small LIBERT", "BERT-small KEPLER", "MiniLM fine-tuned",
-                                          "MiniLM + K-Adapter (frozen)"]
+                                          "MiniLM frozen, head on [h]", "MiniLM + K-Adapter (frozen)"]
     by = {r["model"]: r for r in rows}
     assert by["BERT-small MLM"] == {"model": "BERT-small MLM", "hypernym P@1": 0.125, "wordnet_supersense acc": 0.4242}
     assert by["BERT-small KEPLER"] == {"model": "BERT-small KEPLER", "link MRR": 0.0312, "link Hits@10": 0.071,
-                                       "hypernym P@1": 0.25, "Brown POS acc": 0.9111}
+                                       "link MRR, unseen entities": 0.01, "hypernym P@1": 0.25,
+                                       "Brown POS acc": 0.9111}
     assert by["MiniLM + K-Adapter (frozen)"] == {"model": "MiniLM + K-Adapter (frozen)", "wordnet_pairs F1": 0.77}
     assert by["BERT-small ERNIE masking"] == {"model": "BERT-small ERNIE masking"}  # nothing ran: nothing shown
     assert sources["BERT-small KEPLER"]["link MRR"] == {"run": str(runs_dir / "knowledge_brown-kepler-pretrain"),
@@ -54,7 +55,7 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
     assert sources["BERT-small MLM"]["wordnet_supersense acc"]["metric"] == "test/acc"
     md = write_knowledge_report(plan)
     lines = md.read_text().splitlines()
-    assert "| BERT-small KEPLER | 0.0312 | 0.0710 | 0.2500 |  |  | 0.9111 |" in lines
+    assert "| BERT-small KEPLER | 0.0312 | 0.0710 | 0.0100 | 0.2500 |  |  | 0.9111 |" in lines
     assert json.loads(md.with_suffix(".json").read_text())[0]["hypernym P@1"] == 0.125
     assert json.loads((md.parent / "knowledge_runs.json").read_text()) == json.loads(json.dumps(sources))
 
@@ -72,7 +73,7 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
     runs = [(cell["name"], cell["config"]) for model in plan["models"] for cell, _ in cells(plan, model)]
     assert {config for _, config in runs} <= shipped
     names = [name for name, _ in runs]
-    assert len(names) == 5 * 4 + 3 + 4 and names[:4] == ["mlm/pretrain", "mlm/wordnet_supersense",
+    assert len(names) == 5 * 4 + 3 + 2 + 4 and names[:4] == ["mlm/pretrain", "mlm/wordnet_supersense",
                                                          "mlm/wordnet_pairs", "mlm/brown_pos"]
     assert names[-4:] == ["minilm_k_adapter/adapter_factual", "minilm_k_adapter/adapter_linguistic",
                           "minilm_k_adapter/wordnet_supersense", "minilm_k_adapter/wordnet_pairs"]
@@ -142,7 +143,8 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     out = runs_dir / "kb_tiny"
     rows = json.loads((out / "knowledge.json").read_text())
     assert [r["model"] for r in rows] == ["MLM", "SenseBERT"]
-    assert set(rows[0]) == {"model", "link MRR", "link Hits@10", "hypernym P@1", "supersense acc"}
+    assert set(rows[0]) == {"model", "link MRR", "link Hits@10", "link MRR, unseen entities", "hypernym P@1",
+                            "supersense acc"}
     probes = json.loads((out / "probe.json").read_text())
     for row, key in zip(rows, ("mlm", "sensebert")):
         metrics = json.loads((runs_dir / f"kb_tiny-{key}-wordnet_supersense" / "summary.json").read_text())["metrics"]
@@ -161,3 +163,23 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     assert "exit" not in printed and "| SenseBERT |" in printed  # every cell was done: only the table
     table = (out / "knowledge.md").read_text().rstrip()
     assert readme.read_text() == f"# Results\n\n<!-- kb_tiny:start -->\n{table}\n<!-- kb_tiny:end -->\n\nafter\n"
+
+
+def test_numbers_from_an_earlier_pretraining_are_left_out(runs_dir, monkeypatch):
+    """Every run records what made it (cell.json); a task run or a probe made from another pre-training than the
+    row's current one (its recipe changed and it ran again) is stale and shows nothing."""
+    from ptm_app.knowledge_report import collect, load_knowledge_plan
+
+    monkeypatch.chdir(ROOT)
+    plan = load_knowledge_plan(PLAN)
+    pretrain = runs_dir / "knowledge_brown-mlm-pretrain"
+    write_summary(pretrain, {"test/loss": 5.1})
+    (pretrain / "cell.json").write_text(json.dumps({"fingerprint": "new"}))
+    for task, made_from in (("wordnet_supersense", ["new"]), ("wordnet_pairs", ["old"])):
+        write_summary(runs_dir / f"knowledge_brown-mlm-{task}", {"test/acc": 0.5, "test/f1": 0.25})
+        (runs_dir / f"knowledge_brown-mlm-{task}" / "cell.json").write_text(json.dumps({"upstream": made_from}))
+    (runs_dir / "knowledge_brown").mkdir()
+    (runs_dir / "knowledge_brown" / "probe.json").write_text(json.dumps(
+        {"mlm": {"p_at_1": 0.125, "facts": 400, "export": "e", "pretrain": "old"}}))
+    row = collect(plan)[0][0]
+    assert row == {"model": "BERT-small MLM", "wordnet_supersense acc": 0.5}
