@@ -9,8 +9,10 @@ rows' order: ``make compress``).  For each row, all in one process:
 
 * parameters (int8 weights counted as weights) and non-zero parameters, the weights' size on disk (the int8
   safetensors file of a quantized directory, else the safetensors of the model and any off-ramps);
-* CPU latency at batch 1 and batch 32: the median of ``repeats`` forwards, every row timed in turn within each
-  round (``inference.quantize.alternating_medians``), and the speed-up against the teacher;
+* CPU latency at batch 1 (per text, over 32 texts each alone: their own lengths and, for early exit, their own
+  exit layers) and batch 32 (32 texts padded together; an early exit stops when every text has exited): the median
+  of ``repeats`` rounds, every row timed in turn within each round (``inference.quantize.alternating_medians``),
+  and the speed-up against the teacher;
 * the task metric (accuracy or macro F1) on the same examples of ``source``'s ``split``, computed in fp32 as the
   rows are timed, and its percentage of the teacher's; an early-exit row also gets its mean exit layer.
 
@@ -64,7 +66,8 @@ class CompressionTarget:
         max_metric_drop: its metric is at most this many points (metric x 100) below the teacher's.
         min_speedup_b1: its batch-1 speed-up against the teacher is at least this.
         min_speedup_b32: its batch-32 speed-up against the teacher is at least this.
-        beats: the name of another row whose metric its own must exceed.
+        beats: the name of another row whose metric its own must exceed, significantly: the exact McNemar test on the
+            two rows' per-example correctness on the same test examples (``mcnemar_p``) must give p < 0.05.
     """
 
     row: str
@@ -91,8 +94,23 @@ def check_targets(targets: list[CompressionTarget], names: list[str]) -> None:
                            f"max_metric_drop, min_speedup_b1, min_speedup_b32 or beats")
 
 
-def judge(targets: list[CompressionTarget], measured: list[dict]) -> list[dict]:
-    """One line per condition: the target, what was measured and whether it is met (teacher: the first row)."""
+def mcnemar_p(first: list[bool], second: list[bool]) -> float:
+    """Two-sided exact McNemar p-value of two classifiers' correctness on the same examples (McNemar 1947): under
+    equal accuracy the discordant examples split as Binomial(b + c, 1/2)."""
+    from math import comb
+
+    b = sum(x and not y for x, y in zip(first, second))
+    c = sum(y and not x for x, y in zip(first, second))
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def judge(targets: list[CompressionTarget], measured: list[dict], correct: Optional[dict] = None) -> list[dict]:
+    """One line per condition: the target, what was measured and whether it is met (teacher: the first row);
+    ``correct``: per row, whether each test example was right (for ``beats``)."""
     rows, teacher = {r["model"]: r for r in measured}, measured[0]
     judged = []
     for t in targets:
@@ -112,8 +130,10 @@ def judge(targets: list[CompressionTarget], measured: list[dict]) -> list[dict]:
                 checks.append((f"batch-{batch[1:]} speed-up >= {floor:g}x", f"{got:.2f}x", got >= floor))
         if t.beats is not None:
             other = rows[t.beats]
-            checks.append((f"metric above {t.beats!r}", f"{r['metric']:.3f} vs {other['metric']:.3f}",
-                           r["metric"] > other["metric"]))
+            p = mcnemar_p(correct[t.row], correct[t.beats]) if correct else None
+            shown = f"{r['metric']:.3f} vs {other['metric']:.3f}" + (f", McNemar p = {p:.3g}" if p is not None else "")
+            checks.append((f"metric above {t.beats!r} (McNemar p < 0.05)", shown,
+                           r["metric"] > other["metric"] and p is not None and p < 0.05))
         judged += [{"row": t.row, "target": name, "measured": got, "met": "yes" if met else "no"}
                    for name, got, met in checks]
     return judged
@@ -232,8 +252,9 @@ def forward_call(loaded, rule, inputs: dict):
 
 
 def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], max_length: int,
-           batch_size: int) -> tuple[float, Optional[float]]:
-    """``(metric, mean exit layer or None)`` of the row on ``records`` (an early exit at its rule)."""
+           batch_size: int) -> tuple[float, Optional[float], list[bool]]:
+    """``(metric, mean exit layer or None, each record right?)`` of the row on ``records`` (an early exit at its
+    rule)."""
     from ptm_app.analysis.robustness import scores
     from ptm_app.inference.predict import predict_rows
 
@@ -243,9 +264,11 @@ def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], ma
                         precision="32")  # as timed: fp32 (a bf16 run's autocast would score another model)
     index = {label: i for i, label in enumerate(labels)}
     predicted = [index.setdefault(str(row["label"]), len(index)) for row in rows]
-    value = scores([index[str(r["label"])] for r in records], predicted, len(index))[metric]
+    gold = [index[str(r["label"])] for r in records]
+    value = scores(gold, predicted, len(index))[metric]
     exits = [row["exit_layer"] for row in rows if "exit_layer" in row]
-    return value, (sum(exits) / len(exits) if rule is not None and exits else None)
+    return value, (sum(exits) / len(exits) if rule is not None and exits else None), \
+        [p == g for p, g in zip(predicted, gold)]
 
 
 def draw(rows: list[dict]):
@@ -301,7 +324,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.representations import sample_indices
     from ptm_app.analysis.tables import write_table
-    from ptm_app.inference.quantize import alternating_medians, eval_records, latency_batches
+    from ptm_app.inference.quantize import alternating_medians, eval_records, latency_batches, timed_call
 
     if repeats < 1:
         raise PtmError(f"repeats: {repeats}; time at least 1 round")
@@ -325,15 +348,15 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         raise PtmError(f"{source}/{split} has no records to score; choose another split")
     labels = sorted({str(r["label"]) for r in records})
     texts = [r["text"] for r in records[:32]]
-    measured, calls = [], {}
+    measured, calls, correct = [], {}, {}
     for row in everything:
         loaded, rule = load_row(row, locate(row))
         extra = [loaded.module.exits] if rule is not None else []
         params, nonzero = counts([loaded.model, *extra])
-        value, exit_layer = scored(loaded, rule, records, metric, labels, max_length, batch_size)
+        value, exit_layer, correct[row.name] = scored(loaded, rule, records, metric, labels, max_length, batch_size)
         measured.append({"model": row.name, "params": params, "nonzero_params": nonzero,
                          "size_mb": size_mb(loaded, extra), "metric": value, "exit_layer": exit_layer})
-        calls[row.name] = {b: forward_call(loaded, rule, inputs)
+        calls[row.name] = {b: timed_call(lambda enc: forward_call(loaded, rule, enc), inputs)
                            for b, inputs in latency_batches(loaded.tokenizer, texts, max_length).items()}
     if len(calls) != len(everything):
         raise PtmError("compression rows need distinct names; rename the repeated one")
@@ -356,7 +379,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     print(md.read_text(encoding="utf-8"), end="")
     tables = [md]
     if targets:
-        tables.append(write_table(judge(targets, measured), ["row", "target", "measured", "met"],
+        tables.append(write_table(judge(targets, measured, correct), ["row", "target", "measured", "met"],
                                   out / "compression_targets", f"Targets ({source})"))
         print("\n" + tables[-1].read_text(encoding="utf-8"), end="")
     if readme:

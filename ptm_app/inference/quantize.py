@@ -39,17 +39,38 @@ def accuracy(loaded, records: list[dict], max_length: int) -> float:
 
 
 def latency_batches(tokenizer, texts: list[str], max_length: int) -> dict:
-    """The timed inputs: the first text alone (``batch_1``) and 32 texts padded together (``batch_32``)."""
-    return {"batch_1": tokenizer(texts[:1], truncation=True, max_length=max_length, return_tensors="pt"),
-            "batch_32": tokenizer((texts * 32)[:32], truncation=True, max_length=max_length, padding=True,
-                                  return_tensors="pt")}
+    """The timed inputs: each of the (up to 32) texts alone (``batch_1``: a list, timed per text) and 32 texts padded
+    together (``batch_32``).  Batch 1 over many texts, not one: their lengths differ, and an early exit stops at
+    each text's own layer."""
+    texts = (texts * 32)[:32]
+    return {"batch_1": [tokenizer([t], truncation=True, max_length=max_length, return_tensors="pt") for t in texts],
+            "batch_32": tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")}
+
+
+class EachInTurn:
+    """One timed call that runs ``calls`` one after another; ``alternating_medians`` reports its time per call."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __call__(self) -> None:
+        for call in self.calls:
+            call()
+
+
+def timed_call(make, inputs):
+    """``make(inputs)`` for one encoded batch; an ``EachInTurn`` of them for a list (batch 1, per text)."""
+    return EachInTurn([make(one) for one in inputs]) if isinstance(inputs, list) else make(inputs)
 
 
 @torch.no_grad()
 def alternating_medians(calls: dict, repeats: int) -> dict:
-    """Median milliseconds of ``calls[name][batch]()`` (a forward on prepared inputs) for every name and batch:
-    one warm-up call each, then ``repeats`` rounds that time every name in turn (so a busy moment of a shared
-    machine falls on all of them, not on one)."""
+    """Median milliseconds of ``calls[name][batch]()`` (a forward on prepared inputs; an ``EachInTurn``: per forward)
+    for every name and batch: one warm-up call each, then ``repeats`` rounds that time every name in turn (so a busy
+    moment of a shared machine falls on all of them, not on one)."""
     batches = list(dict.fromkeys(b for per in calls.values() for b in per))
     times = {name: {b: [] for b in per} for name, per in calls.items()}
     for b in batches:
@@ -59,14 +80,16 @@ def alternating_medians(calls: dict, repeats: int) -> dict:
             for name, per in calls.items():
                 start = time.perf_counter()
                 per[b]()
-                times[name][b].append(1000 * (time.perf_counter() - start))
+                times[name][b].append(1000 * (time.perf_counter() - start) / len(per[b])
+                                      if isinstance(per[b], EachInTurn) else 1000 * (time.perf_counter() - start))
     return {name: {b: round(statistics.median(v), 3) for b, v in per.items()} for name, per in times.items()}
 
 
 def latencies(models: dict, tokenizer, texts: list[str], max_length: int, repeats: int) -> dict:
     """Median milliseconds per forward at batch 1 and batch 32 for each model, timed alternately."""
     batches = latency_batches(tokenizer, texts, max_length)
-    return alternating_medians({name: {b: functools.partial(model, **inputs) for b, inputs in batches.items()}
+    return alternating_medians({name: {b: timed_call(lambda enc, m=model: functools.partial(m, **enc), inputs)
+                                       for b, inputs in batches.items()}
                                 for name, model in models.items()}, repeats)
 
 

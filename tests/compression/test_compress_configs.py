@@ -70,12 +70,22 @@ SLOW = {"distill_smollm2", "distill_pretrain_minilm", "early_exit_bbc_deebert", 
 
 @pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow if c.stem in SLOW else ())
                                     for c in COMPRESS], ids=lambda c: c.stem)
-def test_compress_config_trains_and_resumes_exactly(config, tmp_path):
+def test_compress_config_trains_and_resumes_exactly(config, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     model = yaml.safe_load(config.read_text())["model"]
     tokenizer = yaml.safe_load(config.read_text())["data"]["init_args"]["tokenizer"]
-    if model["class_path"] == "EarlyExitModule":  # no teacher: MiniLM itself, as shipped
+    if model["class_path"] == "EarlyExitModule":  # off-ramps on a fine-tuned run (substituted) or on MiniLM
+        backbone = str(model["init_args"]["backbone"])
+        if backbone.startswith("checkpoints/"):  # the config's relative path, from a working directory that has it
+            monkeypatch.chdir(tmp_path)
+            runs = tmp_path / "checkpoints"
+            tiny_teacher(runs, Path(backbone).name, tmp_path, tokenizer=tokenizer)
         early_exit_config_runs(config, model, runs, tmp_path)
+        if backbone.startswith("checkpoints/"):  # DeeBERT's second stage only: the fine-tuned final head is kept
+            teacher = torch.load(runs / Path(backbone).name / "checkpoints" / "last.ckpt", weights_only=True)
+            ramps = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
+            head = [k for k in teacher["state_dict"] if ".classifier." in k]
+            assert head and all(torch.equal(teacher["state_dict"][k], ramps["state_dict"][k]) for k in head)
         return
     reference = model["init_args"].get("teacher") or model["init_args"].get("predecessor")  # Theseus: a predecessor
     if reference is None:  # a recipe without a teacher: as shipped, bar the lengths
@@ -118,8 +128,10 @@ def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys, outside
 
 
 def early_exit_config_runs(config: Path, model: dict, runs: Path, tmp_path: Path) -> None:
-    """DeeBERT's first stage shortened with the other step counts (2 of the 4 steps), so both stages run."""
-    stage = ["--model.init_args.final_steps", "2"] if model["init_args"].get("method") == "deebert" else []
+    """DeeBERT's first stage, when the recipe has one, shortened with the other step counts (2 of the 4 steps), so
+    both stages run; from a fine-tuned run (final_steps: 0) only the off-ramps train, the final head kept."""
+    first = model["init_args"].get("method") == "deebert" and model["init_args"].get("final_steps")
+    stage = ["--model.init_args.final_steps", "2"] if first else []
     assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *stage], runs, stop=2, steps=4)
     rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
     assert any(r.get("train/layer_1") for r in rows)  # the off-ramps trained
