@@ -242,7 +242,7 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, 
 
 @pytest.mark.slow  # ~30 s: an early-exit fit, 16 tiny models scored and timed
 @pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
-def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path):
+def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path, monkeypatch):
     """Every row of the shipped config SUBSTITUTED under its run name by a tiny model of its kind (a plain export,
     its int8 directory, an early-exit run): the config runs with only the repeats, examples and length changed."""
     from ptm_app.compression.quantization import quantize_dynamic_int8, save_quantized
@@ -262,6 +262,7 @@ def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path):
         if not link.exists():
             link.symlink_to(target, target_is_directory=True)
     argv = ["compress-report", "--config", str(path), "--repeats", "1", "--examples", "6", "--max_length", "16"]
+    monkeypatch.chdir(tmp_path)  # the rows' relative paths must not find runs a developer made in the repo
     assert run_main(argv, runs) == 0
     rows = json.loads((runs / cfg["run_name"] / "compression.json").read_text())
     assert [r["model"] for r in rows] == [cfg["teacher"]["name"]] + [r["name"] for r in cfg["rows"]]
