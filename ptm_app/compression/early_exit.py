@@ -155,6 +155,8 @@ class EarlyExitModule(SequenceClassificationModule):
             with torch.no_grad():  # each off-ramp's pooler starts as the model's
                 for ramp in self.exits:
                     ramp.pooler.load_state_dict(model.base_model.pooler.dense.state_dict())
+            if self.hparams.method == "deebert" and not self.hparams.final_steps:
+                model.requires_grad_(False)  # only DeeBERT's second stage: the off-ramps alone train
 
     # -- the per-layer classifiers -----------------------------------------------------------------------------
     def layer_logits(self, batch: dict, backbone_grad: bool = True) -> list[torch.Tensor]:

@@ -86,6 +86,9 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path, monkeypatc
             ramps = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
             head = [k for k in teacher["state_dict"] if ".classifier." in k]
             assert head and all(torch.equal(teacher["state_dict"][k], ramps["state_dict"][k]) for k in head)
+            summary = json.loads((runs / "full" / "summary.json").read_text())
+            ramp_params = sum(v.numel() for k, v in ramps["state_dict"].items() if k.startswith("exits."))
+            assert summary["trainable_params"] == ramp_params < summary["total_params"]  # the off-ramps alone
         return
     reference = model["init_args"].get("teacher") or model["init_args"].get("predecessor")  # Theseus: a predecessor
     if reference is None:  # a recipe without a teacher: as shipped, bar the lengths
