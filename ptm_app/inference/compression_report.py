@@ -35,7 +35,8 @@ import torch
 from ptm_app.errors import PtmError
 from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
 
-COLUMNS = ["model", "params", "nonzero_params", "size_mb", "latency_b1_ms", "latency_b32_ms", "speedup_b1",
+COLUMNS = ["model", "params", "nonzero_params", "block_sparsity", "size_mb", "latency_b1_ms", "latency_b32_ms",
+           "speedup_b1",
            "speedup_b32", "metric", "metric_pct_of_teacher", "exit_layer"]
 
 
@@ -209,6 +210,17 @@ def counts(modules: list[torch.nn.Module]) -> tuple[int, int]:
     return sum(t.numel() for t in unique), sum(int((t != 0).sum()) for t in unique)
 
 
+def block_sparsity(model: torch.nn.Module) -> Optional[float]:
+    """The fraction of zeros in the transformer blocks' linear weights (what magnitude pruning prunes:
+    ``compression.magnitude.prunable_weights``); None for a model without such blocks (BiLSTM, CNN, int8)."""
+    from ptm_app.compression.magnitude import prunable_weights, sparsity_of
+
+    try:
+        return round(sparsity_of(prunable_weights(model).values()), 4)
+    except PtmError:
+        return None
+
+
 def size_mb(loaded, extra: list[torch.nn.Module]) -> float:
     """The weights on disk: a quantized directory's int8 file, else the safetensors ``export`` would write."""
     from ptm_app.compression.pruning import on_disk_mb
@@ -355,6 +367,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         params, nonzero = counts([loaded.model, *extra])
         value, exit_layer, correct[row.name] = scored(loaded, rule, records, metric, labels, max_length, batch_size)
         measured.append({"model": row.name, "params": params, "nonzero_params": nonzero,
+                         "block_sparsity": block_sparsity(loaded.model),
                          "size_mb": size_mb(loaded, extra), "metric": value, "exit_layer": exit_layer})
         calls[row.name] = {b: timed_call(lambda enc: forward_call(loaded, rule, enc), inputs)
                            for b, inputs in latency_batches(loaded.tokenizer, texts, max_length).items()}

@@ -2,11 +2,11 @@
 import pytest
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def outside_the_repo(tmp_path, monkeypatch):
-    """Run from an empty directory: a config's relative teacher (``checkpoints/bbc_minilm``) must resolve to the
-    test's tiny substitute under its runs directory, never to a real run a developer made in the repo's
-    ``checkpoints/`` (``make analysis`` trains that one)."""
+    """Every compression test runs from an empty directory: a config's relative teacher (``checkpoints/bbc_minilm``)
+    must resolve to the test's tiny substitute under its runs directory, never to a real run a developer made in the
+    repo's ``checkpoints/`` (``make analysis`` and ``make compress`` train those)."""
     where = tmp_path / "cwd"
     where.mkdir()
     monkeypatch.chdir(where)

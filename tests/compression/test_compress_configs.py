@@ -13,8 +13,7 @@ import yaml
 
 from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-pytestmark = pytest.mark.usefixtures("outside_the_repo")  # see tests/compression/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # and tests/compression/conftest.py's outside_the_repo
 ROOT = Path(__file__).resolve().parents[2]
 COMPRESS = sorted(c for c in (ROOT / "configs" / "compress").glob("*.yaml")
                   if not c.stem.startswith(("prune_", "quantize_", "report_")))

@@ -221,6 +221,7 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, 
 
     path = ROOT / "configs" / "compress" / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
+    monkeypatch.chdir(ROOT)  # the make commands name configs by their paths in the repository
     for row in [cfg["teacher"], *cfg["rows"]]:
         steps = make_steps(CompressionRow(**row))
         assert made_by(steps[-1]) == row["model"], row

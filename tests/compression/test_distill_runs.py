@@ -181,7 +181,6 @@ def test_token_losses_across_tokenizers_are_one_line(tiny_corpus, teacher, tmp_p
     assert len(err) == 1 and message in err[0] and "data.init_args.tokenizer.pretrained" in err[0], err
 
 
-@pytest.mark.usefixtures("outside_the_repo")  # the teacher must not be a run made in the repo
 @pytest.mark.parametrize("model, message", [
     ({"student_layers": "every_other", "distill": {"hidden": 1.0, "layer_map": [[1, 9]]}},
      "teacher layer 9, but the teacher has layers 1..4"),

@@ -299,7 +299,6 @@ def test_prune_config_runs_resumes_exactly_exports_and_predicts(config, tmp_path
     assert lines[0]["probs"] == pytest.approx(lines[1]["probs"], abs=1e-5)
 
 
-@pytest.mark.usefixtures("outside_the_repo")  # the teacher must not be a run made in the repo
 @pytest.mark.parametrize("override, message", [
     (["--model.init_args.pruning.magnitude.sparsity", "1.0"], "pruning.magnitude.sparsity=1.0 is outside [0, 1)"),
     (["--model.init_args.pruning.layers", "{drop: [2, 9]}"], "names layer(s) [9], but the model has layers 1..6"),
