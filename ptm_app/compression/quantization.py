@@ -35,7 +35,9 @@ from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 
 QUANT_CONFIG, QUANT_WEIGHTS = "quantization.json", "model_int8.safetensors"
-BACKENDS = ("torch_ao", "weight_only")
+BACKENDS = ("torch_ao", "weight_only")  # dynamic int8: any fp32 model
+STATIC = "q8bert_static"  # Q8BERT's int8 with the input ranges a QAT run learned (``quantize_static_q8bert``)
+STATIC_OP = "linear_with_input_q_dq_qweight_dq_output_fp32"  # fbgemm's int8 linear with a given input scale
 QMAX = 127
 
 
@@ -205,6 +207,68 @@ class WeightOnlyInt8Linear(nn.Module):
         return F.linear(x, self.weight_int8.to(x.dtype) * self.weight_scale.to(x.dtype), self.bias)
 
 
+class StaticInt8Linear(nn.Module):
+    """Q8BERT's int8 inference (Zafrir et al. 2019 §2): int8 weights (scale ``max|w|/127``) times inputs quantized
+    with the scale the QAT run learned (its EMA of ``max|x|``, over 127), accumulated in int32, fp32 out: the
+    arithmetic QAT simulated, computed by fbgemm's ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``.  The
+    input goes in as quint8 with zero point 128, which holds the signed steps −128…127 exactly (QAT clamps at −127:
+    the two differ only for an input below −max, one step)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight_int8", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.ones((), dtype=torch.float64))
+        self.register_buffer("input_scale", torch.ones((), dtype=torch.float64))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self._packed = None
+
+    def pack(self) -> "StaticInt8Linear":
+        """fbgemm's packed int8 weight (rebuilt after the buffers change: call again after loading them)."""
+        weight = torch._make_per_tensor_quantized_tensor(self.weight_int8, float(self.weight_scale), 0)
+        self._packed = torch.ops.quantized.linear_prepack(weight, None if self.bias is None else self.bias.float())
+        return self
+
+    def __deepcopy__(self, memo):
+        clone = StaticInt8Linear(self.in_features, self.out_features, self.bias is not None)
+        clone.load_state_dict(self.state_dict())
+        return clone.pack()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None:
+            self.pack()
+        flat = x.reshape(-1, x.shape[-1]).float().contiguous()
+        out = getattr(torch.ops.quantized, STATIC_OP)(flat, float(self.input_scale), 128, self._packed)
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def static_op_available() -> bool:
+    return hasattr(torch.ops.quantized, STATIC_OP)
+
+
+def quantize_static_q8bert(model: nn.Module, input_max: dict[str, float]) -> nn.Module:
+    """Every ``nn.Linear`` of ``model`` to ``StaticInt8Linear``, its input scale ``input_max[name] / 127`` (the QAT
+    run's ranges: ``QuantAwareModule.qat_ranges``); the fp32 model stays as it was."""
+    if not static_op_available():
+        raise PtmError(f"--backend {STATIC}: this torch has no quantized::{STATIC_OP} kernel; use --backend torch_ao")
+    torch.backends.quantized.engine = check_quantized_engine()
+    model = copy.deepcopy(model).float().eval()
+    for name, linear in quantizable_linears(model).items():
+        top = input_max.get(name)
+        if top is None or not top > 0:
+            raise PtmError(f"--backend {STATIC}: no learned input range for {name}; quantize a QAT run "
+                           f"(configs/compress/quantize_qat_bbc.yaml) that trained with qat.activations: true")
+        q = StaticInt8Linear(linear.in_features, linear.out_features, linear.bias is not None)
+        weight, step = int8_symmetric(linear.weight)
+        q.weight_int8.copy_(weight)
+        q.weight_scale.fill_(step)
+        q.input_scale.fill_(top / QMAX)
+        if linear.bias is not None:
+            q.bias.copy_(linear.bias.detach())
+        _set_module(model, name, q.pack())
+    return model
+
+
 @contextlib.contextmanager
 def _quiet_deprecation():
     with warnings.catch_warnings():
@@ -290,15 +354,17 @@ def save_quantized(model: nn.Module, backend: str, directory: Path, head: str, t
         save_file(int8_state(model, backend), str(tmp / QUANT_WEIGHTS))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        info = {"method": "dynamic_int8", "backend": backend, "head": head, "weight_scheme": "symmetric per-tensor "
-                "int8, scale max|w|/127 (Q8BERT)", "modules": sorted(quantizable_linears_of(model, backend)),
+        info = {"method": "static_int8" if backend == STATIC else "dynamic_int8", "backend": backend, "head": head,
+                "weight_scheme": "symmetric per-tensor int8, scale max|w|/127 (Q8BERT)",
+                "modules": sorted(quantizable_linears_of(model, backend)),
                 "torch": torch.__version__, **(extra or {})}
         (tmp / QUANT_CONFIG).write_text(json.dumps(info, indent=2))
     return directory
 
 
 def quantizable_linears_of(model: nn.Module, backend: str) -> list[str]:
-    kinds = (_dynamic_linear_type(),) if backend == "torch_ao" else (WeightOnlyInt8Linear,)
+    kinds = ((_dynamic_linear_type(),) if backend == "torch_ao" else (StaticInt8Linear,) if backend == STATIC
+             else (WeightOnlyInt8Linear,))
     return [name for name, m in model.named_modules() if isinstance(m, kinds)]
 
 
@@ -320,7 +386,7 @@ def load_quantized(directory, head: Optional[str] = None) -> nn.Module:
     state = load_file(str(directory / QUANT_WEIGHTS))
     linears = set(info["modules"])
     int8 = {name: (state.pop(f"{name}.weight_int8"), float(state.pop(f"{name}.weight_scale")),
-                   state.pop(f"{name}.bias", None)) for name in linears}
+                   state.pop(f"{name}.bias", None), state.pop(f"{name}.input_scale", None)) for name in linears}
     with torch.random.fork_rng(devices=[]):
         model = from_config(head or info["head"], config)
     missing, unexpected = model.load_state_dict(state, strict=False)  # every tensor but the int8 linears
@@ -331,8 +397,10 @@ def load_quantized(directory, head: Optional[str] = None) -> nn.Module:
                        f"{unexpected[:3]}); quantize the run again")
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+    if info["backend"] == STATIC:
+        return load_static(model, int8)
     model = quantize_dynamic_int8(model, info["backend"])
-    for name, (q, scale, bias) in int8.items():
+    for name, (q, scale, bias, _) in int8.items():
         module = model.get_submodule(name)
         if info["backend"] == "torch_ao":
             module.set_weight_bias(torch._make_per_tensor_quantized_tensor(q, scale, 0), bias)
@@ -341,4 +409,20 @@ def load_quantized(directory, head: Optional[str] = None) -> nn.Module:
             module.weight_scale.fill_(scale)
             if bias is not None:
                 module.bias.copy_(bias)
+    return model.eval()
+
+
+def load_static(model: nn.Module, int8: dict) -> nn.Module:
+    """``model`` with its linears replaced by the saved ``StaticInt8Linear`` weights, scales and input scales."""
+    if not static_op_available():
+        raise PtmError(f"this int8 model needs the quantized::{STATIC_OP} kernel, which this torch lacks")
+    torch.backends.quantized.engine = check_quantized_engine()
+    for name, (q, scale, bias, input_scale) in int8.items():
+        module = StaticInt8Linear(q.shape[1], q.shape[0], bias is not None)
+        module.weight_int8.copy_(q)
+        module.weight_scale.fill_(scale)
+        module.input_scale.fill_(float(input_scale))
+        if bias is not None:
+            module.bias.copy_(bias)
+        _set_module(model, name, module.pack())
     return model.eval()

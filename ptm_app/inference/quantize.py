@@ -93,18 +93,32 @@ def latencies(models: dict, tokenizer, texts: list[str], max_length: int, repeat
                                 for name, model in models.items()}, repeats)
 
 
+def qat_input_ranges(loaded, where) -> dict[str, float]:
+    """The EMA input ranges (``max|x|``) per linear layer that a QAT run learned, for Q8BERT's static int8."""
+    ranges = getattr(loaded.module, "qat_ranges", None)
+    if ranges is None:
+        raise PtmError(f"--backend q8bert_static needs a quantization-aware run's learned input ranges; {where} is "
+                       f"not one (train configs/compress/quantize_qat_bbc.yaml and give its run directory, not an "
+                       f"export), or use --backend torch_ao")
+    from ptm_app.backbones.delta import transformers_model
+    from ptm_app.compression.quantization import quantizable_linears
+
+    return {name: float(ranges.get(name)) for name in quantizable_linears(transformers_model(loaded.model))}
+
+
 def quantize_command(argv: list[str]) -> int:
     from ptm_app.backbones.delta import transformers_model
     from ptm_app.compression.pruning import on_disk_mb
-    from ptm_app.compression.quantization import (BACKENDS, QUANT_WEIGHTS, disable_fake_quant, load_quantized,
-                                                  quantize_dynamic_int8, save_quantized)
+    from ptm_app.compression.quantization import (BACKENDS, QUANT_WEIGHTS, STATIC, disable_fake_quant,
+                                                  load_quantized, quantize_dynamic_int8, save_quantized)
     from ptm_app.inference.loading import LoadedModel, load_for_inference
 
     parser = argparse.ArgumentParser(prog="main.py quantize", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", required=True, help="a run directory, .ckpt, export directory or prepared model")
     parser.add_argument("--output_dir", required=True, help="where to write the int8 model")
-    parser.add_argument("--backend", default="torch_ao", choices=BACKENDS,
-                        help="torch_ao: int8 kernels (faster); weight_only: int8 storage, fp32 compute (fallback)")
+    parser.add_argument("--backend", default="torch_ao", choices=[*BACKENDS, STATIC],
+                        help="torch_ao: dynamic int8 kernels; weight_only: int8 storage, fp32 compute (fallback); "
+                             f"{STATIC}: Q8BERT's static int8 with a QAT run's learned input ranges")
     parser.add_argument("--eval_source", help="a prepared classification set (e.g. bbc): accuracy before and after")
     parser.add_argument("--eval_split", default="test")
     parser.add_argument("--eval_limit", type=int, default=0, help="only the first N examples (0: all)")
@@ -115,8 +129,14 @@ def quantize_command(argv: list[str]) -> int:
     if args.repeats < 1:
         raise PtmError("--repeats must be at least 1")
     loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
+    input_max = qat_input_ranges(loaded, args.ckpt_path) if args.backend == STATIC else None
     fp32 = disable_fake_quant(transformers_model(loaded.model)).float().eval()  # a QAT run: its plain weights
-    int8 = quantize_dynamic_int8(fp32, args.backend)
+    if input_max is not None:
+        from ptm_app.compression.quantization import quantize_static_q8bert
+
+        int8 = quantize_static_q8bert(fp32, input_max)
+    else:
+        int8 = quantize_dynamic_int8(fp32, args.backend)
     out = save_quantized(int8, args.backend, Path(args.output_dir), loaded.head, loaded.tokenizer,
                          {"source": str(args.ckpt_path)})
     reloaded = load_quantized(out)

@@ -60,6 +60,46 @@ def test_quantized_save_and_reload_give_identical_outputs(backend, tmp_path):
     assert on_disk_mb(fp32) * 2**20 - saved == pytest.approx(3 * linear, rel=0.05)  # 4 bytes -> 1 per weight
 
 
+def qat_ranges_on(model, batch) -> dict[str, float]:
+    """The input ranges a QAT run would learn from ``batch`` (its first batch sets the EMA), with the model's fake
+    quantization left on (eval mode): the arithmetic the run trained with."""
+    ranges = qz.ActivationRanges(list(qz.quantizable_linears(model)))
+    qz.enable_fake_quant(model, ranges, qz.QATSpec())
+    model.train()
+    with torch.no_grad():
+        model(**batch)
+    model.eval()
+    return {name: float(ranges.get(name)) for name in qz.quantizable_linears(model)}
+
+
+def test_q8bert_static_int8_computes_what_qat_simulated_and_reloads(tmp_path):
+    """Static int8 with the learned input ranges (int8 inputs x int8 weights, int32 sums, fp32 out) gives the fake-
+    quantized model's outputs up to float rounding, much closer than dynamic int8 (each batch's own range, 7 bits)
+    does; it saves and reloads exactly."""
+    fp32 = tiny_classifier()
+    batch = inputs()
+    with torch.no_grad():
+        plain = fp32(**batch).logits
+    simulated_model = tiny_classifier()
+    input_max = qat_ranges_on(simulated_model, batch)
+    with torch.no_grad():
+        simulated = simulated_model(**batch).logits
+        static = qz.quantize_static_q8bert(fp32, input_max)
+        assert sum(isinstance(m, qz.StaticInt8Linear) for m in static.modules()) == 2 * 6 + 2
+        got = static(**batch).logits
+        dynamic = qz.quantize_dynamic_int8(fp32)(**batch).logits
+    assert not torch.equal(simulated, plain)
+    assert float((got - simulated).abs().max()) < 1e-4 * max(1.0, float(simulated.abs().max()))
+    assert float((got - simulated).abs().max()) < float((dynamic - simulated).abs().max())
+    out = qz.save_quantized(static, qz.STATIC, tmp_path / "int8", "sequence_classification")
+    info = json.loads((out / qz.QUANT_CONFIG).read_text())
+    assert info["method"] == "static_int8" and len(info["modules"]) == 14
+    with torch.no_grad():
+        assert torch.equal(qz.load_quantized(out)(**batch).logits, got)
+    with pytest.raises(PtmError, match="no learned input range for"):
+        qz.quantize_static_q8bert(fp32, {})
+
+
 def test_a_head_pruned_model_quantizes_and_reloads(tmp_path):
     from ptm_app.backbones.pruned_heads import heads_per_layer, prune_heads
 
@@ -165,3 +205,16 @@ def test_qat_recipe_resumes_exactly_quantizes_and_predicts(tmp_path, capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert len(rows) == 2 and set(rows[0]["probs"]) == set(rows[1]["probs"])
     assert max(abs(rows[0]["probs"][k] - rows[1]["probs"][k]) for k in rows[0]["probs"]) < 0.05
+    # Q8BERT's own int8: the run's learned input ranges become the int8 input scales; predict runs on it
+    static = tmp_path / "int8_static"
+    assert run_main(["quantize", "--ckpt_path", str(runs / "part"), "--output_dir", str(static), "--backend",
+                     "q8bert_static", "--repeats", "1", "--max_length", "32"], runs) == 0
+    q = load_file(str(static / qz.QUANT_WEIGHTS))
+    learned = ckpt["state_dict"]["qat_ranges.bert__encoder__layer__0__intermediate__dense"]
+    assert float(q["bert.encoder.layer.0.intermediate.dense.input_scale"]) == pytest.approx(float(learned) / 127)
+    assert run_main(["predict", "--ckpt_path", str(static), "--text", text], runs) == 0
+    capsys.readouterr()
+    assert run_main(["quantize", "--ckpt_path", str(export), "--output_dir", str(tmp_path / "no"), "--backend",
+                     "q8bert_static"], runs) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a quantization-aware run's learned input ranges" in err[0], err
