@@ -157,23 +157,59 @@ def make_steps(row: CompressionRow) -> list[list[str]]:
     return steps
 
 
+def unfinished(path: Path) -> bool:
+    """A run directory whose fit has not ended (checkpoints, but no ``summary.json``: stopped or still running)."""
+    return (path / "checkpoints").is_dir() and not (path / "summary.json").is_file()
+
+
 def locate(row: CompressionRow) -> Optional[str]:
-    """The row's model as a local path (as given or under the runs directory) or prepared name; None if missing."""
+    """The row's model as a local path (as given or under the runs directory) or prepared name; None if missing
+    or an unfinished run."""
     from ptm_app.compression.teacher import resolve_teacher
 
     try:
-        return resolve_teacher(row.model)
+        found = resolve_teacher(row.model)
     except PtmError:
         return None
+    return None if unfinished(Path(found)) else found
+
+
+def fit_run_dir(argv: list[str]) -> Path:
+    """The run directory a ``fit`` step writes: ``--run_name``, else its config's ``run_name``, else the config's
+    file name (``cli``'s rule), under the runs directory."""
+    import yaml
+
+    flags = {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--")}
+    name = flags.get("--run_name")
+    if name is None:
+        config = Path(flags.get("--config", "run"))
+        name = (yaml.safe_load(config.read_text()) or {}).get("run_name") if config.is_file() else None
+        name = name or config.stem  # the last --config's stem, as cli does (the report's commands give one)
+    return runs_root() / name
+
+
+def resumable(argv: list[str]) -> Optional[list[str]]:
+    """A make step as it should run now: a ``fit`` whose run has finished is skipped (None), one that stopped
+    resumes exactly (``--ckpt_path last``), anything else runs as written."""
+    if argv[0] != "fit" or "--ckpt_path" in argv:
+        return argv
+    run = fit_run_dir(argv)
+    if (run / "summary.json").is_file():
+        return None
+    return [*argv, "--ckpt_path", "last"] if (run / "checkpoints" / "last.ckpt").is_file() else argv
 
 
 def run_make(row: CompressionRow) -> None:
     """Run the row's ``make`` commands, each as ``python -m ptm_app ...`` in a child process (its console shows
-    through; its memory is freed before the next row); a failing one stops the report."""
+    through; its memory is freed before the next row); a finished fit is not run again and a stopped one resumes
+    (``resumable``); a failing command stops the report."""
     import subprocess
     import sys
 
-    for argv in make_steps(row):
+    for step in make_steps(row):
+        argv = resumable(step)
+        if argv is None:
+            continue
         if subprocess.run([sys.executable, "-m", "ptm_app", *argv]).returncode != 0:
             raise PtmError(f"row {row.name!r}: 'python main.py {shlex.join(argv)}' failed (its error is above); "
                            f"fix it and run the report again")

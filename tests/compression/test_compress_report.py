@@ -301,3 +301,27 @@ def test_mcnemar_p_is_the_exact_binomial_of_the_discordant_examples():
     assert mcnemar_p(second, first) == mcnemar_p(first, second)
     assert mcnemar_p(first, first) == 1.0
     assert mcnemar_p([True] * 3 + [False], [False] * 3 + [True]) == pytest.approx(2 * 5 / 16)  # 3 vs 1: P(X<=1)=5/16
+
+
+def test_make_skips_finished_fits_and_resumes_stopped_ones(tmp_path, monkeypatch):
+    """A row whose run stopped (checkpoints, no summary.json) is missing, and its make command resumes it exactly
+    (``--ckpt_path last``); a finished fit step (a QAT run before its quantize step) is not run again."""
+    from ptm_app.inference.compression_report import CompressionRow, locate, resumable
+
+    monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path / "runs"))
+    stopped, finished = tmp_path / "runs" / "prune_heads_bbc_25", tmp_path / "runs" / "quantize_qat_bbc"
+    for run in (stopped, finished):
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (finished / "summary.json").write_text("{}")
+    config = str(ROOT / "configs" / "compress" / "prune_heads_bbc.yaml")
+    assert locate(CompressionRow(name="p", model="checkpoints/prune_heads_bbc_25")) is None
+    assert locate(CompressionRow(name="q", model="checkpoints/quantize_qat_bbc")) == str(finished.resolve())
+    step = ["fit", "--config", config, "--run_name", "prune_heads_bbc_25"]
+    assert resumable(step) == [*step, "--ckpt_path", "last"]
+    qat = ["fit", "--config", str(ROOT / "configs" / "compress" / "quantize_qat_bbc.yaml")]  # run name: the stem
+    assert resumable(qat) is None
+    fresh = ["fit", "--config", config]  # prune_heads_bbc: never started
+    assert resumable(fresh) == fresh
+    quantize = ["quantize", "--ckpt_path", "checkpoints/quantize_qat_bbc", "--output_dir", "x"]
+    assert resumable(quantize) == quantize
