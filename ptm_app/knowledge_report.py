@@ -61,6 +61,9 @@ def load_knowledge_plan(path: str | Path) -> dict:
             raise PtmError(f"knowledge plan {path}: model {model.get('id', '?')} needs a unique 'id' (letters, digits, "
                            f"_) and may have 'label', 'pretrain', 'adapters', 'tasks'; unknown keys: "
                            f"{sorted(bad) or 'none'}")
+        if model.get("pretrain") and model.get("adapters"):
+            raise PtmError(f"knowledge plan {path}: model {model['id']} has both 'pretrain' and 'adapters'; a row "
+                           f"starts from one of them: split it into two rows")
         extra = set(model.get("tasks") or {}) - set(plan["tasks"])
         if extra:
             raise PtmError(f"knowledge plan {path}: model {model['id']}: tasks {sorted(extra)} are not in the plan's "
@@ -194,7 +197,9 @@ def summary_metrics(run: Path) -> dict:
 
 def made_from(run: Path) -> Optional[list[str]]:
     """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
-    path = run / "cell.json"
+    from ptm_app.sweep import CELL_FILE
+
+    path = run / CELL_FILE
     return json.loads(path.read_text()).get("upstream") if path.is_file() else None
 
 

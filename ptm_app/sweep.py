@@ -62,10 +62,10 @@ def is_done(run_dir: Path, fingerprint: Optional[str] = None) -> bool:
 
 
 def cell_fingerprint(plan: dict, cell: dict, upstream: Sequence[str] = ()) -> str:
-    """What makes a cell's run: its config file's text, the plan's and the cell's arguments, whether it fits and
+    """What makes a cell's run: its config file's settings (parsed: comments and layout do not count), the plan's and the cell's arguments, whether it fits and
     which checkpoint it tests, and the fingerprints of the cells it starts from (``upstream``: a pre-training
     whose export it fine-tunes), hashed."""
-    recipe = {"config": Path(cell["config"]).read_text(encoding="utf-8"),
+    recipe = {"config": yaml.safe_load(Path(cell["config"]).read_text(encoding="utf-8")),  # comments do not count
               "args": [str(a) for a in [*(plan.get("common") or []), *(cell.get("args") or [])]],
               "fit": cell.get("fit", True), "test_ckpt": cell.get("test_ckpt"), "upstream": list(upstream)}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
@@ -78,9 +78,14 @@ def recorded_fingerprint(run_dir: Path) -> Optional[str]:
 
 
 def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[str] = ()) -> None:
-    """Write ``<run>/cell.json`` unless it is there (a directory from before fingerprints is adopted as it is)."""
-    if not (run_dir / CELL_FILE).is_file():
-        write_json(run_dir / CELL_FILE, {"fingerprint": fingerprint, "cell": cell, "upstream": list(upstream)})
+    """Write ``<run>/cell.json`` unless it is there.  A finished directory from before fingerprints is adopted as it
+    is, said in one line (its recipe cannot be checked: delete it, or use ``--force``, if its config changed since)."""
+    if (run_dir / CELL_FILE).is_file():
+        return
+    if (run_dir / "summary.json").is_file():
+        print(f"{run_dir.name}: made before sweeps recorded their recipe; kept as it is (delete it, or rerun with "
+              f"--force, if its config or arguments changed since)", flush=True)
+    write_json(run_dir / CELL_FILE, {"fingerprint": fingerprint, "cell": cell, "upstream": list(upstream)})
 
 
 def set_aside_if_stale(run_dir: Path, fingerprint: str) -> Optional[Path]:

@@ -112,7 +112,8 @@ def worker_threads() -> int:
     (at least 1).  Two workers with torch's default of one thread per core oversubscribe the cores, and OpenMP's
     spinning threads then run a step up to 10x slower than alone; a lone process keeps the default."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(1, len(os.sched_getaffinity(0)) // workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // workers)
 
 
 def pytest_configure(config):
@@ -121,8 +122,7 @@ def pytest_configure(config):
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         import torch
 
-        threads = worker_threads()
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+        threads = int(os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads())))  # a user's setting wins
         torch.set_num_threads(threads)
 
 

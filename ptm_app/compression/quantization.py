@@ -242,16 +242,20 @@ class StaticInt8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-def static_op_available() -> bool:
-    return hasattr(torch.ops.quantized, STATIC_OP)
+def static_engine() -> str:
+    """The engine ``StaticInt8Linear`` needs (fbgemm's kernels: ``x86`` or ``fbgemm``), set; one line without it."""
+    engine = next((e for e in ("x86", "fbgemm") if e in quantized_engines()), None)
+    if engine is None or not hasattr(torch.ops.quantized, STATIC_OP):
+        raise PtmError(f"--backend {STATIC}: needs fbgemm's quantized::{STATIC_OP} (x86 engines "
+                       f"{quantized_engines()} have none here); use --backend torch_ao")
+    torch.backends.quantized.engine = engine
+    return engine
 
 
 def quantize_static_q8bert(model: nn.Module, input_max: dict[str, float]) -> nn.Module:
     """Every ``nn.Linear`` of ``model`` to ``StaticInt8Linear``, its input scale ``input_max[name] / 127`` (the QAT
     run's ranges: ``QuantAwareModule.qat_ranges``); the fp32 model stays as it was."""
-    if not static_op_available():
-        raise PtmError(f"--backend {STATIC}: this torch has no quantized::{STATIC_OP} kernel; use --backend torch_ao")
-    torch.backends.quantized.engine = check_quantized_engine()
+    static_engine()
     model = copy.deepcopy(model).float().eval()
     for name, linear in quantizable_linears(model).items():
         top = input_max.get(name)
@@ -414,9 +418,7 @@ def load_quantized(directory, head: Optional[str] = None) -> nn.Module:
 
 def load_static(model: nn.Module, int8: dict) -> nn.Module:
     """``model`` with its linears replaced by the saved ``StaticInt8Linear`` weights, scales and input scales."""
-    if not static_op_available():
-        raise PtmError(f"this int8 model needs the quantized::{STATIC_OP} kernel, which this torch lacks")
-    torch.backends.quantized.engine = check_quantized_engine()
+    static_engine()
     for name, (q, scale, bias, input_scale) in int8.items():
         module = StaticInt8Linear(q.shape[1], q.shape[0], bias is not None)
         module.weight_int8.copy_(q)

@@ -103,7 +103,9 @@ def qat_input_ranges(loaded, where) -> dict[str, float]:
     from ptm_app.backbones.delta import transformers_model
     from ptm_app.compression.quantization import quantizable_linears
 
-    return {name: float(ranges.get(name)) for name in quantizable_linears(transformers_model(loaded.model))}
+    names = quantizable_linears(transformers_model(loaded.model))
+    found = {name: getattr(ranges, name.replace(".", "__"), None) for name in names}
+    return {name: float(value) for name, value in found.items() if value is not None}  # a gap: refused later
 
 
 def quantize_command(argv: list[str]) -> int:

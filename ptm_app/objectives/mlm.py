@@ -173,6 +173,12 @@ class MaskedLMModule(LanguageModelModule):
                                       word_start_table(self.tokenizer, vocab), vocab)
             self.word_senses.copy_(table.to(self.word_senses.device))
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.supersense_input and "word_senses" not in checkpoint.get("state_dict", {}):
+            raise PtmError("this SenseBERT checkpoint predates the vocabulary table M (word_senses): its sense-aware "
+                           "input was read per word from the corpus; train it again with this version")
+        super().on_load_checkpoint(checkpoint)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         if self.supersense_input:  # export folds (W + S M) into the word table: the plain model needs no M

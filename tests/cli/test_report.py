@@ -126,3 +126,17 @@ def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
     assert [r["run"] for r in rows] == ["cls-a", "cls-b", "qa-a"]
     assert rows[0]["val/acc"] == "0.7000" and rows[2]["test/f1"] == "0.5000" and rows[0]["data"] == "tweets"
+
+
+def test_a_cells_fingerprint_ignores_comments_but_not_settings(tmp_path):
+    from ptm_app.sweep import cell_fingerprint
+
+    config = tmp_path / "c.yaml"
+    config.write_text("trainer: {max_steps: 2}\n")
+    cell, plan = {"name": "c", "config": str(config)}, {"name": "p"}
+    before = cell_fingerprint(plan, cell)
+    config.write_text("# a note\ntrainer:\n  max_steps: 2   # the budget\n")
+    assert cell_fingerprint(plan, cell) == before
+    config.write_text("trainer: {max_steps: 3}\n")
+    assert cell_fingerprint(plan, cell) != before
+    assert cell_fingerprint(plan, cell, ["upstream"]) != cell_fingerprint(plan, cell)

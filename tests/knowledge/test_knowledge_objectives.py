@@ -547,3 +547,12 @@ def test_bbc_spans_keep_bbc_articles_splits_and_find_phrases():
         assert {r["doc"] for r in rows} == articles  # the paragraphs of bbc's split, article by article
     found = Counter(r["text"][a:b].lower() for r in rows for a, b in r["phrases"])
     assert found["prime minister"] > 0 and all(r["entities"] == [] for r in rows)
+
+
+def test_a_sensebert_checkpoint_without_the_vocabulary_table_is_one_line():
+    from ptm_app.objectives.mlm import MaskedLMModule
+
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True,
+                            supersense_input=True)
+    with pytest.raises(PtmError, match="predates the vocabulary table M"):
+        module.on_load_checkpoint({"state_dict": {"backbone.x": torch.zeros(1)}})
