@@ -197,10 +197,9 @@ def summary_metrics(run: Path) -> dict:
 
 def made_from(run: Path) -> Optional[list[str]]:
     """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
-    from ptm_app.sweep import CELL_FILE
+    from ptm_app.sweep import cell_record
 
-    path = run / CELL_FILE
-    return json.loads(path.read_text()).get("upstream") if path.is_file() else None
+    return cell_record(run).get("upstream")
 
 
 def collect(plan: dict) -> tuple[list[dict], list[str], dict]:

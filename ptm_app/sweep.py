@@ -6,7 +6,7 @@ test, e.g. a step budget), ``test: true`` to test each cell's best checkpoint (`
 fit), and ``cells``: ``{name, config, args, fit}`` each (``fit: false`` for zero-shot cells that only test).
 A cell whose run directory already has test metrics is skipped and an interrupted fit resumes exactly from its
 ``last.ckpt``, so a stopped sweep (Ctrl-C, SIGTERM) continues where it stopped; ``--force`` reruns from scratch.
-Each run directory records what made it (``cell.json``: a hash of the config file's text, the arguments and the
+Each run directory records what made it (``cell.json``: a hash of the config's settings, the arguments and the
 cells it starts from); a cell whose config or arguments changed since is not skipped or resumed but run afresh,
 its old directory kept beside it as ``<run>.stale-N``.  The table is ``<runs>/<name>.md`` and ``.csv``, built from
 the runs' ``summary.json`` files.
@@ -62,19 +62,24 @@ def is_done(run_dir: Path, fingerprint: Optional[str] = None) -> bool:
 
 
 def cell_fingerprint(plan: dict, cell: dict, upstream: Sequence[str] = ()) -> str:
-    """What makes a cell's run: its config file's settings (parsed: comments and layout do not count), the plan's and the cell's arguments, whether it fits and
-    which checkpoint it tests, and the fingerprints of the cells it starts from (``upstream``: a pre-training
-    whose export it fine-tunes), hashed."""
-    recipe = {"config": yaml.safe_load(Path(cell["config"]).read_text(encoding="utf-8")),  # comments do not count
+    """What makes a cell's run: its config's settings (parsed: comments and layout do not count), the plan's and
+    the cell's arguments, whether it fits and which checkpoint it tests, and the fingerprints of the cells it starts
+    from (``upstream``: a pre-training whose export it fine-tunes), hashed."""
+    recipe = {"config": yaml.safe_load(Path(cell["config"]).read_text(encoding="utf-8")),
               "args": [str(a) for a in [*(plan.get("common") or []), *(cell.get("args") or [])]],
               "fit": cell.get("fit", True), "test_ckpt": cell.get("test_ckpt"), "upstream": list(upstream)}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def cell_record(run_dir: Path) -> dict:
+    """``<run>/cell.json`` (fingerprint, cell, upstream); {} for a directory made before sweeps recorded one."""
+    path = run_dir / CELL_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def recorded_fingerprint(run_dir: Path) -> Optional[str]:
     """The fingerprint in ``<run>/cell.json``; None for a directory made before sweeps recorded one (trusted)."""
-    path = run_dir / CELL_FILE
-    return json.loads(path.read_text()).get("fingerprint") if path.is_file() else None
+    return cell_record(run_dir).get("fingerprint")
 
 
 def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[str] = ()) -> None:

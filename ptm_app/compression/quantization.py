@@ -223,16 +223,25 @@ class StaticInt8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self._packed = None
 
+    @classmethod
+    def of(cls, weight_int8: torch.Tensor, weight_scale: float, input_scale: float,
+           bias: Optional[torch.Tensor]) -> "StaticInt8Linear":
+        """The layer with these int8 weights, their scale, the input scale and the bias, packed."""
+        module = cls(weight_int8.shape[1], weight_int8.shape[0], bias is not None)
+        module.weight_int8.copy_(weight_int8)
+        module.weight_scale.fill_(weight_scale)
+        module.input_scale.fill_(input_scale)
+        if bias is not None:
+            module.bias.copy_(bias.detach())
+        return module.pack()
+
     def pack(self) -> "StaticInt8Linear":
         """fbgemm's packed int8 weight (rebuilt after the buffers change: call again after loading them)."""
-        weight = torch._make_per_tensor_quantized_tensor(self.weight_int8, float(self.weight_scale), 0)
-        self._packed = torch.ops.quantized.linear_prepack(weight, None if self.bias is None else self.bias.float())
+        with _quiet_deprecation():
+            weight = torch._make_per_tensor_quantized_tensor(self.weight_int8, float(self.weight_scale), 0)
+            bias = None if self.bias is None else self.bias.float()
+            self._packed = torch.ops.quantized.linear_prepack(weight, bias)
         return self
-
-    def __deepcopy__(self, memo):
-        clone = StaticInt8Linear(self.in_features, self.out_features, self.bias is not None)
-        clone.load_state_dict(self.state_dict())
-        return clone.pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None:
@@ -262,14 +271,8 @@ def quantize_static_q8bert(model: nn.Module, input_max: dict[str, float]) -> nn.
         if top is None or not top > 0:
             raise PtmError(f"--backend {STATIC}: no learned input range for {name}; quantize a QAT run "
                            f"(configs/compress/quantize_qat_bbc.yaml) that trained with qat.activations: true")
-        q = StaticInt8Linear(linear.in_features, linear.out_features, linear.bias is not None)
         weight, step = int8_symmetric(linear.weight)
-        q.weight_int8.copy_(weight)
-        q.weight_scale.fill_(step)
-        q.input_scale.fill_(top / QMAX)
-        if linear.bias is not None:
-            q.bias.copy_(linear.bias.detach())
-        _set_module(model, name, q.pack())
+        _set_module(model, name, StaticInt8Linear.of(weight, step, top / QMAX, linear.bias))
     return model
 
 
@@ -420,11 +423,5 @@ def load_static(model: nn.Module, int8: dict) -> nn.Module:
     """``model`` with its linears replaced by the saved ``StaticInt8Linear`` weights, scales and input scales."""
     static_engine()
     for name, (q, scale, bias, input_scale) in int8.items():
-        module = StaticInt8Linear(q.shape[1], q.shape[0], bias is not None)
-        module.weight_int8.copy_(q)
-        module.weight_scale.fill_(scale)
-        module.input_scale.fill_(float(input_scale))
-        if bias is not None:
-            module.bias.copy_(bias)
-        _set_module(model, name, module.pack())
+        _set_module(model, name, StaticInt8Linear.of(q, scale, float(input_scale), bias))
     return model.eval()

@@ -80,8 +80,8 @@ def alternating_medians(calls: dict, repeats: int) -> dict:
             for name, per in calls.items():
                 start = time.perf_counter()
                 per[b]()
-                times[name][b].append(1000 * (time.perf_counter() - start) / len(per[b])
-                                      if isinstance(per[b], EachInTurn) else 1000 * (time.perf_counter() - start))
+                calls_made = len(per[b]) if isinstance(per[b], EachInTurn) else 1
+                times[name][b].append(1000 * (time.perf_counter() - start) / calls_made)
     return {name: {b: round(statistics.median(v), 3) for b, v in per.items()} for name, per in times.items()}
 
 

@@ -113,9 +113,10 @@ def logits_at(model, inputs: dict, positions: torch.Tensor) -> torch.Tensor:
     rows it is given, so the model's own forward runs unchanged, inside a peft wrapper too (prompt tuning's
     virtual tokens are before the input: ``positions`` count them).  Equal to the dense logits at ``positions``
     (tests/adaptation/test_prompting.py); a model without output embeddings takes the dense path."""
+    from ptm_app.backbones.delta import transformers_model
+
     rows = torch.arange(len(positions), device=positions.device)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_output_embeddings()
+    decoder = transformers_model(model).get_output_embeddings()
     if decoder is None:
         return model(**inputs).logits[rows, positions]
 
