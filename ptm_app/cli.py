@@ -138,6 +138,9 @@ class PtmCLI(LightningCLI):
             if self.console_log:  # <run>/logs/console.log: the console and the third-party noise
                 open_console_log(self.run_dir)
             print(f"run directory: {self.run_dir}", flush=True)
+            if self.subcommand == "fit" and not cfg.get("ckpt_path") and any((self.run_dir / "checkpoints").glob("*")):
+                print(f"note: {self.run_dir / 'checkpoints'} holds an earlier fit's checkpoints; this fit starts "
+                      f"afresh and replaces them (to continue that fit, pass --ckpt_path last)", flush=True)
         if cfg.get("ckpt_path"):
             trust = bool(cfg.get("trust_checkpoint"))
             cfg.ckpt_path = str(self._checkpoint(cfg.ckpt_path, trust))

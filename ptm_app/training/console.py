@@ -34,6 +34,7 @@ NOISE_WARNINGS = (  # (category name, message pattern): third-party notices that
     ("UserWarning", r"Precision .* is not supported by the model summary"),  # lightning's summary under bf16
     ("FutureWarning", r"`is_gradient_checkpointing` is deprecated"),  # transformers 5, asked by peft
     ("UserWarning", r"Found \d+ module\(s\) in eval mode at the start of training"),  # frozen backbones, on purpose
+    ("UserWarning", r"Checkpoint directory .* exists and is not empty"),  # every resume; the CLI says it once
 )
 NOISE_TRANSFORMERS = (  # messages of transformers' loggers that say nothing about the run
     r"`loss_type=None` was set in the config but it is unrecognized",  # every decoder-only model, once
