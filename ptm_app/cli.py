@@ -34,7 +34,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
 from ptm_app.checkpoints import checkpoint_path, load_file, resolve_last, verify
-from ptm_app.paths import RunLock, atomic_dir, is_first_process, restore_replaced, runs_root
+from ptm_app.paths import RunLock, atomic_dir, is_first_process, restore_replaced, run_name_for, runs_root
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
 from ptm_app.training.console import RunConsole, close_console_log, open_console_log, quiet_third_party
@@ -122,11 +122,9 @@ class PtmCLI(LightningCLI):
 
     def _run_name(self) -> str:
         cfg = self._sub()
-        if cfg.get("run_name"):
-            return cfg.run_name
-        configs = cfg.get("config") or []
-        if configs:
-            return Path(str(configs[-1])).stem
+        name = run_name_for(cfg.get("run_name"), cfg.get("config") or [])
+        if name:
+            return name
         raise PtmError("no run name: pass --config FILE.yaml or --run_name NAME")
 
     def before_instantiate_classes(self) -> None:

@@ -28,6 +28,11 @@ def runs_root() -> Path:
     return Path(os.environ.get("PTM_RUNS_DIR") or "checkpoints").expanduser().resolve()
 
 
+def run_name_for(name: Optional[str], configs: list) -> Optional[str]:
+    """A run's name: ``name`` (``--run_name`` or the config's ``run_name``), else the last config file's stem."""
+    return name or (Path(str(configs[-1])).stem if configs else None)
+
+
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     """Build a directory in a sibling temp dir and move it into place only on success.

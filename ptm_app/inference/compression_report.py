@@ -33,7 +33,7 @@ from typing import Literal, Optional
 import torch
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
+from ptm_app.paths import require_markers, run_name_for, runs_root, write_between_markers, write_json
 
 COLUMNS = ["model", "params", "nonzero_params", "block_sparsity", "size_mb", "latency_b1_ms", "latency_b32_ms",
            "speedup_b1",
@@ -175,17 +175,15 @@ def locate(row: CompressionRow) -> Optional[str]:
 
 
 def fit_run_dir(argv: list[str]) -> Path:
-    """The run directory a ``fit`` step writes: ``--run_name``, else its config's ``run_name``, else the config's
-    file name (``cli``'s rule), under the runs directory."""
+    """The run directory a ``fit`` step writes (``cli``'s rule, ``paths.run_name_for``; the report's steps give
+    one ``--config``), under the runs directory."""
     import yaml
 
     flags = {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--")}
-    name = flags.get("--run_name")
-    if name is None:
-        config = Path(flags.get("--config", "run"))
-        name = (yaml.safe_load(config.read_text()) or {}).get("run_name") if config.is_file() else None
-        name = name or config.stem  # the last --config's stem, as cli does (the report's commands give one)
-    return runs_root() / name
+    name, config = flags.get("--run_name"), Path(flags.get("--config", "run"))
+    if name is None and config.is_file():
+        name = (yaml.safe_load(config.read_text()) or {}).get("run_name")
+    return runs_root() / run_name_for(name, [config])
 
 
 def resumable(argv: list[str]) -> Optional[list[str]]:
