@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ptm_app.backbones.heads import from_config
+from ptm_app.backbones.sense_input import fold_sense_input
 from ptm_app.checkpoints import CKPT_KEY, as_file, backbone_state, read_checkpoint
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root
@@ -45,23 +46,6 @@ def rebuild_backbone(ckpt: dict) -> nn.Module:
     if fold:
         fold_sense_input(model, ckpt["state_dict"][fold["senses"]], ckpt["state_dict"][fold["matrix"]].float())
     return model.eval()
-
-
-def fold_sense_input(model: nn.Module, word_senses: torch.Tensor, supersense_matrix: torch.Tensor) -> None:
-    """SenseBERT's input term (Levine et al. 2020 §3.2, ``objectives.knowledge``) into ``model``'s word-embedding
-    table: row ``v`` becomes ``W_v + S A(v)`` (``word_senses``: ``[V]`` bit masks of ``A(v)``; ``supersense_matrix``:
-    ``S``, ``[45, H]``), so the plain model given token ids sees what training gave it.  The MLM decoder, tied to
-    ``W`` in training, keeps ``W`` and its bias: the ties are cut (``tie_word_embeddings: false``) first."""
-    embeddings, decoder = model.get_input_embeddings(), model.get_output_embeddings()
-    with torch.no_grad():
-        if decoder is not None and decoder.weight is embeddings.weight:
-            decoder.weight = nn.Parameter(embeddings.weight.detach().clone())
-            if decoder.bias is not None:  # BERT ties it to cls.predictions.bias: untied, it is saved on its own
-                decoder.bias = nn.Parameter(decoder.bias.detach().clone())
-            model.config.tie_word_embeddings = False
-        bits = torch.arange(supersense_matrix.shape[0])
-        allowed = ((word_senses.long().unsqueeze(-1) >> bits) & 1).to(supersense_matrix.dtype)
-        embeddings.weight += (allowed @ supersense_matrix).to(embeddings.weight.dtype)
 
 
 def module_from_checkpoint(ckpt: dict, trust: bool = False) -> nn.Module:

@@ -11,7 +11,7 @@ word to its allowed supersenses and ``S`` is the supersense embedding matrix, th
 supersenses at the output (tied, as BERT ties ``W``).  ``M`` is a table over the vocabulary, as in the paper: a
 token that is a whole word maps to its ``A(w)``, word pieces and special tokens (``[MASK]`` included) to nothing;
 ``vocabulary_senses`` reads it once from the corpus annotation.  The input term is then a function of the token
-id, so export folds it into the word-embedding table (``backbones.from_checkpoint.fold_sense_input``) and the
+id, so export folds it into the word-embedding table (``backbones.sense_input.fold_sense_input``) and the
 exported model is a plain transformers model with the same inputs as in training.
 """
 from __future__ import annotations
@@ -19,9 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ptm_app.data.sources.wordnet import LEXNAMES
-
-NUM_SUPERSENSES = len(LEXNAMES)  # 45: 26 noun, 15 verb, 3 adjective and 1 adverb files
+from ptm_app.backbones.sense_input import NUM_SUPERSENSES
 
 
 class SupersenseHead(nn.Module):
@@ -34,12 +32,6 @@ class SupersenseHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.transform(hidden))
-
-
-def allowed_from_masks(masks: torch.Tensor, num_supersenses: int = NUM_SUPERSENSES) -> torch.Tensor:
-    """``[N]`` int64 bit masks (bit k = supersense k) -> ``[N, num_supersenses]`` bool."""
-    bits = torch.arange(num_supersenses, device=masks.device)
-    return ((masks.unsqueeze(-1) >> bits) & 1).bool()
 
 
 def vocabulary_senses(ids, senses, line_offsets, word_start, vocab_size: int) -> torch.Tensor:
@@ -60,14 +52,6 @@ def vocabulary_senses(ids, senses, line_offsets, word_start, vocab_size: int) ->
     table = np.zeros(vocab_size, np.int64)
     np.bitwise_or.at(table, ids[alone], senses[alone])
     return torch.from_numpy(table)
-
-
-def sense_aware_embeddings(word_embeddings: torch.Tensor, senses: torch.Tensor,
-                           supersense_matrix: torch.Tensor) -> torch.Tensor:
-    """SenseBERT's ``(W + S M) x``: ``word_embeddings`` ``[B, L, H]`` (``W x``) plus, per token, the sum of the rows
-    of ``supersense_matrix`` ``[S, H]`` (the columns of ``S``) at the bits set in ``senses`` ``[B, L]``."""
-    allowed = allowed_from_masks(senses, supersense_matrix.shape[0]).to(supersense_matrix.dtype)
-    return word_embeddings + (allowed @ supersense_matrix).to(word_embeddings.dtype)
 
 
 def allowed_senses_losses(logits: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

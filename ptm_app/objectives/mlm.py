@@ -14,12 +14,12 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from ptm_app.backbones.sense_input import allowed_from_masks, sense_aware_embeddings
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.errors import PtmError
-from ptm_app.objectives.knowledge import (SupersenseHead, allowed_from_masks, allowed_senses_losses,
-                                          sense_aware_embeddings, vocabulary_senses)
+from ptm_app.objectives.knowledge import SupersenseHead, allowed_senses_losses, vocabulary_senses
 from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.training.module import weighted_mean_update

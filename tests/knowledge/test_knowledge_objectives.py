@@ -13,7 +13,8 @@ from ptm_app.constants import IGNORE_INDEX
 from ptm_app.errors import PtmError
 from ptm_app.data.corruption.knowledge import knowledge_mask, knowledge_units
 from ptm_app.main import main
-from ptm_app.objectives.knowledge import allowed_from_masks, allowed_senses_losses
+from ptm_app.backbones.sense_input import allowed_from_masks
+from ptm_app.objectives.knowledge import allowed_senses_losses
 from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
