@@ -223,7 +223,8 @@ def missing_line(rows: list[CompressionRow]) -> str:
 
 def weight_tensors(model: torch.nn.Module):
     """Every weight of ``model``, an int8 linear layer's weights included (torch.ao's are packed, not parameters)."""
-    from ptm_app.compression.quantization import WeightOnlyInt8Linear, _dynamic_linear_type, torch_ao_available
+    from ptm_app.compression.quantization import (StaticInt8Linear, WeightOnlyInt8Linear, _dynamic_linear_type,
+                                                  torch_ao_available)
 
     dynamic = _dynamic_linear_type() if torch_ao_available() else ()
     yield from model.parameters()
@@ -233,7 +234,7 @@ def weight_tensors(model: torch.nn.Module):
             yield weight.int_repr()
             if bias is not None:
                 yield bias
-        elif isinstance(module, WeightOnlyInt8Linear):
+        elif isinstance(module, (WeightOnlyInt8Linear, StaticInt8Linear)):  # int8 buffers, not parameters
             yield from (t for t in (module.weight_int8, module.bias) if t is not None)
 
 
