@@ -76,18 +76,21 @@ def copy_teacher_embeddings(student: nn.Module, teacher: nn.Module) -> None:
 class SharedStudent:
     """An ALBERT student (Lan et al. 2020 §3.1) with the teacher's width, heads, feed-forward size and vocabulary:
     factorised embeddings (V×E then E×H, E ≪ H) and cross-layer parameter sharing (``num_hidden_groups`` layer
-    groups serve all ``num_hidden_layers`` layers; 1 = every layer shares one set of weights).  Trained from
-    scratch by the distillation losses.
+    groups serve all ``num_hidden_layers`` layers; 1 = every layer shares one set of weights), started from the
+    teacher (``init_shared_from_teacher``) or from scratch.
 
     Args:
         embedding_size: E, the factorised embedding width (ALBERT: 128).
         num_hidden_layers: the layers it runs (default: the teacher's).
         num_hidden_groups: how many distinct layers' weights there are (1: all shared).
+        from_teacher: start from the teacher's weights (``init_shared_from_teacher``); false: random, as ALBERT
+            before pre-training (distillation on a small task set alone then barely moves it from chance).
     """
 
     embedding_size: int = 128
     num_hidden_layers: Optional[int] = None
     num_hidden_groups: int = 1
+    from_teacher: bool = True
 
 
 def as_shared_student(value) -> Optional[SharedStudent]:
@@ -118,4 +121,79 @@ def shared_student(teacher: nn.Module, spec: SharedStudent, **config_updates) ->
     config = AlbertConfig(**fields, embedding_size=spec.embedding_size, num_hidden_layers=layers,
                           num_hidden_groups=spec.num_hidden_groups, classifier_dropout_prob=source.hidden_dropout_prob,
                           **config_updates)
-    return AlbertForSequenceClassification(config)
+    student = AlbertForSequenceClassification(config)
+    if spec.from_teacher:
+        init_shared_from_teacher(student, teacher)
+    return student
+
+
+ALBERT_LAYER_FROM_BERT = {  # ALBERT layer weight <- BERT block weight (same shapes)
+    "attention.query": "attention.self.query", "attention.key": "attention.self.key",
+    "attention.value": "attention.self.value", "attention.dense": "attention.output.dense",
+    "attention.LayerNorm": "attention.output.LayerNorm", "ffn": "intermediate.dense",
+    "ffn_output": "output.dense", "full_layer_layer_norm": "output.LayerNorm",
+}
+
+
+def group_teacher_layers(student_layers: int, groups: int, teacher_layers: int) -> list[int]:
+    """The teacher block (0-based) each ALBERT layer group starts from: the middle (rounded down) of the student
+    layers the group serves (ALBERT gives group ``g`` layers ``g·L/G … (g+1)·L/G − 1``), scaled to the teacher's
+    depth.  With as many groups as layers and the teacher's depth, group ``g`` takes block ``g``."""
+    per_group = student_layers / groups
+    middles = [int(g * per_group) + (int((g + 1) * per_group) - int(g * per_group) - 1) // 2 for g in range(groups)]
+    return [min(teacher_layers - 1, (m * teacher_layers) // student_layers) for m in middles]
+
+
+def init_shared_from_teacher(student: nn.Module, teacher: nn.Module) -> None:
+    """The ALBERT student from a BERT-style teacher (ptm_app's starting point; the ALBERT paper pre-trains):
+
+    * factorised embeddings from the truncated SVD of the teacher's word table ``W = U Σ Vᵀ`` (V×H):
+      ``U_E Σ_E^½`` (V×E) and the E→H map ``Σ_E^½ V_Eᵀ``, the best rank-E product (Eckart-Young); position and
+      token-type rows are projected into the same E coordinates (their product with the map is their projection
+      on the top-E right singular vectors).  The E-wide LayerNorm starts as the identity's affine part (1, 0) and
+      the map's bias as the teacher's embedding LayerNorm bias;
+    * each layer group's weights from one teacher block (``group_teacher_layers``), the pooler as the teacher's,
+      the classifier as the teacher's when it predicts the same labels in the same order."""
+    source = dict(teacher.base_model.named_parameters())
+    albert = student.albert
+    width = albert.config.embedding_size  # E
+    missing = [k for k in ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                           "embeddings.LayerNorm.bias", "pooler.dense.weight") if k not in source]
+    if missing:
+        raise PtmError(f"shared_student.from_teacher needs a BERT-style teacher; {type(teacher).__name__} has no "
+                       f"{missing[0]}: set shared_student.from_teacher: false")
+    with torch.no_grad():
+        words = source["embeddings.word_embeddings.weight"].float()
+        u, sigma, vh = torch.linalg.svd(words, full_matrices=False)
+        rank = min(width, sigma.numel())  # an E above H keeps all H directions, the other E columns zero
+        root = sigma[:rank].sqrt().clamp_min(1e-6)
+        word_table, mapping, into_e = (torch.zeros(words.shape[0], width), torch.zeros(words.shape[1], width),
+                                       torch.zeros(words.shape[1], width))
+        word_table[:, :rank] = u[:, :rank] * root
+        mapping[:, :rank] = (root[:, None] * vh[:rank]).T  # E -> H, as nn.Linear stores it (H×E)
+        into_e[:, :rank] = vh[:rank].T / root  # H -> E coordinates: (x · into_e) · mappingᵀ = x projected on V_E
+        albert.embeddings.word_embeddings.weight.copy_(word_table)
+        for name in ("position_embeddings", "token_type_embeddings"):
+            table = source.get(f"embeddings.{name}.weight")
+            target = getattr(albert.embeddings, name).weight
+            if table is not None and table.shape[0] >= target.shape[0]:
+                target.copy_(table[:target.shape[0]].float() @ into_e)
+        albert.embeddings.LayerNorm.weight.fill_(1.0)
+        albert.embeddings.LayerNorm.bias.zero_()
+        albert.encoder.embedding_hidden_mapping_in.weight.copy_(mapping)
+        albert.encoder.embedding_hidden_mapping_in.bias.copy_(source["embeddings.LayerNorm.bias"])
+        prefix = layer_list_path(teacher.base_model)
+        blocks = group_teacher_layers(albert.config.num_hidden_layers, albert.config.num_hidden_groups,
+                                      num_layers(teacher))
+        for group, block in zip(albert.encoder.albert_layer_groups, blocks):
+            layer = group.albert_layers[0]
+            for target_name, bert_name in ALBERT_LAYER_FROM_BERT.items():
+                module = layer.get_submodule(target_name)
+                module.weight.copy_(source[f"{prefix}.{block}.{bert_name}.weight"])
+                module.bias.copy_(source[f"{prefix}.{block}.{bert_name}.bias"])
+        albert.pooler.weight.copy_(source["pooler.dense.weight"])
+        albert.pooler.bias.copy_(source["pooler.dense.bias"])
+        head = getattr(teacher, "classifier", None)
+        if isinstance(head, nn.Linear) and head.weight.shape == student.classifier.weight.shape and \
+                getattr(teacher.config, "id2label", None) == student.config.id2label:
+            student.classifier.load_state_dict(head.state_dict())
