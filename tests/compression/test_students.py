@@ -162,15 +162,15 @@ def test_shared_student_from_the_teacher_computes_the_teachers_blocks_and_factor
     from ptm_app.compression.students import SharedStudent, group_teacher_layers, shared_student
 
     torch.manual_seed(0)
-    teacher = BertForSequenceClassification(BertConfig(
+    model = BertForSequenceClassification(BertConfig(
         vocab_size=50, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32,
         max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
     ids = torch.randint(1, 50, (2, 9))
     with torch.no_grad():
-        out = teacher(input_ids=ids, output_hidden_states=True)
-    full = shared_student(teacher, SharedStudent(embedding_size=16, num_hidden_groups=4),
-                          num_labels=3, id2label=teacher.config.id2label).eval()
-    words = teacher.bert.embeddings.word_embeddings.weight.detach()
+        out = model(input_ids=ids, output_hidden_states=True)
+    full = shared_student(model, SharedStudent(embedding_size=16, num_hidden_groups=4),
+                          num_labels=3, id2label=model.config.id2label).eval()
+    words = model.bert.embeddings.word_embeddings.weight.detach()
     product = full.albert.embeddings.word_embeddings.weight @ full.albert.encoder.embedding_hidden_mapping_in.weight.T
     assert torch.allclose(product, words, atol=1e-4)  # E = H: the factorisation is exact
     hook = full.albert.encoder.embedding_hidden_mapping_in.register_forward_hook(
@@ -181,18 +181,18 @@ def test_shared_student_from_the_teacher_computes_the_teachers_blocks_and_factor
     for layer in range(1, 5):
         assert torch.allclose(got.hidden_states[layer], out.hidden_states[layer], atol=1e-5), layer
     assert torch.allclose(got.logits, out.logits, atol=1e-5)
-    small = shared_student(teacher, SharedStudent(embedding_size=4), num_labels=3)
+    small = shared_student(model, SharedStudent(embedding_size=4), num_labels=3)
     u, s, vh = torch.linalg.svd(words, full_matrices=False)
     best = (u[:, :4] * s[:4]) @ vh[:4]
     product = small.albert.embeddings.word_embeddings.weight @ small.albert.encoder.embedding_hidden_mapping_in.weight.T
     assert torch.allclose(product, best, atol=1e-4)
     assert float((product - words).norm()) == pytest.approx(float(s[4:].norm()), rel=1e-3)  # Eckart-Young error
-    wide = shared_student(teacher, SharedStudent(embedding_size=24), num_labels=3)  # E > H: all H directions
+    wide = shared_student(model, SharedStudent(embedding_size=24), num_labels=3)  # E > H: all H directions
     product = wide.albert.embeddings.word_embeddings.weight @ wide.albert.encoder.embedding_hidden_mapping_in.weight.T
     assert torch.allclose(product, words, atol=1e-4)
     assert group_teacher_layers(4, 1, 4) == [1] and group_teacher_layers(6, 2, 6) == [1, 4]
-    block = teacher.bert.encoder.layer[1].attention.self.query.weight
+    block = model.bert.encoder.layer[1].attention.self.query.weight
     assert torch.equal(small.albert.encoder.albert_layer_groups[0].albert_layers[0].attention.query.weight, block)
-    scratch = shared_student(teacher, SharedStudent(embedding_size=4, from_teacher=False), num_labels=3)
+    scratch = shared_student(model, SharedStudent(embedding_size=4, from_teacher=False), num_labels=3)
     assert not torch.equal(scratch.albert.encoder.albert_layer_groups[0].albert_layers[0].attention.query.weight,
                            block)
