@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import shlex
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -298,6 +299,16 @@ def forward_call(loaded, rule, inputs: dict):
     return functools.partial(head_outputs, loaded, dict(inputs), "sequence_classification")
 
 
+def say_truncated(tokenizer, records: list[dict], max_length: int, what: str) -> None:
+    """One line, once for every row: how many of the scored texts are longer than ``max_length`` (the teacher's
+    tokens), which every row then reads truncated."""
+    lengths = [len(ids) for ids in tokenizer([r["text"] for r in records])["input_ids"]]
+    over = sum(n > max_length for n in lengths)
+    if over:
+        print(f"note: {over} of {len(lengths)} {what} texts are longer than max_length={max_length} tokens; every "
+              f"row scores and times them truncated", file=sys.stderr)
+
+
 def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], max_length: int,
            batch_size: int) -> tuple[float, Optional[float], list[bool]]:
     """``(metric, mean exit layer or None, each record right?)`` of the row on ``records`` (an early exit at its
@@ -308,7 +319,8 @@ def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], ma
     if rule is not None:
         loaded.module.exit_rule = rule
     rows = predict_rows(loaded, [r["text"] for r in records], batch_size=batch_size, max_length=max_length,
-                        precision="32")  # as timed: fp32 (a bf16 run's autocast would score another model)
+                        precision="32",  # as timed: fp32 (a bf16 run's autocast would score another model)
+                        warn_truncated=False)  # said once for all rows (compress_report)
     index = {label: i for i, label in enumerate(labels)}
     predicted = [index.setdefault(str(row["label"]), len(index)) for row in rows]
     gold = [index[str(r["label"])] for r in records]
@@ -398,6 +410,8 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     measured, calls, correct = [], {}, {}
     for row in everything:
         loaded, rule = load_row(row, locate(row))
+        if row is teacher:
+            say_truncated(loaded.tokenizer, records, max_length, f"{source}/{split}")
         extra = [loaded.module.exits] if rule is not None else []
         params, nonzero = counts([loaded.model, *extra])
         value, exit_layer, correct[row.name] = scored(loaded, rule, records, metric, labels, max_length, batch_size)

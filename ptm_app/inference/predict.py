@@ -28,10 +28,10 @@ from ptm_app.paths import atomic_file
 @torch.no_grad()
 def predict_rows(loaded: LoadedModel, examples: list, ids: Optional[list] = None, batch_size: int = 32,
                  max_length: Optional[int] = None, too_long: str = "truncate", texts: Optional[list[str]] = None,
-                 progress: bool = False, precision: str = "run") -> list[dict]:
+                 progress: bool = False, precision: str = "run", warn_truncated: bool = True) -> list[dict]:
     """One row per example: ``id`` (when given), ``text`` (when the examples came as texts), then the head's
     fields (``inference.predictors``)."""
-    settings = Settings(batch_size, max_length, too_long, progress, precision)
+    settings = Settings(batch_size, max_length, too_long, progress, precision, warn_truncated)
     with precision_context(loaded, settings):
         rows = predictor_for(loaded).rows(loaded, examples, settings)
     heads = [{} if ids is None else {"id": i} for i in (ids or [None] * len(rows))]

@@ -35,13 +35,15 @@ PRECISIONS = ("run", "32", "bf16")  # run: bf16 autocast when the run predicted 
 @dataclass(frozen=True)
 class Settings:
     """``batch_size``; ``max_length`` overrides the run's input limit; ``too_long``: truncate or refuse;
-    ``progress``: show a progress bar."""
+    ``progress``: show a progress bar; ``warn_truncated``: the one warning line when truncating (a caller that
+    says it once for many calls turns it off)."""
 
     batch_size: int = 32
     max_length: Optional[int] = None
     too_long: str = "truncate"
     progress: bool = False  # a transient bar over the batches (on a terminal): files, not single texts
     precision: str = "run"
+    warn_truncated: bool = True
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -110,8 +112,9 @@ def check_lengths(lengths: list[int], limit: int, settings: Settings, what: str)
     if settings.too_long == "refuse":
         raise PtmError(f"input {over[0] + 1} is {lengths[over[0]]} tokens, longer than {what}={limit}; shorten it, "
                        f"or pass --too_long truncate")
-    print(f"warning: {len(over)} of {len(lengths)} inputs are longer than {what}={limit} tokens and were truncated "
-          f"(--too_long refuse rejects them instead)", file=sys.stderr)
+    if settings.warn_truncated:
+        print(f"warning: {len(over)} of {len(lengths)} inputs are longer than {what}={limit} tokens and were "
+              f"truncated (--too_long refuse rejects them instead)", file=sys.stderr)
 
 
 def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:

@@ -39,6 +39,7 @@ NOISE_WARNINGS = (  # (category name, message pattern): third-party notices that
 NOISE_TRANSFORMERS = (  # messages of transformers' loggers that say nothing about the run
     r"`loss_type=None` was set in the config but it is unrecognized",  # every decoder-only model, once
     r"The tied weights mapping for this model specifies to tie",  # a head absent from the checkpoint: load report
+    r"Token indices sequence length is longer than the specified maximum",  # measuring lengths: ptm_app says it
 )
 LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")  # "lightning": the unified package's handler
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -199,7 +200,8 @@ def quiet_third_party() -> None:
             if not any(isinstance(f, _Divert) for f in handler.filters):
                 handler.addFilter(_Divert(lambda r: r.levelno >= logging.WARNING))
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model load
-    for name in ("transformers.modeling_utils", "transformers.configuration_utils"):
+    for name in ("transformers.modeling_utils", "transformers.configuration_utils",
+                 "transformers.tokenization_utils_base"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _LoadReport) for f in logger.filters):
             logger.addFilter(_LoadReport())

@@ -91,8 +91,9 @@ def check_table(out: Path, names: list[str]) -> dict:
     return {r["model"]: r for r in rows}
 
 
-def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
-    """The rows' make commands (quantize, prune) run first; parameters, size and accuracy are the models' own."""
+def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path, capfd):
+    """The rows' make commands (quantize, prune) run first; parameters, size and accuracy are the models' own; the
+    texts longer than max_length are named once, not once per row."""
     from ptm_app.compression.quantization import QUANT_WEIGHTS
     from ptm_app.inference.loading import load_for_inference
     from ptm_app.inference.quantize import accuracy
@@ -110,6 +111,10 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path):
         readme=str(tmp_path / "README.md"))
     (tmp_path / "README.md").write_text("intro\n<!-- table:start -->\n<!-- table:end -->\nend\n")
     assert run_main(["compress-report", "--config", str(config), "--make_missing", "true"], runs) == 0
+    said = capfd.readouterr().err
+    notes = [line for line in said.splitlines() if "longer than max_length" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: ") and f"of {EXAMPLES} bbc/test texts" in notes[0], notes
+    assert "Token indices sequence length" not in said
     by = check_table(runs / "table", ["teacher", "int8", "3 layers"])
     judged = [(r["row"], r["target"], r["met"]) for r in json.loads((runs / "table" / "compression_targets.json")
                                                                    .read_text())]
