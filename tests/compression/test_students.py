@@ -154,12 +154,14 @@ def test_bad_student_choices_are_one_line(tiny_corpus, teacher, tmp_path, capsys
 
 def test_shared_student_from_the_teacher_computes_the_teachers_blocks_and_factorises_its_embeddings():
     """``init_shared_from_teacher``: with a group per layer, fed the teacher's embedding output, the ALBERT student
-    computes the teacher's hidden states and logits (each layer, the pooler and the classifier copied); its
-    factorised word table is the SVD's best rank-E product (W itself at E = H); one shared group takes the middle
-    block."""
+    computes the teacher's hidden states and logits (each layer, the pooler and the classifier copied); at E = H
+    its factorised word table read back through the E->H map is W and its embedding output the teacher's exactly;
+    below H the read-back is the centred W on E orthogonal directions (scaled by sqrt(H/E) for the E-wide
+    LayerNorm); one shared group takes the middle block; a classifier over the same labels in another order is
+    reordered."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    from ptm_app.compression.students import SharedStudent, group_teacher_layers, shared_student
+    from ptm_app.compression.students import SharedStudent, group_teacher_layers, reflection_onto_ones, shared_student
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(
@@ -168,11 +170,23 @@ def test_shared_student_from_the_teacher_computes_the_teachers_blocks_and_factor
     ids = torch.randint(1, 50, (2, 9))
     with torch.no_grad():
         out = model(input_ids=ids, output_hidden_states=True)
+    words = model.bert.embeddings.word_embeddings.weight.detach()
+
+    def read_back(student):
+        albert = student.albert
+        return albert.embeddings.word_embeddings.weight @ albert.encoder.embedding_hidden_mapping_in.weight.T
+
     full = shared_student(model, SharedStudent(embedding_size=16, num_hidden_groups=4),
                           num_labels=3, id2label=model.config.id2label).eval()
-    words = model.bert.embeddings.word_embeddings.weight.detach()
-    product = full.albert.embeddings.word_embeddings.weight @ full.albert.encoder.embedding_hidden_mapping_in.weight.T
-    assert torch.allclose(product, words, atol=1e-4)  # E = H: the factorisation is exact
+    assert torch.allclose(read_back(full), words, atol=1e-4)  # E = H: the factorisation is exact
+    embedded = {}
+    hook = full.albert.encoder.embedding_hidden_mapping_in.register_forward_hook(
+        lambda module, args, result: embedded.setdefault("out", result))
+    with torch.no_grad():
+        full(input_ids=ids)
+    hook.remove()
+    error = (embedded["out"] - out.hidden_states[0]).norm() / out.hidden_states[0].norm()
+    assert float(error) < 1e-5, float(error)  # E = H: the teacher's LayerNorm output exactly
     hook = full.albert.encoder.embedding_hidden_mapping_in.register_forward_hook(
         lambda module, args, result: out.hidden_states[0])
     with torch.no_grad():
@@ -182,17 +196,25 @@ def test_shared_student_from_the_teacher_computes_the_teachers_blocks_and_factor
         assert torch.allclose(got.hidden_states[layer], out.hidden_states[layer], atol=1e-5), layer
     assert torch.allclose(got.logits, out.logits, atol=1e-5)
     small = shared_student(model, SharedStudent(embedding_size=4), num_labels=3)
-    u, s, vh = torch.linalg.svd(words, full_matrices=False)
-    best = (u[:, :4] * s[:4]) @ vh[:4]
-    product = small.albert.embeddings.word_embeddings.weight @ small.albert.encoder.embedding_hidden_mapping_in.weight.T
-    assert torch.allclose(product, best, atol=1e-4)
-    assert float((product - words).norm()) == pytest.approx(float(s[4:].norm()), rel=1e-3)  # Eckart-Young error
+    mapping = small.albert.encoder.embedding_hidden_mapping_in.weight.detach() / 2.0  # sqrt(H/E) = 2, weight 1
+    projector = mapping @ mapping.T  # B Bᵀ: orthogonal projection on 4 directions orthogonal to the ones vector
+    assert torch.allclose(projector @ projector, projector, atol=1e-5) and round(float(projector.trace())) == 4
+    assert float((projector @ torch.ones(16)).norm()) < 1e-5
+    centred = words - words.mean(1, keepdim=True)
+    assert torch.allclose(read_back(small).detach(), 2.0 * centred @ projector, atol=1e-4)
     wide = shared_student(model, SharedStudent(embedding_size=24), num_labels=3)  # E > H: all H directions
-    product = wide.albert.embeddings.word_embeddings.weight @ wide.albert.encoder.embedding_hidden_mapping_in.weight.T
-    assert torch.allclose(product, words, atol=1e-4)
+    assert torch.allclose(read_back(wide), words * (16 / 24) ** 0.5, atol=1e-4)
+    reflection = reflection_onto_ones(5)
+    assert torch.allclose(reflection @ reflection, torch.eye(5), atol=1e-6)
+    assert torch.allclose(reflection[:, -1], torch.full((5,), 5 ** -0.5), atol=1e-6)
     assert group_teacher_layers(4, 1, 4) == [1] and group_teacher_layers(6, 2, 6) == [1, 4]
+    assert group_teacher_layers(6, 4, 6) == [0, 2, 3, 5]  # ALBERT's grouping: layer i runs group int(i / (L/G))
     block = model.bert.encoder.layer[1].attention.self.query.weight
     assert torch.equal(small.albert.encoder.albert_layer_groups[0].albert_layers[0].attention.query.weight, block)
     scratch = shared_student(model, SharedStudent(embedding_size=4, from_teacher=False), num_labels=3)
     assert not torch.equal(scratch.albert.encoder.albert_layer_groups[0].albert_layers[0].attention.query.weight,
                            block)
+    names = [model.config.id2label[i] for i in range(3)]
+    reordered = shared_student(model, SharedStudent(embedding_size=4), num_labels=3,
+                               id2label=dict(enumerate(reversed(names))))
+    assert torch.equal(reordered.classifier.weight, model.classifier.weight.flip(0))
