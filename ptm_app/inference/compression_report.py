@@ -299,14 +299,13 @@ def forward_call(loaded, rule, inputs: dict):
     return functools.partial(head_outputs, loaded, dict(inputs), "sequence_classification")
 
 
-def say_truncated(tokenizer, records: list[dict], max_length: int, what: str) -> None:
-    """One line, once for every row: how many of the scored texts are longer than ``max_length`` (the teacher's
-    tokens), which every row then reads truncated."""
+def truncation_note(tokenizer, records: list[dict], max_length: int, what: str) -> Optional[str]:
+    """The line saying how many of the scored texts are longer than ``max_length`` tokens of ``tokenizer`` (rows
+    score and time them truncated), or None; the report prints each distinct line once, not once per row."""
     lengths = [len(ids) for ids in tokenizer([r["text"] for r in records])["input_ids"]]
     over = sum(n > max_length for n in lengths)
-    if over:
-        print(f"note: {over} of {len(lengths)} {what} texts are longer than max_length={max_length} tokens; every "
-              f"row scores and times them truncated", file=sys.stderr)
+    return (f"note: {over} of {len(lengths)} {what} texts are longer than max_length={max_length} tokens; the rows "
+            f"score and time them truncated") if over else None
 
 
 def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], max_length: int,
@@ -320,7 +319,7 @@ def scored(loaded, rule, records: list[dict], metric: str, labels: list[str], ma
         loaded.module.exit_rule = rule
     rows = predict_rows(loaded, [r["text"] for r in records], batch_size=batch_size, max_length=max_length,
                         precision="32",  # as timed: fp32 (a bf16 run's autocast would score another model)
-                        warn_truncated=False)  # said once for all rows (compress_report)
+                        warn_truncated=False)  # said once per distinct count (compress_report)
     index = {label: i for i, label in enumerate(labels)}
     predicted = [index.setdefault(str(row["label"]), len(index)) for row in rows]
     gold = [index[str(r["label"])] for r in records]
@@ -407,11 +406,13 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         raise PtmError(f"{source}/{split} has no records to score; choose another split")
     labels = sorted({str(r["label"]) for r in records})
     texts = [r["text"] for r in records[:32]]
-    measured, calls, correct = [], {}, {}
+    measured, calls, correct, notes = [], {}, {}, set()
     for row in everything:
         loaded, rule = load_row(row, locate(row))
-        if row is teacher:
-            say_truncated(loaded.tokenizer, records, max_length, f"{source}/{split}")
+        note = truncation_note(loaded.tokenizer, records, max_length, f"{source}/{split}")
+        if note and note not in notes:  # rows with the teacher's tokenizer say the same
+            print(note, file=sys.stderr)
+            notes.add(note)
         extra = [loaded.module.exits] if rule is not None else []
         params, nonzero = counts([loaded.model, *extra])
         value, exit_layer, correct[row.name] = scored(loaded, rule, records, metric, labels, max_length, batch_size)
