@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip -c $(CONSTRAINTS)
 	$(PIP) install -q -c $(CONSTRAINTS) torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,deepspeed,onnx,serve,data]"
+	DS_BUILD_OPS=0 $(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,deepspeed,onnx,serve,data,hub]"
 	$(PIP) install -q -c $(CONSTRAINTS) --no-deps litdata==0.2.76
 	touch $(STAMP)
 
