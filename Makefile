@@ -33,7 +33,7 @@ demo: data
 	$(PY) main.py fit --config configs/demo/finetune_bbc.yaml
 	$(PY) main.py test --config configs/demo/finetune_bbc.yaml --ckpt_path best
 
-# Two pytest workers (pytest-xdist), one test file each at a time, one thread each: about 9 minutes on 2 cores
+# Two pytest workers (pytest-xdist), one test file each at a time, one thread each: about 9-10 minutes on 2 cores
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
