@@ -32,6 +32,7 @@ import yaml
 from ptm_app.errors import PtmError
 from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
 
+PROBE_KEYS = {"relation", "facts", "seed", "held_out"}
 PLAN_KEYS = {"name", "pretrain_args", "task_args", "probe", "link_prediction", "tasks", "models"}
 MODEL_KEYS = {"id", "label", "pretrain", "adapters", "tasks"}
 
@@ -53,6 +54,10 @@ def load_knowledge_plan(path: str | Path) -> dict:
     for task, spec in plan["tasks"].items():
         if not isinstance(spec, dict) or set(spec) != {"config", "metric", "column"}:
             raise PtmError(f"knowledge plan {path}: task {task} needs exactly 'config', 'metric' and 'column'")
+    probe = plan.get("probe") or {}
+    if not isinstance(probe, dict) or set(probe) - PROBE_KEYS:
+        raise PtmError(f"knowledge plan {path}: 'probe' takes {', '.join(sorted(PROBE_KEYS))}; unknown: "
+                       f"{sorted(set(probe) - PROBE_KEYS) if isinstance(probe, dict) else probe}")
     configs = [t["config"] for t in plan["tasks"].values()]
     ids = [m.get("id") for m in plan["models"]]
     for model in plan["models"]:
@@ -161,10 +166,11 @@ def probe_models(plan: dict, models: list[dict]) -> None:
     model; a model probed before is not probed again)."""
     from ptm_app.analysis.knowledge_facts import read_facts, relation_file, valid_objects
     from ptm_app.analysis.knowledge_probe import load_language_model, sample_facts, score_relation, summaries
+    from ptm_app.knowledge.seen_pairs import held_out, knowledge_training_pairs
 
     from ptm_app.sweep import recorded_fingerprint
 
-    settings = {"relation": "hypernym", "facts": 200, "seed": 0, **(plan.get("probe") or {})}
+    settings = {"relation": "hypernym", "facts": 200, "seed": 0, "held_out": False, **(plan.get("probe") or {})}
     path = probe_file(plan)
     results = json.loads(path.read_text()) if path.is_file() else {}
     made_by = {m["id"]: recorded_fingerprint(run_dir(plan, m, "pretrain")) for m in models}
@@ -173,7 +179,12 @@ def probe_models(plan: dict, models: list[dict]) -> None:
     if not models:
         return
     facts = read_facts(relation_file(settings["relation"]))
-    valid, sample = valid_objects(facts), sample_facts(facts, settings["facts"], settings["seed"])
+    pool = held_out(facts, knowledge_training_pairs(settings["relation"])) if settings["held_out"] else facts
+    if not pool:
+        raise PtmError(f"probe.held_out leaves no fact of '{settings['relation']}': every pair is a LIBERT or KEPLER "
+                       "training pair; set probe.held_out: false")
+    # the filtered ranking still leaves out every valid object, held out or not
+    valid, sample = valid_objects(facts), sample_facts(pool, settings["facts"], settings["seed"])
     for model in models:
         export = run_dir(plan, model, "pretrain") / "export"
         lm = load_language_model(str(export))
@@ -181,7 +192,8 @@ def probe_models(plan: dict, models: list[dict]) -> None:
         relation = sample[0].relation
         row = next(r for r in summaries(lm.name, scored, {relation: skipped})
                    if r["relation"] == relation and r["ranking"] == "vocabulary")
-        results[model["id"]] = {**row, "export": str(export), "pretrain": made_by[model["id"]], **settings}
+        results[model["id"]] = {**row, "export": str(export), "pretrain": made_by[model["id"]], **settings,
+                                "facts_of_relation": len(facts), "facts_held_out": len(pool)}
         write_json(path, results)
 
 

@@ -13,8 +13,7 @@ from typing import Callable, Literal, Optional
 
 import lightning.pytorch as pl
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from ptm_app.data.blocks import BlockView, LazyBlocks
 from ptm_app.data.contract import DataFacts, ModelHooks
@@ -23,7 +22,7 @@ from ptm_app.data.corpus import CorpusDocuments, Packing, iter_texts, load_corpu
 from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
 from ptm_app.data.encoded import EncodedSplit, pick
 from ptm_app.data.formats import split_files
-from ptm_app.data.loader import ResumableLoader
+from ptm_app.data.loader import ResumableLoader, eval_loader
 from ptm_app.data.tasks import Overlong, Unlabelled, encode_split, label_ids, label_values
 from ptm_app.data.tokenizer import TokenizerSpec, is_bert_style, load_tokenizer
 from ptm_app.errors import PtmError
@@ -181,13 +180,8 @@ class _Base(pl.LightningDataModule):
     def _eval_loader(self, split: str, seeded_order: bool = True) -> DataLoader:
         if split not in self.datasets:
             raise PtmError(f"data source '{self.source}' has no {split} split; add a {split}.jsonl file")
-        dataset = self.datasets[split]
-        if seeded_order:  # one fixed seeded order: limit_val/test_batches then take the same random subset
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed)).tolist()
-            dataset = Subset(dataset, order)  # (prepared files are sorted by label: a prefix is one class)
-        return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False,
-                          collate_fn=self._collate(), num_workers=self.num_workers,
-                          generator=torch.Generator().manual_seed(self.seed))  # leave the global RNG alone
+        return eval_loader(self.datasets[split], batch_size=self.eval_batch_size, seed=self.seed,
+                           seeded_order=seeded_order, collate_fn=self._collate(), num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("validation")

@@ -82,6 +82,19 @@ class EpochSampler(Sampler):
                 yield epoch, index
 
 
+def eval_loader(dataset, *, batch_size: int, seed: int, seeded_order: bool = True, **kwargs: Any) -> DataLoader:
+    """A validation/test loader over ``dataset`` in one fixed seeded order (so ``limit_val/test_batches`` take the
+    same random subset every time; prepared files are sorted by label, where a prefix is one class), or in file
+    order.  Its own generator: creating an iterator of a plain ``DataLoader`` draws a seed from the global RNG, so a
+    validation between two training steps would shift the next step's dropout and a resumed run would differ."""
+    from torch.utils.data import Subset
+
+    if seeded_order:
+        dataset = Subset(dataset, torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist())
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator().manual_seed(seed),
+                      **kwargs)
+
+
 class ResumableLoader(DataLoader):
     """``DataLoader`` over an ``EpochSampler`` with ``state_dict``/``load_state_dict``."""
 

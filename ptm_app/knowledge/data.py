@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Callable, Iterator, Literal, Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from ptm_app.data.collators import pad
 from ptm_app.data.contract import DataFacts
@@ -21,7 +21,7 @@ from ptm_app.data.corpus import Packing
 from ptm_app.data.corruption import draw_generator
 from ptm_app.data.datamodules import PretrainDataModule
 from ptm_app.data.datasets import _index
-from ptm_app.data.loader import ResumableLoader
+from ptm_app.data.loader import ResumableLoader, eval_loader
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import PtmError
 from ptm_app.knowledge.graph import FILES, EntityText, KnowledgeGraph, load_graph
@@ -232,10 +232,8 @@ class KeplerDataModule(PretrainDataModule):
                               seed=self.seed)
 
     def _triple_loader(self, name: str, collate_fn) -> DataLoader:
-        dataset = TripleDataset(self.graph().triples[name])
-        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed)).tolist()
-        return DataLoader(Subset(dataset, order), batch_size=self.eval_batch_size, shuffle=False,
-                          collate_fn=collate_fn, num_workers=self.num_workers)
+        return eval_loader(TripleDataset(self.graph().triples[name]), batch_size=self.eval_batch_size, seed=self.seed,
+                           collate_fn=collate_fn, num_workers=self.num_workers)
 
     # -- loaders ---------------------------------------------------------------------------------------
     def train_dataloader(self) -> JointLoader:

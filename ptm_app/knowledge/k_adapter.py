@@ -11,8 +11,11 @@ switchable, so one backbone serves all), and the task head reads ``[h; h_factual
 
 Differs from the paper: its adapters are separate transformer stacks reading the hidden states of a few backbone
 layers (0, 11, 23 of RoBERTa-large) and leaving the backbone's own pass untouched; ours sit inside every layer and
-each costs a backbone pass.  What the paper fixes, this keeps: the backbone never trains, each adapter is trained
-alone on its knowledge source, and the downstream head sees the concatenation.
+each costs a backbone pass.  Kept from the paper: the backbone is frozen while each adapter is trained alone on its
+knowledge source (§3), and the downstream head sees the concatenation.  Downstream, the authors' scripts fine-tune
+the backbone with the adapters frozen (``--freeze_bert="" --freeze_adapter=True``); here the backbone stays frozen
+there too and only the head trains, so a K-Adapter run and its control (the same head on ``[h]`` alone) differ in
+the adapters only.
 
 A run's checkpoints hold the adapters and the head (the frozen base is rebuilt from its source); ``export`` writes
 the base as a ``save_pretrained`` model and the adapters with the head as the module's own weights, so

@@ -70,6 +70,13 @@ class MaskedLMModule(LanguageModelModule):
         if len(knowledge_stages) != 2 or not 0.0 <= knowledge_stages[0] <= knowledge_stages[1] <= 1.0:
             raise PtmError(f"knowledge_stages must be two step fractions 0 <= phrase <= entity <= 1 "
                            f"(got {list(knowledge_stages)})")
+        staged_default = knowledge_levels == "staged" and tuple(knowledge_stages) == (1 / 3, 2 / 3)
+        if masking != "knowledge" and not staged_default:
+            raise PtmError(f"knowledge_levels and knowledge_stages apply to masking: knowledge only (got masking: "
+                           f"{masking}); remove them or set masking: knowledge")
+        if knowledge_levels == "mixed" and tuple(knowledge_stages) != (1 / 3, 2 / 3):
+            raise PtmError("knowledge_stages schedule knowledge_levels: staged; with mixed every level is drawn "
+                           "from the first step: remove knowledge_stages")
         if sentence_objective and (masking == "knowledge" or supersense_objective):
             raise PtmError("knowledge masking and the supersense objective train on sentence blocks; "
                            "remove sentence_objective")

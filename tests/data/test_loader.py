@@ -1,5 +1,6 @@
 """The resumable loader: rank shards, per-epoch order, skip-by-index resume, epoch roll-over."""
 import pytest
+import torch
 
 from ptm_app.data.datasets import BlockDataset
 from ptm_app.data.loader import EpochSampler, ResumableLoader
@@ -49,3 +50,22 @@ def test_batch_size_change_is_refused():
     loader = ResumableLoader(BlockDataset([[1]] * 8), batch_size=4, shuffle=False, seed=0, collate_fn=collate)
     with pytest.raises(PtmError, match="batch_size=2"):
         loader.load_state_dict({"epoch": 0, "consumed": 1, "batch_size": 2})
+
+
+def test_eval_loader_leaves_the_global_rng_alone():
+    """A plain DataLoader draws its base seed from the global RNG at every iterator; ``eval_loader`` must not, or a
+    validation between two training steps changes the next step's dropout (and a resume at that step differs)."""
+    from torch.utils.data import DataLoader
+
+    from ptm_app.data.loader import eval_loader
+
+    state = torch.get_rng_state()
+    iter(DataLoader(list(range(4))))
+    assert not torch.equal(torch.get_rng_state(), state)  # what the helper guards against
+    state = torch.get_rng_state()
+    loader = eval_loader(list(range(10)), batch_size=3, seed=5)
+    first, again = [b.tolist() for b in loader], [b.tolist() for b in loader]
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first == again and sorted(sum(first, [])) == list(range(10)) and sum(first, []) != list(range(10))
+    assert sum([b.tolist() for b in eval_loader(list(range(10)), batch_size=3, seed=5, seeded_order=False)], []) \
+        == list(range(10))

@@ -111,6 +111,41 @@ def test_inductive_split_entities_are_unseen_in_train(wordnet_kg):
     assert not entity_sets[0] & entity_sets[1]
 
 
+def test_split_functions_on_a_hand_built_graph_keep_inverses_together():
+    """The splitters themselves (not only the prepared files): 60 hypernym/hyponym pairs and 20 symmetric antonym
+    pairs; each pair's two directions share a split, nothing held out is in train, and with seed fixed the split
+    is the same twice."""
+    import random
+
+    from ptm_app.data.sources.wordnet_kg import inductive_split, transductive_split
+
+    rng = random.Random(0)
+    graph = set()
+    for i in range(60):
+        h, t = f"s{i}", f"s{rng.randrange(60, 80)}"
+        graph |= {(h, "hypernym", t), (t, "hyponym", h)}
+    for i in range(20):
+        a, b = f"s{i}", f"s{i + 20}"
+        graph |= {(a, "antonym", b), (b, "antonym", a)}
+    graph = sorted(graph)
+    split, stats = transductive_split(graph, seed=3)
+    assert split == transductive_split(graph, seed=3)[0]
+    train = set(split["train"])
+    held = split["validation"] + split["test"]
+    assert held and not set(held) & train
+    for x in held:  # the mirror of a held-out triple is held out with it, never in train
+        mirror = {"hypernym": "hyponym", "hyponym": "hypernym", "antonym": "antonym"}[x[1]]
+        assert (x[2], mirror, x[0]) not in train
+    dropped = sum(stats[s]["unseen_entity_removed"] for s in ("validation", "test"))
+    assert len(train) + len(held) + dropped == len(graph)  # every triple in exactly one place
+    assert stats["validation"]["inverse_in_train_removed"] == stats["test"]["inverse_in_train_removed"] == 0
+
+    parts, i_stats = inductive_split(graph, seed=3)
+    owners = {name: {e for h, _, t in rows for e in (h, t)} for name, rows in parts.items()}
+    assert not owners["train"] & owners["test"] and not owners["train"] & owners["validation"]
+    assert sum(map(len, parts.values())) + i_stats["triples_across_entity_sets_dropped"] == len(graph)
+
+
 # -- a hand-built graph: bad input and a tiny KEPLER run ----------------------------------------------------------
 def make_graph(root: Path) -> Path:
     """Twelve entities with word descriptions; e0-e7 in training, e8-e11 only in the inductive files."""

@@ -292,6 +292,20 @@ def test_staged_levels_follow_the_step_fractions():
         MaskedLMModule(backbone_config=TINY_BERT, masking="knowledge", knowledge_stages=[0.7, 0.2])
 
 
+def test_knowledge_level_options_are_refused_where_they_would_be_ignored():
+    from ptm_app.objectives.mlm import MaskedLMModule
+
+    with pytest.raises(PtmError, match="apply to masking: knowledge only"):
+        MaskedLMModule(backbone_config=TINY_BERT, masking="whole_word", knowledge_stages=[0.25, 0.5])
+    with pytest.raises(PtmError, match="apply to masking: knowledge only"):
+        MaskedLMModule(backbone_config=TINY_BERT, masking="span", knowledge_levels="mixed")
+    with pytest.raises(PtmError, match="remove knowledge_stages"):
+        MaskedLMModule(backbone_config=TINY_BERT, masking="knowledge", knowledge_levels="mixed",
+                       knowledge_stages=[0.1, 0.2])
+    defaults = MaskedLMModule(backbone_config=TINY_BERT, masking="whole_word")  # what every checkpoint holds
+    assert defaults.knowledge_levels == "staged" and defaults.knowledge_stages == (1 / 3, 2 / 3)
+
+
 def bad_line(argv, capsys) -> str:
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
@@ -308,16 +322,36 @@ def test_knowledge_masking_on_a_corpus_without_spans_is_one_line(tiny_corpus, ca
 
 
 # -- the recipes at tiny size: train, resume exactly, export ------------------------------------------------------
-@pytest.mark.parametrize("recipe", ["ernie_brown", "sensebert_brown"])
+def recipe_args(recipe: str, corpus: Path, tmp_path: Path) -> list[str]:
+    """The shipped recipe at tiny size, its examples read from the span corpus ``corpus`` (brown_spans as shipped:
+    test_configs), KEPLER's graph a hand-built one, LIBERT's pairs hand-built ones."""
+    from tests.cli.test_recipes import tiny_args
+
+    config = ROOT / "configs" / "knowledge" / f"{recipe}.yaml"
+    if recipe == "libert_brown":  # two streams: the control's sentence blocks and the pairs
+        args = libert_args(corpus, pair_files(tmp_path / "pairs"), "alternate", 6)
+        return [*args, "--data.init_args.corpus", json.dumps({"source": str(corpus), "examples": "knowledge_spans",
+                                                              "max_length": 32})]
+    args = ["fit", *tiny_args(config, steps=6), "--data.init_args.source", str(corpus)]
+    if recipe == "kepler_brown":
+        from tests.knowledge.test_kepler import make_graph
+
+        args += ["--data.init_args.graph", str(make_graph(tmp_path / "kg")), "--data.init_args.kg_batch_size", "5",
+                 "--data.init_args.description_length", "12"]
+    return args
+
+
+@pytest.mark.parametrize("recipe", ["mlm_brown", "ernie_brown", "sensebert_brown", "libert_brown", "kepler_brown"])
 def test_recipe_resumes_exactly_and_exports(recipe, tmp_path):
+    """Each pre-training of the knowledge table, from its shipped config: 6 steps, paused at 3 and resumed to the
+    same losses, exported to a plain masked LM."""
     from transformers import AutoModelForMaskedLM
 
-    from tests.cli.test_recipes import losses, tiny_args
+    from tests.cli.test_recipes import losses
 
     runs = tmp_path / "runs"
-    corpus = span_corpus(tmp_path / "corpus", n=96)  # the recipe's objective on a small span corpus (brown_spans
-    args = ["fit", *tiny_args(ROOT / "configs" / "knowledge" / f"{recipe}.yaml", steps=6),  # as shipped: test_configs)
-            "--data.init_args.source", str(corpus)]
+    corpus = span_corpus(tmp_path / "corpus", n=96)
+    args = recipe_args(recipe, corpus, tmp_path)
     assert_resumes_exactly(args, runs, stop=3, steps=6)  # ERNIE: stages change at steps 2 and 4
     rows = (runs / "full" / "logs" / "metrics.csv").read_text()
     assert ("train/knowledge_stage" in rows) == (recipe == "ernie_brown")
@@ -331,7 +365,7 @@ def test_recipe_resumes_exactly_and_exports(recipe, tmp_path):
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     exported = AutoModelForMaskedLM.from_pretrained(out).eval()
-    assert exported.config.hidden_size == 32
+    assert exported.config.hidden_size == TINY_BERT["hidden_size"]
     assert sorted(losses(runs / "full")) == list(range(6))
     if recipe == "sensebert_brown":
         assert_sense_input_is_folded_into_the_export(runs / "full" / "checkpoints" / "last.ckpt", exported, out)

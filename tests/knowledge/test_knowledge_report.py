@@ -88,6 +88,8 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
     ({"models": [{"id": "x", "pretrain": "configs/knowledge/nope.yaml"}]}, "config configs/knowledge/nope.yaml not found"),
     ({"models": [{"id": "x", "tasks": {"ner": "configs/finetune/brown_pos_minilm.yaml"}}]},
      "tasks ['ner'] are not in the plan's tasks"),
+    ({"probe": {"relation": "hypernym", "heldout": True}}, "'probe' takes facts, held_out, relation, seed; unknown: "
+                                                           "['heldout']"),
 ])
 def test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
@@ -107,6 +109,48 @@ def test_a_readme_without_the_plans_markers_is_one_line_before_anything_runs(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no '<!-- knowledge_brown:start -->'" in err[0], err
     assert readme.read_text() == "# no markers here\n"
+
+
+def test_held_out_probe_facts_leave_out_libert_and_kepler_training_pairs(tmp_path):
+    """A hand-built lexrel and graph: the related lexrel pairs (either order) and every lemma pair of a hypernym or
+    hyponym triple are seen; an unrelated pair, another relation and the other facts are not."""
+    from ptm_app.analysis.knowledge_facts import Fact
+    from ptm_app.knowledge.seen_pairs import graph_pairs, held_out, lexrel_pairs
+    from tests.conftest import write_jsonl
+
+    write_jsonl(tmp_path / "lexrel" / "train.jsonl", [
+        {"text": "Dog", "text_pair": "canine", "relation": "hypernym"},
+        {"text": "big", "text_pair": "large", "relation": "synonym"},
+        {"text": "cat", "text_pair": "tree", "relation": "none"}])
+    write_jsonl(tmp_path / "kg" / "entities.jsonl", [
+        {"id": "a", "names": ["oak", "oak tree"]}, {"id": "b", "names": ["tree"]}, {"id": "c", "names": ["wheel"]},
+        {"id": "d", "names": ["car", "auto"]}])
+    write_jsonl(tmp_path / "kg" / "train.jsonl", [
+        {"head": "b", "relation": "hyponym", "tail": "a"}, {"head": "c", "relation": "part_holonym", "tail": "d"}])
+    seen = lexrel_pairs(tmp_path / "lexrel")
+    assert seen == {frozenset(("dog", "canine")), frozenset(("big", "large"))}
+    hypernymy = graph_pairs(tmp_path / "kg", "hypernym")
+    assert hypernymy == {frozenset(("oak", "tree")), frozenset(("oak tree", "tree"))}
+    assert graph_pairs(tmp_path / "kg", "part_of") == {frozenset(("wheel", "car")), frozenset(("wheel", "auto"))}
+    assert graph_pairs(tmp_path / "kg", "supersense") == set()
+    facts = [Fact("hypernym", "A [X] is a kind of [MASK].", s, o)
+             for s, o in [("canine", "dog"), ("oak", "tree"), ("cat", "tree"), ("wheel", "car"), ("ash", "tree")]]
+    assert [f.subject for f in held_out(facts, seen | hypernymy)] == ["cat", "wheel", "ash"]
+
+
+def test_held_out_hypernymy_on_the_prepared_wordnet():
+    """On the real data: the shipped plan's probe pool has no LIBERT or KEPLER training pair, and keeps thousands."""
+    from ptm_app.analysis.knowledge_facts import read_facts, relation_file
+    from ptm_app.knowledge.seen_pairs import held_out, knowledge_training_pairs
+    from tests.knowledge.test_knowledge_objectives import needs
+
+    needs("wordnet_lexrel"), needs("wordnet_kg")
+    assert yaml.safe_load(PLAN.read_text())["probe"]["held_out"] is True
+    facts = read_facts(relation_file("hypernym"))
+    seen = knowledge_training_pairs("hypernym")
+    pool = held_out(facts, seen)
+    assert 2000 < len(pool) < 0.6 * len(facts)
+    assert not any(frozenset((f.subject, f.object)) in seen for f in pool)
 
 
 @pytest.mark.slow

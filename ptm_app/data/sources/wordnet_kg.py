@@ -33,7 +33,7 @@ ARTIFACT = wordnet.ARTIFACT
 LICENCE = wordnet.LICENCE
 FORMAT_VERSION = 1
 SEED = 1234
-SPLIT_BY = "relation"
+SPLIT_BY = "relation"  # the field counted per split; what is split is the entity pair or the entity (``unit``)
 PAIR_FRACTIONS = {"validation": 0.05, "test": 0.05}  # transductive: of the entity pairs
 ENTITY_FRACTIONS = {"validation": 0.1, "test": 0.1}  # inductive: of the entities in any triple
 INDUCTIVE = "inductive"
@@ -162,7 +162,8 @@ def write(archives: list[Path], out: Path) -> dict:
         seen = sum(h in train_entities or t in train_entities for h, _, t in inductive[name])
         counts[INDUCTIVE][name]["triples_with_an_entity_seen_in_train"] = seen
     split = {
-        "seed": SEED, "by": SPLIT_BY, "training_file": "train.jsonl (both settings)",
+        "seed": SEED, "by": SPLIT_BY, "unit": "unordered entity pair (transductive), entity (inductive)",
+        "training_file": "train.jsonl (both settings)",
         "inductive": {
             "files": [f"{INDUCTIVE}/validation.jsonl", f"{INDUCTIVE}/test.jsonl"],
             "fractions_of_entities": ENTITY_FRACTIONS,
