@@ -1,5 +1,7 @@
-"""K-Adapter: adapters trained by named delta runs, loaded onto one frozen MiniLM; the backbone stays bit-identical
-while the head (and nothing else) learns; the head reads [h; h_factual; h_linguistic]; a missing name is one line."""
+"""K-Adapter: adapters trained by named delta runs, loaded onto one frozen backbone; the backbone stays bit-identical
+while the head (and nothing else) learns; the head reads [h; h_factual; h_linguistic]; a missing name is one line.
+The backbone is a tiny BERT with MiniLM's tokenizer, saved as a prepared model is (the shipped recipes use MiniLM:
+``test_configs``)."""
 import pytest
 import torch
 import yaml
@@ -7,19 +9,18 @@ import yaml
 from ptm_app.main import main
 from tests.conftest import run_main
 
-# two MiniLM adapter runs first (~40 s on 2 shared cores)
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def adapter_run(corpus, tmp, runs, name: str, run_name: str, seed: int) -> None:
+def adapter_run(base, corpus, tmp, runs, name: str, run_name: str, seed: int) -> None:
     cfg = {"seed_everything": seed,
            "trainer": {"max_steps": 2, "accelerator": "cpu", "devices": 1, "precision": "32-true",
                        "limit_val_batches": 1, "enable_progress_bar": False, "log_every_n_steps": 1},
            "model": {"class_path": "SequenceClassificationModule",
-                     "init_args": {"backbone": "minilm", "optim": {"lr": 1e-2, "warmup": 0},
+                     "init_args": {"backbone": str(base), "optim": {"lr": 1e-2, "warmup": 0},
                                    "delta": {"method": "houlsby", "name": name, "bottleneck": 8}}},
            "data": {"class_path": "TaskDataModule",
-                    "init_args": {"source": str(corpus), "tokenizer": {"pretrained": "minilm"}, "max_length": 24,
+                    "init_args": {"source": str(corpus), "tokenizer": {"pretrained": str(base)}, "max_length": 24,
                                   "batch_size": 4, "limit_train": 8}}}
     path = tmp / f"{run_name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -27,38 +28,51 @@ def adapter_run(corpus, tmp, runs, name: str, run_name: str, seed: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def adapter_runs(tiny_corpus, tmp_path_factory):
+def base(tmp_path_factory):
+    """A 2-layer, 32-wide BERT with MiniLM's vocabulary and tokenizer, as a ``save_pretrained`` folder."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
     from ptm_app.data.sources import prepared_dir
 
     try:
-        prepared_dir("minilm")
+        minilm = prepared_dir("minilm")
     except Exception:
         pytest.skip("minilm is not prepared (python main.py data prepare minilm)")
+    out = tmp_path_factory.mktemp("tiny_base")
+    tok = AutoTokenizer.from_pretrained(minilm)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter_runs(base, tiny_corpus, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kadapter")
     runs = tmp / "runs"
-    adapter_run(tiny_corpus, tmp, runs, "factual", "factual_run", seed=3)
-    adapter_run(tiny_corpus, tmp, runs, "linguistic", "linguistic_run", seed=4)  # another init: other weights
+    adapter_run(base, tiny_corpus, tmp, runs, "factual", "factual_run", seed=3)
+    adapter_run(base, tiny_corpus, tmp, runs, "linguistic", "linguistic_run", seed=4)  # another init: other weights
     return runs
 
 
-def test_backbone_stays_frozen_and_the_head_reads_every_adapter(adapter_runs, tiny_corpus, monkeypatch):
+def test_backbone_stays_frozen_and_the_head_reads_every_adapter(base, adapter_runs, tiny_corpus, monkeypatch):
     from transformers import AutoTokenizer
 
-    from ptm_app.data.sources import prepared_dir
     from ptm_app.knowledge.k_adapter import KAdapterModule
 
     monkeypatch.setenv("PTM_RUNS_DIR", str(adapter_runs))
-    module = KAdapterModule(backbone="minilm", labels=["neg", "pos"],
+    module = KAdapterModule(backbone=str(base), labels=["neg", "pos"],
                             adapters={"factual": "factual_run", "linguistic": "linguistic_run"}).build()
     module.configure_model()
-    base = {k: v.clone() for k, v in module.backbone.state_dict().items() if not k.startswith("delta_adapters.")}
+    frozen = {k: v.clone() for k, v in module.backbone.state_dict().items() if not k.startswith("delta_adapters.")}
     adapters = {k: v.clone() for k, v in module.backbone.state_dict().items() if k.startswith("delta_adapters.")}
     assert {k.split(".")[1] for k in adapters} == {"factual", "linguistic"}
     # the loaded adapters are the trained ones (their up-projections left zero after training 2 steps at lr 1e-2)
     assert any(k.endswith("up.weight") and v.abs().sum() > 0 for k, v in adapters.items())
     assert module.classifier[1].in_features == 3 * module.backbone.config.hidden_size
 
-    tok = AutoTokenizer.from_pretrained(prepared_dir("minilm"))
+    tok = AutoTokenizer.from_pretrained(base)
     batch = dict(tok(["the cat sat on a mat", "markets rose as shares fell"], padding=True, return_tensors="pt"))
     batch["labels"] = torch.tensor([0, 1])
     module.train()
@@ -76,18 +90,18 @@ def test_backbone_stays_frozen_and_the_head_reads_every_adapter(adapter_runs, ti
         loss.backward()
         optimizer.step()
     state = module.backbone.state_dict()
-    assert all(torch.equal(state[k], v) for k, v in base.items())  # bit-identical backbone
+    assert all(torch.equal(state[k], v) for k, v in frozen.items())  # bit-identical backbone
     assert all(torch.equal(state[k], v) for k, v in adapters.items())  # adapters frozen too (train_adapters: false)
     assert not torch.equal(module.classifier[1].weight, head_before)
 
 
-def test_a_named_adapter_that_does_not_exist_is_one_line(adapter_runs, tiny_corpus, tmp_path, capsys):
+def test_a_named_adapter_that_does_not_exist_is_one_line(base, adapter_runs, tiny_corpus, tmp_path, capsys):
     cfg = {"trainer": {"max_steps": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False},
            "model": {"class_path": "KAdapterModule",
-                     "init_args": {"backbone": "minilm",
+                     "init_args": {"backbone": str(base),
                                    "adapters": {"factual": "factual_run", "syntax": "linguistic_run"}}},
            "data": {"class_path": "TaskDataModule",
-                    "init_args": {"source": str(tiny_corpus), "tokenizer": {"pretrained": "minilm"}, "max_length": 24,
+                    "init_args": {"source": str(tiny_corpus), "tokenizer": {"pretrained": str(base)}, "max_length": 24,
                                   "batch_size": 4}}}
     path = tmp_path / "kadapter_bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -101,7 +115,7 @@ def test_a_named_adapter_that_does_not_exist_is_one_line(adapter_runs, tiny_corp
     assert "adapters.syntax: no adapter named 'syntax'" in errors[0] and "it has 'linguistic'" in errors[0]
 
 
-def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tmp_path, capsys):
+def test_k_adapter_run_resumes_exactly_and_reloads(base, adapter_runs, tiny_corpus, tmp_path, capsys):
     """A K-Adapter fit paused at step 2 and resumed logs the full run's losses; its checkpoint holds the adapters and
     the head but not the frozen base, and ``load_from_checkpoint`` rebuilds the same model without the adapter runs;
     its export (base + adapters + head) reloads to identical outputs and predicts what the run predicts."""
@@ -114,10 +128,10 @@ def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tm
                        "val_check_interval": 2, "limit_val_batches": 1, "enable_progress_bar": False,
                        "log_every_n_steps": 1},
            "model": {"class_path": "KAdapterModule",
-                     "init_args": {"backbone": "minilm", "optim": {"lr": 1e-2, "warmup": 0},
+                     "init_args": {"backbone": str(base), "optim": {"lr": 1e-2, "warmup": 0},
                                    "adapters": {"factual": "factual_run", "linguistic": "linguistic_run"}}},
            "data": {"class_path": "TaskDataModule",
-                    "init_args": {"source": str(tiny_corpus), "tokenizer": {"pretrained": "minilm"}, "max_length": 24,
+                    "init_args": {"source": str(tiny_corpus), "tokenizer": {"pretrained": str(base)}, "max_length": 24,
                                   "batch_size": 4, "limit_train": 12}}}
     path = tmp_path / "kadapter_tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -146,8 +160,8 @@ def test_k_adapter_run_resumes_exactly_and_reloads(adapter_runs, tiny_corpus, tm
     assert torch.equal(saved["backbone.delta_adapters.factual.ffn.0.up.weight"],
                        state["backbone.delta_adapters.factual.ffn.0.up.weight"])
     assert torch.equal(saved["classifier.1.weight"], state["classifier.1.weight"])
-    base = AutoModel.from_pretrained(out)  # the plain base: no adapter keys in it
-    assert not any("delta_adapters" in k for k in base.state_dict())
+    plain = AutoModel.from_pretrained(out)  # the plain base: no adapter keys in it
+    assert not any("delta_adapters" in k for k in plain.state_dict())
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PTM_RUNS_DIR", str(tmp_path / "elsewhere"))  # neither the runs nor the checkpoint are needed
         reloaded = load_exported_module(out)
