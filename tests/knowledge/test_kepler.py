@@ -185,6 +185,30 @@ def test_a_triple_file_with_an_unknown_entity_is_file_and_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_relation_errors_through_main_are_one_line(tiny_corpus, tmp_path, capsys):
+    """From the CLI: a config naming a relation the graph lacks, and a triple file using a relation its manifest
+    does not declare (file:line), each end the run with one line."""
+    from ptm_app.main import main
+
+    graph = make_graph(tmp_path / "kg")
+    cfg = kepler_config(tiny_corpus, graph, tmp_path)
+
+    def one_error(*extra) -> str:
+        assert main(["fit", "--config", str(cfg), *extra]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        errors = [line for line in err if line.startswith("error:")]
+        assert len(errors) == 1 and err[-1] == errors[0], err
+        return errors[0]
+
+    line = one_error("--data.init_args.relations", '["is_a", "hypernym"]')
+    assert "data.init_args.relations: 'hypernym' is not a relation of the graph" in line and "is_a, part_of" in line
+    (graph / "manifest.json").write_text(json.dumps({"relations": {"pointer_symbols": {"@": "is_a", "%p": "part_of"}}}))
+    with open(graph / "validation.jsonl", "a") as fh:
+        fh.write(json.dumps({"head": "e1", "relation": "sibling", "tail": "e2"}) + "\n")
+    line = one_error()
+    assert f"{graph / 'validation.jsonl'}:3: unknown relation 'sibling' (the graph's: is_a, part_of)" in line
+
+
 def kepler_config(corpus: Path, graph: Path, tmp: Path, **trainer) -> Path:
     cfg = {
         "seed_everything": 7,
