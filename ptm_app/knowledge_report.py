@@ -256,7 +256,29 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
     return rows, columns, sources
 
 
+def draw(rows: list[dict], columns: list[str]):
+    """One panel per metric column, one bar per model that has the number (a cell that does not apply: no bar)."""
+    from ptm_app.analysis.figures import new_figure
+
+    metrics = [c for c in columns if c != "model"]
+    fig, axes = new_figure(len(metrics), width=4.2, height=0.35 * len(rows) + 1.2, columns=4)
+    for ax, column in zip(axes, metrics):
+        shown = [(i, r["model"], r[column]) for i, r in enumerate(rows) if r.get(column) is not None]
+        ax.barh([n for _, n, _ in shown], [v for _, _, v in shown], color=[f"C{i % 10}" for i, _, _ in shown])
+        for y, (_, _, v) in enumerate(shown):
+            ax.annotate(f"{v:.3f}", (v, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize="x-small")
+        ax.set_title(column, fontsize="small")
+        ax.set_xlim(0, max([v for _, _, v in shown] + [0.0]) * 1.25 or 1.0)
+        ax.invert_yaxis()  # the table's order, top down
+        ax.tick_params(axis="y", labelsize="x-small")
+        ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
 def write_knowledge_report(plan: dict) -> Path:
+    """``knowledge.md|csv|json``, ``knowledge.png`` (``draw``) and ``knowledge_runs.json`` in the plan's folder."""
+    from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.tables import write_table
 
     rows, columns, sources = collect(plan)
@@ -264,6 +286,7 @@ def write_knowledge_report(plan: dict) -> Path:
     md = write_table(rows, columns, out / "knowledge",
                      f"Knowledge-enhanced pre-training ({plan['name']}): link prediction on WordNet (filtered), "
                      f"LAMA cloze, downstream test metrics")
+    save_png(draw(rows, columns), out / "knowledge.png")
     write_json(out / "knowledge_runs.json", sources)
     return md
 
@@ -288,7 +311,7 @@ def knowledge_report_command(argv: list[str]) -> int:
     print(md.read_text(encoding="utf-8"), end="")
     if args.readme:
         write_between_markers(args.readme, plan["name"], md.read_text(encoding="utf-8"))
-    print(f"wrote {md}, {md.with_suffix('.csv')}, {md.with_suffix('.json')} and {md.parent / 'knowledge_runs.json'}")
+    print(f"wrote {md} (+ .csv, .json, .png) and {md.parent / 'knowledge_runs.json'}")
     if failed:
         raise PtmError(f"knowledge-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
     return 0

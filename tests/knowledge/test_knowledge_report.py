@@ -58,6 +58,21 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
     assert "| BERT-small KEPLER | 0.0312 | 0.0710 | 0.0100 | 0.2500 |  |  | 0.9111 |" in lines
     assert json.loads(md.with_suffix(".json").read_text())[0]["hypernym P@1"] == 0.125
     assert json.loads((md.parent / "knowledge_runs.json").read_text()) == json.loads(json.dumps(sources))
+    assert (md.parent / "knowledge.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_figure_draws_each_number_of_the_table_once():
+    """One panel per metric column; its bars are the models that have that number, with the table's values."""
+    from ptm_app.knowledge_report import draw
+
+    columns = ["model", "link MRR", "hypernym P@1"]
+    rows = [{"model": "a", "hypernym P@1": 0.1}, {"model": "b", "link MRR": 0.03, "hypernym P@1": 0.2},
+            {"model": "c"}]
+    fig = draw(rows, columns)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["link MRR", "hypernym P@1"]
+    bars = [[(t.get_text(), p.get_width()) for t, p in zip(ax.get_yticklabels(), ax.patches)] for ax in panels]
+    assert bars == [[("b", 0.03)], [("a", 0.1), ("b", 0.2)]]
 
 
 def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
