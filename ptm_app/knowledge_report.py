@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,10 @@ def load_knowledge_plan(path: str | Path) -> dict:
     if not isinstance(probe, dict) or set(probe) - PROBE_KEYS:
         raise PtmError(f"knowledge plan {path}: 'probe' takes {', '.join(sorted(PROBE_KEYS))}; unknown: "
                        f"{sorted(set(probe) - PROBE_KEYS) if isinstance(probe, dict) else probe}")
+    for key, kind in (("facts", int), ("seed", int), ("held_out", bool), ("relation", str)):
+        if key in probe and (not isinstance(probe[key], kind) or (kind is int and isinstance(probe[key], bool))):
+            wanted = "true or false" if kind is bool else kind.__name__
+            raise PtmError(f"knowledge plan {path}: probe.{key} must be {wanted} (got {probe[key]!r})")
     configs = [t["config"] for t in plan["tasks"].values()]
     ids = [m.get("id") for m in plan["models"]]
     for model in plan["models"]:
@@ -170,7 +175,7 @@ def probe_models(plan: dict, models: list[dict]) -> None:
 
     from ptm_app.sweep import recorded_fingerprint
 
-    settings = {"relation": "hypernym", "facts": 200, "seed": 0, "held_out": False, **(plan.get("probe") or {})}
+    settings = probe_settings(plan)
     path = probe_file(plan)
     results = json.loads(path.read_text()) if path.is_file() else {}
     made_by = {m["id"]: recorded_fingerprint(run_dir(plan, m, "pretrain")) for m in models}
@@ -192,9 +197,15 @@ def probe_models(plan: dict, models: list[dict]) -> None:
         relation = sample[0].relation
         row = next(r for r in summaries(lm.name, scored, {relation: skipped})
                    if r["relation"] == relation and r["ranking"] == "vocabulary")
-        results[model["id"]] = {**row, "export": str(export), "pretrain": made_by[model["id"]], **settings,
+        results[model["id"]] = {**row, "facts_scored": row["facts"], "export": str(export),
+                                "pretrain": made_by[model["id"]], **settings,
                                 "facts_of_relation": len(facts), "facts_held_out": len(pool)}
         write_json(path, results)
+
+
+def probe_settings(plan: dict) -> dict:
+    """The plan's ``probe`` over the defaults: hypernymy, 200 facts, seed 0, from all facts."""
+    return {"relation": "hypernym", "facts": 200, "seed": 0, "held_out": False, **(plan.get("probe") or {})}
 
 
 def probe_is_current(result: dict, settings: dict, pretrain: Optional[str]) -> bool:
@@ -238,10 +249,11 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
                 if key in metrics:
                     row[column], where[column] = metrics[key], {"run": str(run), "metric": key}
             probe_column = columns[len(links) + 1]
-            if model["id"] in probes and probes[model["id"]].get("pretrain") == current[0]:
-                row[probe_column] = probes[model["id"]]["p_at_1"]
-                where[probe_column] = {"probe": str(probe_file(plan)), "export": probes[model["id"]]["export"],
-                                     "facts": probes[model["id"]]["facts"]}
+            probe = probes.get(model["id"])
+            if probe is not None and probe_is_current(probe, probe_settings(plan), current[0]):
+                row[probe_column] = probe["p_at_1"]
+                where[probe_column] = {"probe": str(probe_file(plan)), "export": probe["export"],
+                                     "facts": probe.get("facts_scored", probe["facts"])}
         runs_tasks = model.get("tasks") or plan["tasks"]
         for task, spec in plan["tasks"].items():
             if task not in runs_tasks:
@@ -263,7 +275,8 @@ def draw(rows: list[dict], columns: list[str]):
     metrics = [c for c in columns if c != "model"]
     fig, axes = new_figure(len(metrics), width=4.2, height=0.35 * len(rows) + 1.2, columns=4)
     for ax, column in zip(axes, metrics):
-        shown = [(i, r["model"], r[column]) for i, r in enumerate(rows) if r.get(column) is not None]
+        shown = [(i, r["model"], r[column]) for i, r in enumerate(rows)
+                 if r.get(column) is not None and math.isfinite(r[column])]
         ax.barh([n for _, n, _ in shown], [v for _, _, v in shown], color=[f"C{i % 10}" for i, _, _ in shown])
         for y, (_, _, v) in enumerate(shown):
             ax.annotate(f"{v:.3f}", (v, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize="x-small")
@@ -286,8 +299,8 @@ def write_knowledge_report(plan: dict) -> Path:
     md = write_table(rows, columns, out / "knowledge",
                      f"Knowledge-enhanced pre-training ({plan['name']}): link prediction on WordNet (filtered), "
                      f"LAMA cloze, downstream test metrics")
-    save_png(draw(rows, columns), out / "knowledge.png")
     write_json(out / "knowledge_runs.json", sources)
+    save_png(draw(rows, columns), out / "knowledge.png")
     return md
 
 

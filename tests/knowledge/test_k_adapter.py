@@ -40,9 +40,10 @@ def base(tmp_path_factory):
         pytest.skip("minilm is not prepared (python main.py data prepare minilm)")
     out = tmp_path_factory.mktemp("tiny_base")
     tok = AutoTokenizer.from_pretrained(minilm)
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(out)
+    with torch.random.fork_rng():  # seeded, without moving the global RNG of the tests after
+        torch.manual_seed(0)
+        BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=64, max_position_embeddings=64)).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 

@@ -35,8 +35,11 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
     write_summary(runs_dir / "knowledge_brown-minilm_k_adapter-wordnet_pairs", {"test/f1": 0.77, "test/acc": 0.8})
     write_summary(runs_dir / "knowledge_brown-minilm_k_adapter-brown_pos", {"test/acc": 0.99})  # not its task
     (runs_dir / "knowledge_brown").mkdir()
+    settings = {"relation": "hypernym", "facts": 500, "seed": 0, "held_out": True}  # the plan's
     (runs_dir / "knowledge_brown" / "probe.json").write_text(json.dumps(
-        {"mlm": {"p_at_1": 0.125, "facts": 400, "export": "e"}, "kepler": {"p_at_1": 0.25, "facts": 400, "export": "f"}}))
+        {"mlm": {"p_at_1": 0.125, "facts_scored": 400, "export": "e", **settings},
+         "kepler": {"p_at_1": 0.25, "facts_scored": 400, "export": "f", **settings},
+         "ernie": {"p_at_1": 0.5, "facts_scored": 400, "export": "g", **settings, "held_out": False}}))  # other facts
     rows, columns, sources = collect(plan)
     assert columns == ["model", "link MRR", "link Hits@10", "link MRR, unseen entities", "hypernym P@1",
                        "wordnet_supersense acc", "wordnet_pairs F1", "Brown POS acc"]
@@ -49,7 +52,7 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
                                        "link MRR, unseen entities": 0.01, "hypernym P@1": 0.25,
                                        "Brown POS acc": 0.9111}
     assert by["MiniLM + K-Adapter (frozen)"] == {"model": "MiniLM + K-Adapter (frozen)", "wordnet_pairs F1": 0.77}
-    assert by["BERT-small ERNIE masking"] == {"model": "BERT-small ERNIE masking"}  # nothing ran: nothing shown
+    assert by["BERT-small ERNIE masking"] == {"model": "BERT-small ERNIE masking"}  # nor a probe of other facts
     assert sources["BERT-small KEPLER"]["link MRR"] == {"run": str(runs_dir / "knowledge_brown-kepler-pretrain"),
                                                         "metric": "test/test/mrr"}
     assert sources["BERT-small MLM"]["wordnet_supersense acc"]["metric"] == "test/acc"
@@ -73,6 +76,9 @@ def test_the_figure_draws_each_number_of_the_table_once():
     assert [ax.get_title() for ax in panels] == ["link MRR", "hypernym P@1"]
     bars = [[(t.get_text(), p.get_width()) for t, p in zip(ax.get_yticklabels(), ax.patches)] for ax in panels]
     assert bars == [[("b", 0.03)], [("a", 0.1), ("b", 0.2)]]
+    rows[0]["link MRR"] = float("nan")  # a NaN metric of a diverged run: no bar, no error
+    fig = draw(rows, columns)
+    assert [len(ax.patches) for ax in fig.axes if ax.get_visible()] == [1, 2]
 
 
 def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
@@ -105,6 +111,8 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
      "tasks ['ner'] are not in the plan's tasks"),
     ({"probe": {"relation": "hypernym", "heldout": True}}, "'probe' takes facts, held_out, relation, seed; unknown: "
                                                            "['heldout']"),
+    ({"probe": {"held_out": "false"}}, "probe.held_out must be true or false (got 'false')"),
+    ({"probe": {"facts": 1.5}}, "probe.facts must be int (got 1.5)"),
 ])
 def test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
@@ -239,6 +247,7 @@ def test_numbers_from_an_earlier_pretraining_are_left_out(runs_dir, monkeypatch)
         (runs_dir / f"knowledge_brown-mlm-{task}" / "cell.json").write_text(json.dumps({"upstream": made_from}))
     (runs_dir / "knowledge_brown").mkdir()
     (runs_dir / "knowledge_brown" / "probe.json").write_text(json.dumps(
-        {"mlm": {"p_at_1": 0.125, "facts": 400, "export": "e", "pretrain": "old"}}))
+        {"mlm": {"p_at_1": 0.125, "facts": 500, "export": "e", "pretrain": "old", "relation": "hypernym", "seed": 0,
+                 "held_out": True}}))  # the plan's settings, of the old pre-training
     row = collect(plan)[0][0]
     assert row == {"model": "BERT-small MLM", "wordnet_supersense acc": 0.5}
