@@ -176,7 +176,6 @@ def test_held_out_hypernymy_on_the_prepared_wordnet():
     assert not any(frozenset((f.subject, f.object)) in seen for f in pool)
 
 
-@pytest.mark.slow
 def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatch, capsys):
     """Two tiny BERTs pre-trained 4 steps (plain MLM and SenseBERT) on a span corpus, exported, probed on hypernymy
     and fine-tuned 3 steps on wordnet_supersense from their exports; the table's rows are the plan's models and its
