@@ -233,8 +233,9 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
     link = plan.get("link_prediction", "test")
     links = {"link MRR": f"test/{link}/mrr", "link Hits@10": f"test/{link}/hits@10",
              "link MRR, unseen entities": f"test/inductive/{link}/mrr"}  # transductive, then inductive
-    columns = ["model", *links, f"{(plan.get('probe') or {}).get('relation', 'hypernym')} P@1",
-               *[spec["column"] for spec in plan["tasks"].values()]]
+    relation = probe_settings(plan)["relation"]
+    probe_columns = {f"{relation} P@1": "p_at_1", f"{relation} MRR": "mrr"}  # the cloze over the vocabulary
+    columns = ["model", *links, *probe_columns, *[spec["column"] for spec in plan["tasks"].values()]]
     probes = json.loads(probe_file(plan).read_text()) if probe_file(plan).is_file() else {}
     rows, sources = [], {}
     for model in plan["models"]:
@@ -248,12 +249,13 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
             for column, key in links.items():
                 if key in metrics:
                     row[column], where[column] = metrics[key], {"run": str(run), "metric": key}
-            probe_column = columns[len(links) + 1]
             probe = probes.get(model["id"])
             if probe is not None and probe_is_current(probe, probe_settings(plan), current[0]):
-                row[probe_column] = probe["p_at_1"]
-                where[probe_column] = {"probe": str(probe_file(plan)), "export": probe["export"],
-                                     "facts": probe.get("facts_scored", probe["facts"])}
+                scored = probe.get("facts_scored", probe["facts"] - probe.get("multi_token", 0))  # (older records)
+                for column, key in probe_columns.items():
+                    row[column] = probe[key]
+                    where[column] = {"probe": str(probe_file(plan)), "export": probe["export"], "metric": key,
+                                     "facts": scored}
         runs_tasks = model.get("tasks") or plan["tasks"]
         for task, spec in plan["tasks"].items():
             if task not in runs_tasks:

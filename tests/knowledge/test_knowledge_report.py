@@ -37,19 +37,21 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
     (runs_dir / "knowledge_brown").mkdir()
     settings = {"relation": "hypernym", "facts": 500, "seed": 0, "held_out": True}  # the plan's
     (runs_dir / "knowledge_brown" / "probe.json").write_text(json.dumps(
-        {"mlm": {"p_at_1": 0.125, "facts_scored": 400, "export": "e", **settings},
-         "kepler": {"p_at_1": 0.25, "facts_scored": 400, "export": "f", **settings},
-         "ernie": {"p_at_1": 0.5, "facts_scored": 400, "export": "g", **settings, "held_out": False}}))  # other facts
+        {"mlm": {"p_at_1": 0.125, "mrr": 0.2, "facts_scored": 400, "export": "e", **settings},
+         "kepler": {"p_at_1": 0.25, "mrr": 0.3, "facts_scored": 400, "export": "f", **settings},
+         "ernie": {"p_at_1": 0.5, "mrr": 0.6, "facts_scored": 400, "export": "g", **settings,
+                   "held_out": False}}))  # other facts
     rows, columns, sources = collect(plan)
     assert columns == ["model", "link MRR", "link Hits@10", "link MRR, unseen entities", "hypernym P@1",
-                       "wordnet_supersense acc", "wordnet_pairs F1", "Brown POS acc"]
+                       "hypernym MRR", "wordnet_supersense acc", "wordnet_pairs F1", "Brown POS acc"]
     assert [r["model"] for r in rows] == ["BERT-small MLM", "BERT-small ERNIE masking", "BERT-small SenseBERT",
                                           "BERT-small LIBERT", "BERT-small KEPLER", "MiniLM fine-tuned",
                                           "MiniLM frozen, head on [h]", "MiniLM + K-Adapter (frozen)"]
     by = {r["model"]: r for r in rows}
-    assert by["BERT-small MLM"] == {"model": "BERT-small MLM", "hypernym P@1": 0.125, "wordnet_supersense acc": 0.4242}
+    assert by["BERT-small MLM"] == {"model": "BERT-small MLM", "hypernym P@1": 0.125, "hypernym MRR": 0.2,
+                                    "wordnet_supersense acc": 0.4242}
     assert by["BERT-small KEPLER"] == {"model": "BERT-small KEPLER", "link MRR": 0.0312, "link Hits@10": 0.071,
-                                       "link MRR, unseen entities": 0.01, "hypernym P@1": 0.25,
+                                       "link MRR, unseen entities": 0.01, "hypernym P@1": 0.25, "hypernym MRR": 0.3,
                                        "Brown POS acc": 0.9111}
     assert by["MiniLM + K-Adapter (frozen)"] == {"model": "MiniLM + K-Adapter (frozen)", "wordnet_pairs F1": 0.77}
     assert by["BERT-small ERNIE masking"] == {"model": "BERT-small ERNIE masking"}  # nor a probe of other facts
@@ -58,7 +60,9 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
     assert sources["BERT-small MLM"]["wordnet_supersense acc"]["metric"] == "test/acc"
     md = write_knowledge_report(plan)
     lines = md.read_text().splitlines()
-    assert "| BERT-small KEPLER | 0.0312 | 0.0710 | 0.0100 | 0.2500 |  |  | 0.9111 |" in lines
+    assert "| BERT-small KEPLER | 0.0312 | 0.0710 | 0.0100 | 0.2500 | 0.3000 |  |  | 0.9111 |" in lines
+    assert sources["BERT-small MLM"]["hypernym MRR"] == {"probe": str(runs_dir / "knowledge_brown" / "probe.json"),
+                                                         "export": "e", "metric": "mrr", "facts": 400}
     assert json.loads(md.with_suffix(".json").read_text())[0]["hypernym P@1"] == 0.125
     assert json.loads((md.parent / "knowledge_runs.json").read_text()) == json.loads(json.dumps(sources))
     assert (md.parent / "knowledge.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -210,12 +214,13 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     rows = json.loads((out / "knowledge.json").read_text())
     assert [r["model"] for r in rows] == ["MLM", "SenseBERT"]
     assert set(rows[0]) == {"model", "link MRR", "link Hits@10", "link MRR, unseen entities", "hypernym P@1",
-                            "supersense acc"}
+                            "hypernym MRR", "supersense acc"}
     probes = json.loads((out / "probe.json").read_text())
     for row, key in zip(rows, ("mlm", "sensebert")):
         metrics = json.loads((runs_dir / f"kb_tiny-{key}-wordnet_supersense" / "summary.json").read_text())["metrics"]
         assert row["supersense acc"] == metrics["test/acc"]
         assert row["hypernym P@1"] == probes[key]["p_at_1"] and 0.0 <= row["hypernym P@1"] <= 1.0
+        assert row["hypernym MRR"] == probes[key]["mrr"] and 0.0 < row["hypernym MRR"] <= 1.0
         assert probes[key]["facts"] > 0 and row["link MRR"] is None  # no relation embeddings: no link prediction
         backbone = yaml.safe_load((runs_dir / f"kb_tiny-{key}-wordnet_supersense" / "config.yaml").read_text())
         assert backbone["model"]["init_args"]["backbone"] == str(runs_dir / f"kb_tiny-{key}-pretrain" / "export")
