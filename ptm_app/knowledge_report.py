@@ -237,7 +237,7 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
     probe_columns = {f"{relation} P@1": "p_at_1", f"{relation} MRR": "mrr"}  # the cloze over the vocabulary
     columns = ["model", *links, *probe_columns, *[spec["column"] for spec in plan["tasks"].values()]]
     probes = json.loads(probe_file(plan).read_text()) if probe_file(plan).is_file() else {}
-    rows, sources = [], {}
+    rows, sources, settings = [], {}, probe_settings(plan)
     for model in plan["models"]:
         label = model.get("label") or model["id"]
         row, where = {"model": label}, {}
@@ -250,7 +250,7 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
                 if key in metrics:
                     row[column], where[column] = metrics[key], {"run": str(run), "metric": key}
             probe = probes.get(model["id"])
-            if probe is not None and probe_is_current(probe, probe_settings(plan), current[0]):
+            if probe is not None and probe_is_current(probe, settings, current[0]):
                 scored = probe.get("facts_scored", probe["facts"] - probe.get("multi_token", 0))  # (older records)
                 for column, key in probe_columns.items():
                     row[column] = probe[key]
@@ -281,7 +281,7 @@ def draw(rows: list[dict], columns: list[str]):
                  if r.get(column) is not None and math.isfinite(r[column])]
         ax.barh([n for _, n, _ in shown], [v for _, _, v in shown], color=[f"C{i % 10}" for i, _, _ in shown])
         for y, (_, _, v) in enumerate(shown):
-            ax.annotate(f"{v:.3f}", (v, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize="x-small")
+            ax.annotate(f"{v:.3g}", (v, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize="x-small")
         ax.set_title(column, fontsize="small")
         ax.set_xlim(0, max([v for _, _, v in shown] + [0.0]) * 1.25 or 1.0)
         ax.invert_yaxis()  # the table's order, top down

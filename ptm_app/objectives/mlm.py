@@ -26,6 +26,9 @@ from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
 
+ERNIE_STAGES = (1 / 3, 2 / 3)  # step fractions where phrase-level, then entity-level masking start
+
+
 class MaskedLMModule(LanguageModelModule):
     """MLM pre-training on any ``AutoModelForMaskedLM`` backbone, plus optional targets.
 
@@ -63,18 +66,18 @@ class MaskedLMModule(LanguageModelModule):
                  sentence_objective: Optional[Literal["nsp", "sop"]] = None, span_boundary_objective: bool = False,
                  loss_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True,
                  knowledge_levels: Literal["staged", "mixed"] = "staged",
-                 knowledge_stages: Sequence[float] = (1 / 3, 2 / 3), supersense_objective: bool = False,
+                 knowledge_stages: Sequence[float] = ERNIE_STAGES, supersense_objective: bool = False,
                  supersense_input: bool = False):
         if span_boundary_objective and masking != "span":
             raise PtmError("span_boundary_objective needs masking: span (SpanBERT §3.2)")
         if len(knowledge_stages) != 2 or not 0.0 <= knowledge_stages[0] <= knowledge_stages[1] <= 1.0:
             raise PtmError(f"knowledge_stages must be two step fractions 0 <= phrase <= entity <= 1 "
                            f"(got {list(knowledge_stages)})")
-        staged_default = knowledge_levels == "staged" and tuple(knowledge_stages) == (1 / 3, 2 / 3)
+        staged_default = knowledge_levels == "staged" and tuple(knowledge_stages) == ERNIE_STAGES
         if masking != "knowledge" and not staged_default:
             raise PtmError(f"knowledge_levels and knowledge_stages apply to masking: knowledge only (got masking: "
                            f"{masking}); remove them or set masking: knowledge")
-        if knowledge_levels == "mixed" and tuple(knowledge_stages) != (1 / 3, 2 / 3):
+        if knowledge_levels == "mixed" and tuple(knowledge_stages) != ERNIE_STAGES:
             raise PtmError("knowledge_stages schedule knowledge_levels: staged; with mixed every level is drawn "
                            "from the first step: remove knowledge_stages")
         if sentence_objective and (masking == "knowledge" or supersense_objective):
