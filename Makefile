@@ -26,8 +26,11 @@ data: setup
 	$(PY) main.py data prepare
 
 # The main job: MLM continued pre-training of MiniLM on BBC articles, export, fine-tuning on BBC
-# topics from that checkpoint, then the test metrics of the best checkpoint.
-demo: data
+# topics from that checkpoint, then the test metrics of the best checkpoint.  It prepares only the two sources it
+# reads (make data prepares all of them).  Precision and accelerator: auto (training/precision.py).
+DEMO_DATA := bbc minilm
+demo: setup
+	$(PY) main.py data prepare $(DEMO_DATA)
 	$(PY) main.py fit --config configs/demo/mlm_minilm_bbc.yaml
 	$(PY) main.py export --ckpt_path checkpoints/demo_mlm --output_dir checkpoints/demo_mlm/export
 	$(PY) main.py fit --config configs/demo/finetune_bbc.yaml

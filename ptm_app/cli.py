@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -39,6 +38,7 @@ from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStat
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
 from ptm_app.training.console import RunConsole, close_console_log, open_console_log, quiet_third_party
 from ptm_app.training.throughput import ThroughputMonitor
+from ptm_app.training.precision import check_hardware
 from ptm_app.training.trainer import PtmTrainer
 from ptm_app.training.strategies import is_sharded
 from ptm_app.training.loggers import RunCSVLogger
@@ -130,7 +130,8 @@ class PtmCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         self.run_dir = runs_root() / self._run_name()
         cfg = self._sub()
-        _check_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
+        # before anything is written: one line for what the hardware cannot run (PtmTrainer checks it too)
+        check_hardware(cfg.trainer.get("accelerator"), cfg.trainer.get("devices"), cfg.trainer.get("precision"))
         if is_first_process():  # one process per run directory (other ranks of this run share it)
             self.run_lock.acquire(self.run_dir)
             if self.console_log:  # <run>/logs/console.log: the console and the third-party noise
@@ -266,16 +267,6 @@ def _trainer_key_given(argv: list[str], key: str, subcommand: Optional[str]) -> 
         if isinstance(trainer, dict) and key in trainer:
             return True
     return False
-
-
-def _check_precision(precision, accelerator) -> None:
-    """fp16 has no fast path on CPUs: refuse it instead of running ~1000x slower."""
-    if precision is None or "16" not in str(precision) or "bf16" in str(precision):
-        return
-    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
-    if on_cpu:
-        raise PtmError(f"precision={precision} (fp16) is not supported on CPU here; "
-                       f"use trainer.precision: bf16-mixed (fast on CPUs with bf16) or 32-true")
 
 
 def run_lightning(argv: list[str]) -> int:

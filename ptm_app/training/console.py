@@ -227,6 +227,12 @@ def human(n: float) -> str:
     return str(int(n))
 
 
+def _reason(trainer) -> str:
+    """`` (auto: AVX512-BF16 found)``: why the precision is what it is (``PtmTrainer.precision_reason``)."""
+    reason = getattr(trainer, "precision_reason", None)
+    return f" ({reason})" if reason else ""
+
+
 class RunConsole(Callback):
     """Prints the run's model line when it starts and, after a fit, the final metrics (rank 0)."""
 
@@ -239,8 +245,10 @@ class RunConsole(Callback):
         total, trainable = parameter_counts(pl_module)
         backbone = getattr(pl_module, "backbone", None)
         inner = f" ({type(backbone).__name__})" if backbone is not None else ""
+        device = type(trainer.accelerator).__name__.replace("Accelerator", "")
         print(f"model: {own_class(pl_module).__name__}{inner}, {human(total)} parameters, {human(trainable)} "
-              f"trainable ({100.0 * trainable / max(total, 1):.2f} %), precision {trainer.precision}, "
+              f"trainable ({100.0 * trainable / max(total, 1):.2f} %), on {device}, "
+              f"precision {trainer.precision}{_reason(trainer)}, "
               f"strategy {type(trainer.strategy).__name__} x {trainer.world_size}", flush=True)
 
     def on_fit_start(self, trainer, pl_module) -> None:

@@ -1,27 +1,39 @@
-"""``PtmTrainer``: Lightning's ``Trainer`` that connects data and model before every run and takes ``precision: auto``."""
+"""``PtmTrainer``: Lightning's ``Trainer`` that connects data and model before every run; precision and accelerator
+default to ``auto``."""
 from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch.accelerators import Accelerator, CUDAAccelerator
 
 from ptm_app.data.contract import connect
-from ptm_app.training.precision import auto_precision
+from ptm_app.training.precision import check_hardware, choose_precision, warn_emulated_bf16
 
 
 class PtmTrainer(Trainer):
     """Lightning's ``Trainer``, plus:
 
-    - ``precision: auto``: the fastest precision the hardware runs natively (``training.precision``);
+    - ``precision: auto`` and ``accelerator: auto`` (the defaults): a GPU when one is present, and the fastest
+      precision the hardware runs natively (``training.precision``); ``precision_reason`` says why, and what the
+      hardware cannot run (fp16 on a CPU, a GPU or devices that are not there) is one line;
     - ``fit`` / ``validate`` / ``test`` / ``predict`` first ``connect`` the module and the DataModule
       (``data.contract``): the data's facts to the module, the module's collators to the data.
     """
 
-    def __init__(self, *args, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = None, **kwargs):
-        if precision == "auto":
-            precision = auto_precision(kwargs.get("accelerator"))
-        super().__init__(*args, precision=precision, **kwargs)
+    def __init__(self, *args, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = "auto",
+                 accelerator: Union[str, Accelerator] = "auto", **kwargs):
+        name = accelerator if isinstance(accelerator, str) else ("gpu" if isinstance(accelerator, CUDAAccelerator)
+                                                                 else "cpu")
+        check_hardware(name, kwargs.get("devices", "auto"), precision)
+        if precision in ("auto", None):
+            choice = choose_precision(name)
+            precision, self.precision_reason = choice.value, choice.reason
+        else:
+            self.precision_reason = "set by the config"
+            warn_emulated_bf16(name, precision)
+        super().__init__(*args, precision=precision, accelerator=accelerator, **kwargs)
 
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, **kwargs):
         connect(model, _datamodule(datamodule, train_dataloaders))

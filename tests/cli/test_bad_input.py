@@ -109,6 +109,20 @@ def test_fp16_on_cpu_is_refused(base, capsys):
     assert "bf16-mixed" in line
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="asks for a GPU that is not there")
+def test_a_gpu_that_is_not_there_is_refused(base, capsys):
+    line = run(["fit", "--config", str(base), "--trainer.accelerator", "gpu"], capsys)
+    assert "no CUDA GPU is visible here" in line and "accelerator: auto" in line
+
+
+def test_more_devices_than_present_is_refused(base, capsys):
+    from ptm_app.training.precision import _cpu_cores
+
+    more = _cpu_cores() + 1  # one more than there is (if the check failed, Lightning would start that many ranks)
+    line = run(["fit", "--config", str(base), "--trainer.devices", str(more)], capsys)
+    assert line.startswith(f"error: trainer.devices {more}: this machine has {more - 1} CPU cores") and "or fewer" in line
+
+
 def test_resume_without_checkpoint_is_an_error(base, capsys):
     line = run(["fit", "--config", str(base), "--ckpt_path", "last"], capsys)
     assert "no checkpoint" in line
