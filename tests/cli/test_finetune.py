@@ -19,7 +19,7 @@ def bbc_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bbc")
     cfg = {
         "seed_everything": 1,
-        "trainer": {"max_steps": 40, "accelerator": "cpu", "precision": "bf16-mixed", "val_check_interval": 40,
+        "trainer": {"max_steps": 40, "accelerator": "cpu", "val_check_interval": 40,
                     "limit_val_batches": 4, "log_every_n_steps": 5, "enable_progress_bar": False},
         "model": {"class_path": "SequenceClassificationModule",
                   "init_args": {"backbone": "minilm", "optim": {"lr": 2e-4, "warmup": 0.1}}},
