@@ -91,9 +91,11 @@ def name_cpu_for_deepspeed() -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
+    from ptm_app.config_errors import check_config_files
     from ptm_app.errors import PtmError
 
     command = argv[0]
+    check_config_files(argv[1:])
     if command == "data":
         from ptm_app.data.prepare import data_command
 

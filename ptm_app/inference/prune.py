@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from ptm_app.backbones.build import quiet_transformers
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_dir, atomic_file
+from ptm_app.paths import atomic_dir, atomic_file, check_output_dir
 
 
 def parse_layers(value: str):
@@ -76,8 +76,11 @@ def prune_command(argv: list[str]) -> int:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10, help="timed forwards per model and batch size")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing non-empty --output_dir (never one holding checkpoints or a run)")
     parser.add_argument("--trust_checkpoint", action="store_true")
     args = parser.parse_args(argv)
+    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     heads_spec = HeadPruningSpec(target=args.heads, rounds=args.rounds, every=1, score_batches=args.score_batches)
     magnitude = MagnitudeSpec(sparsity=args.sparsity, scope=args.scope)
     if args.heads > 0 and not args.eval_source:
