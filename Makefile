@@ -29,7 +29,7 @@ data: setup
 # topics from that checkpoint, then the test metrics of the best checkpoint.
 demo: data
 	$(PY) main.py fit --config configs/demo/mlm_minilm_bbc.yaml
-	$(PY) main.py export --ckpt_path checkpoints/demo_mlm --output_dir checkpoints/demo_mlm/export
+	$(PY) main.py export --ckpt_path checkpoints/demo_mlm --output_dir checkpoints/demo_mlm/export --overwrite
 	$(PY) main.py fit --config configs/demo/finetune_bbc.yaml
 	$(PY) main.py test --config configs/demo/finetune_bbc.yaml --ckpt_path best
 

@@ -80,12 +80,12 @@ def prune_command(argv: list[str]) -> int:
                         help="replace an existing non-empty --output_dir (never one holding checkpoints or a run)")
     parser.add_argument("--trust_checkpoint", action="store_true")
     args = parser.parse_args(argv)
-    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     heads_spec = HeadPruningSpec(target=args.heads, rounds=args.rounds, every=1, score_batches=args.score_batches)
     magnitude = MagnitudeSpec(sparsity=args.sparsity, scope=args.scope)
     if args.heads > 0 and not args.eval_source:
         raise PtmError("--heads scores heads on held-out data: give --eval_source (the prepared set the model was "
                        "fine-tuned on, e.g. bbc)")
+    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
     if loaded.head != "sequence_classification":
         raise PtmError(f"prune works on sequence classifiers; {args.ckpt_path} is a {loaded.kind}")

@@ -130,9 +130,9 @@ def quantize_command(argv: list[str]) -> int:
                         help="replace an existing non-empty --output_dir (never one holding checkpoints or a run)")
     parser.add_argument("--trust_checkpoint", action="store_true")
     args = parser.parse_args(argv)
-    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     if args.repeats < 1:
         raise PtmError("--repeats must be at least 1")
+    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
     input_max = qat_input_ranges(loaded, args.ckpt_path) if args.backend == STATIC else None
     fp32 = disable_fake_quant(transformers_model(loaded.model)).float().eval()  # a QAT run: its plain weights
