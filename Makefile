@@ -32,7 +32,7 @@ DEMO_DATA := bbc minilm
 demo: setup
 	$(PY) main.py data prepare $(DEMO_DATA)
 	$(PY) main.py fit --config configs/demo/mlm_minilm_bbc.yaml
-	$(PY) main.py export --ckpt_path checkpoints/demo_mlm --output_dir checkpoints/demo_mlm/export
+	$(PY) main.py export --ckpt_path checkpoints/demo_mlm --output_dir checkpoints/demo_mlm/export --overwrite
 	$(PY) main.py fit --config configs/demo/finetune_bbc.yaml
 	$(PY) main.py test --config configs/demo/finetune_bbc.yaml --ckpt_path best
 

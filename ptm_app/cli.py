@@ -40,7 +40,7 @@ from ptm_app.training.console import RunConsole, close_console_log, open_console
 from ptm_app.training.throughput import ThroughputMonitor
 from ptm_app.training.precision import check_hardware
 from ptm_app.training.trainer import PtmTrainer
-from ptm_app.training.strategies import is_sharded
+from ptm_app.training.strategies import check_checkpoint_layout, is_sharded
 from ptm_app.training.loggers import RunCSVLogger
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
@@ -188,6 +188,7 @@ class PtmCLI(LightningCLI):
                                 TensorBoardLogger(run_dir, name="tensorboard", version="")]
         plugins = trainer_cfg.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
+        check_checkpoint_layout(cfg.get("ckpt_path"), trainer_cfg.get("strategy"))
         # sharded strategies (FSDP, DeepSpeed) write a directory from every rank, not through CheckpointIO
         kwargs["plugins"] = plugins if is_sharded(trainer_cfg.get("strategy")) else plugins + [AtomicCheckpointIO()]
         user_callbacks = trainer_cfg.get("callbacks") or []

@@ -24,6 +24,10 @@ def one_line(exc: Exception, help_hint: str = _HELP) -> str:
     unrecognized = re.search(r"[Uu]nrecognized arguments: (.+)", text)
     if unrecognized:
         return f"unknown command-line argument {unrecognized.group(1).strip()}; check its spelling ({help_hint})"
+    absent = re.search(r"File does not exist: '([^']+)'", text)
+    if absent:
+        what = "config file" if not group or group.group(1) == "config" else f"{group.group(1)}: file"
+        return f"{what} {absent.group(1)} does not exist; check the path"
     missing = re.search(r'[Kk]ey "([^"]+)" is required', text)
     if missing:
         return f"{missing.group(1)} is required; {help_hint}"
@@ -35,6 +39,42 @@ def one_line(exc: Exception, help_hint: str = _HELP) -> str:
     detail = [ln for ln in lines if not ln.startswith(("Subtypes", "Given value", "Errors", "Expected a"))] or lines
     message = " ".join(detail[:3]).replace("typing.", "")[:400]
     return (prefix.rstrip(".") + ": " if prefix else "") + message + ("" if help_hint == _HELP else f"; {help_hint}")
+
+
+def read_yaml(path: str | os.PathLike):
+    """The YAML file ``path`` parsed (safely); a syntax error is one line naming the file and the line where the
+    parser found it (``file:line:column``), with where the construct it was reading began."""
+    import yaml
+
+    from ptm_app.errors import PtmError
+
+    try:
+        text = open(path, encoding="utf-8").read()
+    except UnicodeDecodeError:
+        from ptm_app.data.formats import not_utf8
+
+        raise not_utf8(path) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = exc.problem or exc.context or "cannot parse it"
+        started = (f" ({exc.context} that began at line {exc.context_mark.line + 1})"
+                   if exc.problem and exc.context and exc.context_mark is not None else "")
+        raise PtmError(f"{where}: invalid YAML: {problem}{started}; fix the YAML there") from None
+    except yaml.YAMLError as exc:
+        raise PtmError(f"{path}: invalid YAML: {' '.join(str(exc).split())}; fix the file") from None
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Every ``--config FILE`` / ``-c FILE`` that exists is valid YAML (``read_yaml``: the file and line of an
+    error, which jsonargparse's message lacks); a missing one is left to the parser (``one_line`` names it)."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--config=") else \
+            argv[i + 1] if arg in ("--config", "-c") and i + 1 < len(argv) else None
+        if value is not None and os.path.isfile(value):
+            read_yaml(value)
 
 
 def guarded(command: Callable[[list[str]], int], argv: list[str]) -> int:

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Optional
 from unittest import mock
 
-import yaml
-
+from ptm_app.config_errors import read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
 
@@ -43,7 +42,7 @@ def load_knowledge_plan(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise PtmError(f"knowledge plan {path} not found; give a YAML file like configs/sweeps/knowledge_brown.yaml")
-    plan = yaml.safe_load(path.read_text()) or {}
+    plan = read_yaml(path) or {}
     unknown = set(plan) - PLAN_KEYS
     if unknown or not plan.get("name") or not plan.get("models") or not plan.get("tasks"):
         raise PtmError(f"knowledge plan {path}: needs 'name', 'tasks' and 'models' (optional 'pretrain_args', "

@@ -8,7 +8,7 @@ USAGE = """usage: python main.py COMMAND [options]
 commands:
   fit | validate | test | predict   LightningCLI runs: --config FILE.yaml [--key value ...] [--ckpt_path last|best|FILE]
   data prepare [NAME ...] [--force]  fetch, verify and convert the real datasets and models (data list: status)
-  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--format transformers|onnx] [--push_to_hub REPO]
+  export --ckpt_path RUN_OR_CKPT --output_dir DIR [--overwrite] [--format transformers|onnx] [--push_to_hub REPO]
                                      write a transformers save_pretrained directory with the tokenizer and a
                                      model card (README.md); --push_to_hub uploads it (online only)
   embed --ckpt_path REF (--text "..." ... | --input FILE) [--pooling cls|mean|scalar_mix] [--normalize]
@@ -22,12 +22,12 @@ commands:
                                      labels + probabilities, values, word tags, answer spans or generated text
                                      from a fine-tuned run or export
   serve --ckpt_path REF [--task predict|embed|generate] [--port 8000] [--workers 1] [--max_batch_size 8]
-        [--batch_timeout 0.01] [--too_long truncate|refuse]
+        [--batch_timeout 0.01] [--too_long truncate|refuse] [--max_request_bytes 2097152]
                                      an HTTP endpoint (LitServe): POST /predict with JSON, GET /health
-  quantize --ckpt_path REF --output_dir DIR [--backend torch_ao|weight_only] [--eval_source bbc]
+  quantize --ckpt_path REF --output_dir DIR [--overwrite] [--backend torch_ao|weight_only] [--eval_source bbc]
                                      dynamic int8 of a run, export or QAT run (predict loads the directory);
                                      summary.json: size, CPU latency at batch 1 / 32, accuracy before and after
-  prune --ckpt_path REF --output_dir DIR [--heads 0.5 --rounds 5] [--drop_layers top:3] [--sparsity 0.5]
+  prune --ckpt_path REF --output_dir DIR [--overwrite] [--heads 0.5 --rounds 5] [--drop_layers top:3] [--sparsity 0.5]
         [--eval_source bbc]
                                      one-shot pruning without fine-tuning (PruningModule prunes while fine-tuning);
                                      summary.json: parameters, size, sparsity, latency, accuracy before and after
@@ -91,9 +91,11 @@ def name_cpu_for_deepspeed() -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
+    from ptm_app.config_errors import check_config_files
     from ptm_app.errors import PtmError
 
     command = argv[0]
+    check_config_files(argv[1:])
     if command == "data":
         from ptm_app.data.prepare import data_command
 

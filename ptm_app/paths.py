@@ -70,6 +70,56 @@ def replace_dir(new: str | os.PathLike, target: str | os.PathLike, keep: str | o
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
 
+def _checkpoints_inside(directory: Path) -> Optional[Path]:
+    """The first thing under ``directory`` that marks checkpoints or a run: a ``*.ckpt`` file or sharded directory,
+    a ``checkpoints/`` directory, or a run's ``config.yaml`` beside its ``logs/`` or ``.lock``; None if nothing."""
+    for folder, dirs, files in os.walk(directory):  # symlinked directories are not followed
+        here = Path(folder)
+        names = set(dirs) | set(files)
+        found = next((n for n in sorted(names) if n.endswith(".ckpt") or n == "checkpoints"), None)
+        if found is None and "config.yaml" in files and ({"logs", ".lock"} & names):
+            found = "config.yaml"
+        if found is not None:
+            return here / found
+    return None
+
+
+def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
+                     sources: tuple[str | os.PathLike, ...] = ()) -> Path:
+    """Refuse, in one line, an ``--output_dir`` whose replacement (``atomic_dir``) would delete what the user did not
+    name for deletion: an existing non-empty directory unless ``overwrite``, and even with it a directory holding
+    checkpoints or a run, one that holds a ``sources`` path (what the command reads), the working directory or one
+    above it, or a file."""
+    from ptm_app.errors import PtmError
+
+    out = Path(output_dir)
+    if not out.exists() and not out.is_symlink():
+        return out
+    if out.is_symlink() or not out.is_dir():
+        what = "a symbolic link" if out.is_symlink() else "not a directory"
+        raise PtmError(f"--output_dir {out} exists and is {what}; give a new directory path")
+    resolved = out.resolve()
+    if not any(resolved.iterdir()):
+        return out
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise PtmError(f"--output_dir {out} holds the working directory, which writing it would delete (even with "
+                       f"--overwrite); give a new directory")
+    for source in sources:
+        src = Path(source).expanduser().resolve()
+        if src == resolved or resolved in src.parents:
+            raise PtmError(f"--output_dir {out} holds --ckpt_path {source}, which writing it would delete (even with "
+                           f"--overwrite); give a new directory")
+    found = _checkpoints_inside(resolved)
+    if found is not None:
+        raise PtmError(f"--output_dir {out} holds checkpoints or a run ({found}), which writing it would delete "
+                       f"(refused even with --overwrite); give a new directory")
+    if not overwrite:
+        raise PtmError(f"--output_dir {out} exists and is not empty; give a new directory, or add --overwrite to "
+                       f"replace it")
+    return out
+
+
 def keep_copy(target: str | os.PathLike, keep: str | os.PathLike) -> None:
     """Make ``keep`` a copy of the file ``target`` (a hard link, renamed into place: atomic, no data copied)."""
     target, keep = Path(target), Path(keep)

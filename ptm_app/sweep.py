@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import yaml
 
+from ptm_app.config_errors import read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.paths import runs_root, write_json
 
@@ -34,7 +35,7 @@ def load_plan(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise PtmError(f"sweep plan {path} not found; give a YAML file like configs/adapt/table_minilm.yaml")
-    plan = yaml.safe_load(path.read_text()) or {}
+    plan = read_yaml(path) or {}
     unknown = set(plan) - {"name", "common", "test", "cells"}
     if unknown or not plan.get("name") or not plan.get("cells"):
         raise PtmError(f"sweep plan {path}: needs 'name' and 'cells' (optional 'common', 'test'); "

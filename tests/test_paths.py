@@ -56,3 +56,36 @@ def test_write_between_markers_replaces_only_the_named_section(tmp_path):
         require_markers(doc, "w")
     with pytest.raises(PtmError, match=r"missing.md not found"):
         require_markers(tmp_path / "missing.md", "t")
+
+
+def test_check_output_dir_refuses_what_replacing_it_would_lose(tmp_path, monkeypatch):
+    from ptm_app.paths import check_output_dir
+
+    assert check_output_dir(tmp_path / "new") == tmp_path / "new"
+    (tmp_path / "empty").mkdir()
+    assert check_output_dir(tmp_path / "empty") == tmp_path / "empty"
+    full = tmp_path / "full"
+    (full / "sub").mkdir(parents=True)
+    (full / "sub" / "a.txt").write_text("x")
+    with pytest.raises(PtmError, match="exists and is not empty; give a new directory, or add --overwrite"):
+        check_output_dir(full)
+    assert check_output_dir(full, overwrite=True) == full
+    with pytest.raises(PtmError, match="holds --ckpt_path"):  # the source, somewhere below it
+        check_output_dir(full, overwrite=True, sources=(full / "sub" / "a.txt",))
+    (full / "sub" / "checkpoints").mkdir()
+    with pytest.raises(PtmError, match=r"holds checkpoints or a run \(.*sub/checkpoints\)"):
+        check_output_dir(full, overwrite=True)
+    run = tmp_path / "run"  # a test run: config.yaml and logs/, no checkpoints yet
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: {}\n")
+    with pytest.raises(PtmError, match="holds checkpoints or a run"):
+        check_output_dir(run, overwrite=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PtmError, match="is not a directory"):
+        check_output_dir(tmp_path / "file", overwrite=True)
+    (tmp_path / "link").symlink_to(full)
+    with pytest.raises(PtmError, match="is a symbolic link"):
+        check_output_dir(tmp_path / "link", overwrite=True)
+    monkeypatch.chdir(full / "sub")
+    with pytest.raises(PtmError, match="holds the working directory"):
+        check_output_dir(tmp_path / "full" / ".." / "full", overwrite=True)

@@ -77,6 +77,15 @@ def seeded_subset(index: list[int], n: int, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(index, n))
 
 
+def check_batch_sizes(batch_size: int, eval_batch_size: Optional[int] = None) -> None:
+    """Batch sizes of at least one example, refused in one line (a DataLoader's own check is a long traceback from
+    inside Lightning's loops); every data module checks them when it is built."""
+    for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PtmError(f"data.init_args.{name}={value!r}: a batch holds at least one example; set it to 1 or more"
+                           + (" (or leave it out: the training batch_size)" if name == "eval_batch_size" else ""))
+
+
 class _Base(pl.LightningDataModule):
     group_by_length = False  # labelled data modules take it as an argument (see ``EpochSampler``)
     kind: Optional[str] = None  # the task type of labelled data (tasks.types.TASK_TYPES), for multitask heads
@@ -84,6 +93,7 @@ class _Base(pl.LightningDataModule):
     def __init__(self, source: str, tokenizer: TokenizerSpec, batch_size: int, eval_batch_size: Optional[int],
                  num_workers: int, seed: int, holdout: float):
         super().__init__()
+        check_batch_sizes(batch_size, eval_batch_size)
         self.source, self.tokenizer_spec = source, tokenizer
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.seed, self.holdout = num_workers, seed, holdout

@@ -82,7 +82,35 @@ def read_records(path: str | Path, required: tuple[str, ...] = (), byte_range: t
         raise _read_error(path, exc) from None
 
 
+def not_utf8(path: str | Path) -> PtmError:
+    """The first line of ``path`` that is not UTF-8, as ``file:line`` with the byte (read again as bytes)."""
+    path = Path(path)
+    compression = path.suffix.lower()
+    opened = (gzip.open(path, "rb") if compression == ".gz" else io.BufferedReader(_ZstdReader(path))
+              if compression == ".zst" else open(path, "rb"))
+    with opened as fh:
+        return not_utf8_lines(path, fh)
+
+
+def not_utf8_lines(where: str | Path, lines) -> PtmError:
+    """The first of ``lines`` (bytes) that is not UTF-8, as ``where:line`` with the byte; a newline byte never occurs
+    inside a UTF-8 character, so line by line finds it."""
+    for line_no, raw in enumerate(lines, 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return DataFormatError(where, line_no, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte "
+                                                   f"{exc.start + 1} of the line)",
+                                   "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    return PtmError(f"{where} is not UTF-8 text; save it as UTF-8")
+
+
 def _read_error(path: Path, exc: BaseException) -> PtmError:
+    if isinstance(exc, UnicodeDecodeError):
+        try:
+            return not_utf8(path)
+        except _read_errors():  # a compressed file that is also damaged: the general line below
+            pass
     if path.suffix.lower() in COMPRESSIONS:
         return PtmError(f"data file {path} does not decompress ({type(exc).__name__}: {exc}); "
                         f"the file is truncated or not {path.suffix} compressed: re-download or re-compress it")
@@ -176,7 +204,8 @@ def _jsonl(path: Path, byte_range=None, first_line: int = 1) -> Iterator[tuple[i
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataFormatError(path, line_no, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+                where = f"{exc.msg.removesuffix(' at')} at column {exc.colno}"  # "Unterminated string starting at"
+                raise DataFormatError(path, line_no, f"malformed JSON ({where})") from None
             if not isinstance(record, dict):
                 raise DataFormatError(path, line_no, "expected a JSON object per line")
             yield line_no, record

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 
 from ptm_app.data.collators import TaggedCollator
 from ptm_app.data.contract import DataFacts, ModelHooks
-from ptm_app.data.datamodules import PretrainDataModule, TaskDataModule
+from ptm_app.data.datamodules import PretrainDataModule, TaskDataModule, check_batch_sizes
 from ptm_app.data.multitask import MultitaskLoader, TaskSchedule, nested_data_module
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import PtmError
@@ -61,6 +61,7 @@ class MLMPairsDataModule(pl.LightningDataModule):
                  combine: Combine = "alternate", batch_size: int = 32, eval_batch_size: Optional[int] = None,
                  num_workers: int = 0, seed: int = 1234):
         super().__init__()
+        check_batch_sizes(batch_size, eval_batch_size)
         shared = {"batch_size": batch_size, "eval_batch_size": eval_batch_size, "num_workers": num_workers,
                   "seed": seed}
         self.corpus = nested_data_module(PretrainDataModule, corpus or {"source": "brown"}, shared, tokenizer,

@@ -22,7 +22,7 @@ import torch
 from ptm_app.data.choice_data import MultipleChoiceDataModule
 from ptm_app.data.collators import TaggedCollator
 from ptm_app.data.contract import DataFacts, ModelHooks
-from ptm_app.data.datamodules import TaskDataModule
+from ptm_app.data.datamodules import TaskDataModule, check_batch_sizes
 from ptm_app.data.loader import ResumableLoader
 from ptm_app.data.qa_data import QADataModule
 from ptm_app.data.tagging_data import TokenTaskDataModule
@@ -167,6 +167,7 @@ class MultitaskDataModule(pl.LightningDataModule):
                  temperature: float = 2.0, size_limit: Optional[int] = None, batches_per_epoch: Optional[int] = None,
                  batch_size: int = 32, eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234):
         super().__init__()
+        check_batch_sizes(batch_size, eval_batch_size)
         if not tasks:
             raise PtmError("multitask: data.init_args.tasks is empty; give at least two named tasks")
         self.tokenizer_spec, self.mixing, self.temperature = tokenizer, mixing, temperature

@@ -8,6 +8,7 @@ import argparse
 from ptm_app.backbones.build import quiet_transformers
 from ptm_app.export import check_online, export_checkpoint, push_to_hub
 from ptm_app.inference.loading import load_for_inference
+from ptm_app.paths import check_output_dir
 
 DESCRIPTION = "Export a ptm_app checkpoint as a transformers save_pretrained directory (+ tokenizer, model card)."
 
@@ -16,6 +17,8 @@ def export_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="main.py export", description=DESCRIPTION)
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt file or a run directory (uses its last.ckpt)")
     parser.add_argument("--output_dir", required=True, help="where to write the save_pretrained directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing non-empty --output_dir (never one holding checkpoints or a run)")
     parser.add_argument("--trust_checkpoint", action="store_true",
                         help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
     parser.add_argument("--format", choices=("transformers", "onnx"), default="transformers",
@@ -25,6 +28,7 @@ def export_command(argv: list[str]) -> int:
                         help="also upload the directory to the Hugging Face Hub repository REPO (online only: needs a "
                              "network, a login, and HF_HUB_OFFLINE unset)")
     args = parser.parse_args(argv)
+    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     if args.push_to_hub:
         check_online(args.push_to_hub)
     also = None

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import transformers_model
 from ptm_app.errors import PtmError
 from ptm_app.inference.loading import LoadedModel, load_for_inference
@@ -34,7 +35,10 @@ def check_generator(loaded: LoadedModel) -> None:
 
 
 def prompt_inputs(loaded: LoadedModel, prompt: str, chat: bool = False) -> dict:
-    """``input_ids`` and ``attention_mask`` [1, T] for the prompt, laid out as the model was trained."""
+    """``input_ids`` and ``attention_mask`` [1, T] for the prompt, laid out as the model was trained; an empty
+    prompt is one line."""
+    if not prompt.strip():
+        raise PtmError("the prompt is empty; give some text to continue")
     tok = loaded.tokenizer
     if chat:
         if not getattr(tok, "chat_template", None):
@@ -54,6 +58,35 @@ def prompt_inputs(loaded: LoadedModel, prompt: str, chat: bool = False) -> dict:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     enc = tok(prompt, add_special_tokens=not chat, return_tensors="pt")  # the template already holds them
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def check_positions(loaded: LoadedModel, inputs: dict, max_new_tokens: int) -> None:
+    """Refuse, in one line naming the limit, a prompt and ``max_new_tokens`` that the model's position embeddings
+    cannot hold (a decoder: prompt + new tokens + a soft prompt's virtual tokens; an encoder–decoder: the prompt in
+    the encoder, the start token + new tokens in the decoder).  Models without a position limit (T5) pass."""
+    model = transformers_model(loaded.model)
+    limit = max_positions(model)
+    prompt = int(inputs["input_ids"].shape[1])
+    if prompt == 0:
+        raise PtmError("the prompt holds no tokens; give some text to continue")
+    if limit is None:
+        return
+    virtual = loaded.module.virtual_positions() if hasattr(loaded.module, "virtual_positions") else 0
+    if loaded.head == "seq2seq_lm":
+        if prompt > limit:
+            raise PtmError(f"the prompt is {prompt} tokens, over the model's limit of {limit} positions; shorten it")
+        if max_new_tokens + 1 > limit:
+            raise PtmError(f"max_new_tokens={max_new_tokens} is over the model's limit of {limit} positions "
+                           f"(with the decoder's start token); use at most {limit - 1}")
+        return
+    used = prompt + virtual
+    what = f"the prompt ({prompt} tokens" + (f" + {virtual} virtual tokens" if virtual else "") + ")"
+    if used >= limit:
+        raise PtmError(f"{what} leaves no room for new tokens in the model's limit of {limit} positions; "
+                       f"shorten it")
+    if used + max_new_tokens > limit:
+        raise PtmError(f"{what} plus max_new_tokens={max_new_tokens} needs {used + max_new_tokens} positions, over "
+                       f"the model's limit of {limit}; lower max_new_tokens to {limit - used} or shorten the prompt")
 
 
 def special_ids(loaded: LoadedModel) -> dict:
@@ -132,6 +165,7 @@ def generate(ckpt_path: str, prompt: str, max_new_tokens: int = 64, do_sample: b
     check_generator(loaded)
     settings = decoding_settings(loaded, max_new_tokens, do_sample, temperature, top_k, top_p, num_beams)
     inputs = prompt_inputs(loaded, prompt, chat)
+    check_positions(loaded, inputs, max_new_tokens)
     streamer = None
     if stream and num_beams == 1:
         from transformers import TextStreamer

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ptm_app.data.formats import read_records
+from ptm_app.data.formats import not_utf8, not_utf8_lines, read_records
 from ptm_app.errors import DataFormatError, PtmError
 
 RECORD_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -32,7 +32,7 @@ def read_inputs(texts: Optional[list[str]], input_path: Optional[str], text_fiel
         raise PtmError("no input: give --text \"...\" (repeatable) or --input FILE (.txt, .jsonl, .csv; - for stdin)")
     ids = None
     if input_path == "-":
-        found, where = _lines(sys.stdin.read().splitlines()), "standard input"
+        found, where = _lines(_stdin_text().splitlines()), "standard input"
     else:
         path = Path(input_path)
         if not path.is_file():
@@ -41,11 +41,23 @@ def read_inputs(texts: Optional[list[str]], input_path: Optional[str], text_fiel
         if path.suffix.lower() in RECORD_SUFFIXES:
             found, ids = _records(path, text_field, id_field)
         else:
-            found = _lines(path.read_text(encoding="utf-8").splitlines())
+            try:
+                found = _lines(path.read_text(encoding="utf-8").splitlines())
+            except UnicodeDecodeError:
+                raise not_utf8(path) from None
     if not found:
         raise PtmError(f"{where}: no texts in it (it is empty); give one text per line (.txt) or one record with a "
                        f"'{text_field}' field per line (.jsonl, .csv)")
     return found, ids
+
+
+def _stdin_text() -> str:
+    """Standard input decoded as UTF-8, strictly (Python's own stdin may let bad bytes through as surrogates)."""
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise not_utf8_lines("standard input", raw.splitlines(keepends=True)) from None
 
 
 def _lines(lines: list[str]) -> list[str]:

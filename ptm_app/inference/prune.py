@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from ptm_app.backbones.build import quiet_transformers
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_dir, atomic_file
+from ptm_app.paths import atomic_dir, atomic_file, check_output_dir
 
 
 def parse_layers(value: str):
@@ -76,6 +76,8 @@ def prune_command(argv: list[str]) -> int:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10, help="timed forwards per model and batch size")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing non-empty --output_dir (never one holding checkpoints or a run)")
     parser.add_argument("--trust_checkpoint", action="store_true")
     args = parser.parse_args(argv)
     heads_spec = HeadPruningSpec(target=args.heads, rounds=args.rounds, every=1, score_batches=args.score_batches)
@@ -83,6 +85,7 @@ def prune_command(argv: list[str]) -> int:
     if args.heads > 0 and not args.eval_source:
         raise PtmError("--heads scores heads on held-out data: give --eval_source (the prepared set the model was "
                        "fine-tuned on, e.g. bbc)")
+    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
     if loaded.head != "sequence_classification":
         raise PtmError(f"prune works on sequence classifiers; {args.ckpt_path} is a {loaded.kind}")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_file
+from ptm_app.paths import atomic_file, check_output_dir
 
 SENTENCE = "Shares in the bank fell sharply after it warned that profits would be lower than expected this year."
 
@@ -126,10 +126,13 @@ def quantize_command(argv: list[str]) -> int:
     parser.add_argument("--eval_limit", type=int, default=0, help="only the first N examples (0: all)")
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20, help="timed forwards per model and batch size")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing non-empty --output_dir (never one holding checkpoints or a run)")
     parser.add_argument("--trust_checkpoint", action="store_true")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise PtmError("--repeats must be at least 1")
+    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
     loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
     input_max = qat_input_ranges(loaded, args.ckpt_path) if args.backend == STATIC else None
     fp32 = disable_fake_quant(transformers_model(loaded.model)).float().eval()  # a QAT run: its plain weights

@@ -13,14 +13,20 @@ models, ``embed`` otherwise.
 Requests arriving within ``batch_timeout`` seconds of each other are run as one batch of up to ``max_batch_size``
 (LitServe's dynamic batching); ``workers`` inference processes each hold the model.  ``GET /health`` answers
 200 ``ok`` once every worker has loaded it.  A body that is not JSON (400), lacks a field or has the wrong type
-(422), or a text over the limit with ``--too_long refuse`` (413) gets ``{"error": "<one line>"}``; the other
-requests of its batch are answered as if it had not been sent, and the server keeps serving.
+(422), a text over the limit with ``--too_long refuse`` (413), a body over ``--max_request_bytes`` (413, before it
+is read), a generate request beyond the model's positions (400) get ``{"error": "<one line>"}``, as does every other
+error (404, 500 ...); the other requests of its batch are answered as if it had not been sent, and the server keeps
+serving.  SIGTERM (and SIGINT) stop the server and every process it started; on Linux they also end if the server
+process is killed.
 """
 # no ``from __future__ import annotations``: LitServe reads decode_request's annotation as the request model
 import argparse
 import errno
+import json
 import os
+import signal
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -30,6 +36,7 @@ from pydantic import BaseModel
 from ptm_app.errors import PtmError
 
 TASKS = ("predict", "embed", "generate")
+MAX_REQUEST_BYTES = 2 * 2**20  # a request holds one input: 2 MiB is far beyond any model's positions
 
 
 class TextRequest(BaseModel):
@@ -81,6 +88,7 @@ class ServeSettings:
     backend: str = "torch"
     threads: int = 1
     trust_checkpoint: bool = False
+    parent_pid: Optional[int] = None  # the serve process: a worker ends with it (``die_with_parent``)
 
 
 def refusal(exc: PtmError) -> Refused:
@@ -104,6 +112,8 @@ class ModelAPI(ls.LitAPI):
 
         from ptm_app.inference.loading import load_for_inference
 
+        if self.settings.parent_pid is not None:
+            die_with_parent(self.settings.parent_pid)
         torch.set_num_threads(self.settings.threads)
         self.loaded = load_for_inference(self.settings.ckpt_path, self.settings.trust_checkpoint)
         if self.settings.backend == "onnxruntime":
@@ -154,11 +164,12 @@ class ModelAPI(ls.LitAPI):
             return [self.generate(item.example) for item in items]
 
     def generate(self, request: dict) -> dict:
-        from ptm_app.inference.generate import decoding_settings, generate_ids, prompt_inputs
+        from ptm_app.inference.generate import check_positions, decoding_settings, generate_ids, prompt_inputs
 
         settings = decoding_settings(self.loaded, request["max_new_tokens"], request["do_sample"],
                                      request["temperature"], request["top_k"], request["top_p"], request["num_beams"])
         inputs = prompt_inputs(self.loaded, request["prompt"], request["chat"])
+        check_positions(self.loaded, inputs, request["max_new_tokens"])
         ids = generate_ids(self.loaded, inputs, settings, request["seed"])
         return {"prompt": request["prompt"],
                 "generated": self.loaded.tokenizer.decode(ids[0], skip_special_tokens=True)}
@@ -230,6 +241,7 @@ def check_port(host: str, port: int) -> None:
     if not 1024 <= port <= 65535:
         raise PtmError(f"--port {port}: use a port from 1024 to 65535")
     probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: closed connections are no use
     try:
         probe.bind((host, port))
     except OSError as exc:
@@ -241,32 +253,154 @@ def check_port(host: str, port: int) -> None:
         probe.close()
 
 
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413 ``{"error": ...}`` before it is read
+    (a declared ``Content-Length``) or as soon as the bytes received pass the cap (a chunked body); the body of
+    one under the cap is handed on unchanged."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self.refuse(send)
+        received, size = [], 0
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                return await self.refuse(send)
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            return received.pop(0) if received else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def refuse(self, send) -> None:
+        body = json.dumps({"error": f"the request body is over {self.max_bytes} bytes (--max_request_bytes); "
+                                    f"send one input per request"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def error_message(status: int, detail, path: str) -> str:
+    """One line for an HTTP error raised outside our own refusals (FastAPI's 404 / 405, LitServe's 500 / 504)."""
+    if status == 404:
+        return f"no endpoint {path}; POST /predict with JSON, or GET /health"
+    if status == 405:
+        return f"method not allowed on {path}; POST /predict with JSON, or GET /health"
+    text = detail if isinstance(detail, str) else json.dumps(detail)
+    return " ".join(str(text).split()) or f"HTTP {status}"
+
+
 def build_server(settings: ServeSettings, max_batch_size: int, batch_timeout: float, workers: int,
-                 timeout: float) -> ls.LitServer:
+                 timeout: float, max_request_bytes: int = MAX_REQUEST_BYTES) -> ls.LitServer:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
     api = API_CLASSES[settings.kind](settings, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=workers, timeout=timeout)
+    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=workers, timeout=timeout,
+                          middlewares=[(BodyLimit, {"max_bytes": max_request_bytes})])
 
     async def refuse(request, exc):
         status, message = validation_message(exc, settings.kind)
         return JSONResponse(status_code=status, content={"error": message})
 
+    async def http_error(request, exc):  # every error as {"error": ...}, never FastAPI's {"detail": ...}
+        return JSONResponse(status_code=exc.status_code, headers=getattr(exc, "headers", None),
+                            content={"error": error_message(exc.status_code, exc.detail, request.url.path)})
+
+    async def internal_error(request, exc):
+        return JSONResponse(status_code=500, content={"error": f"internal server error ({type(exc).__name__}); "
+                                                               f"see the server's log"})
+
     server.app.add_exception_handler(RequestValidationError, refuse)
+    server.app.add_exception_handler(HTTPException, http_error)
+    server.app.add_exception_handler(Exception, internal_error)
     return server
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: this process (a worker the server started) gets SIGTERM when the server process ends, however it ends
+    (``prctl(PR_SET_PDEATHSIG)``), so no worker keeps serving the port after it; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the server ended before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def forked_child(parent_pid: int) -> None:
+    """In a process forked from the server (an API server, LitServe's manager): SIGTERM back to its default (uvicorn
+    installs its own while it serves), and ended with the server (``die_with_parent``).  Processes forked further
+    down are left alone."""
+    if os.getppid() != parent_pid:
+        return
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # forked from a thread other than the main one: that thread's handlers are not ours to set
+        pass
+    die_with_parent(parent_pid)
+
+
+def stop_on_sigterm(server: ls.LitServer):
+    """A SIGTERM handler that stops ``server`` as its ``/shutdown`` endpoint would: LitServe's shutdown event is set
+    (from a thread of its own: the main thread may be inside a call to the same manager), its wait returns, and
+    LitServe's graceful shutdown terminates and joins its API servers and inference workers.  Before the API servers
+    run (workers still loading the model), a KeyboardInterrupt: ``serve`` then ends them.  Further SIGTERMs are
+    ignored."""
+
+    def handler(signum, frame) -> None:
+        import multiprocessing
+        import threading
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        event = getattr(server, "_shutdown_event", None)
+        serving = any(p.name.startswith("LitServer-") for p in multiprocessing.active_children())
+        if event is None or not serving:
+            raise KeyboardInterrupt
+        threading.Thread(target=event.set, name="serve-sigterm", daemon=True).start()
+
+    return handler
+
+
+def end_children() -> None:
+    """Terminate, then kill, the processes this one started that are still alive (a shutdown cut short)."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=5)
 
 
 def serve(ckpt_path: str, task: Optional[str] = None, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
           max_batch_size: int = 8, batch_timeout: float = 0.01, timeout: float = 60.0, too_long: str = "truncate",
           max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: bool = False,
-          backend: str = "torch", trust_checkpoint: bool = False) -> None:
-    """Check the port and the model, then serve until interrupted."""
+          backend: str = "torch", trust_checkpoint: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+    """Check the port and the model, then serve until SIGTERM or SIGINT, which end every process it started."""
     from ptm_app.inference.loading import load_for_inference
 
-    if workers < 1 or max_batch_size < 1 or batch_timeout < 0 or timeout <= 0:
-        raise PtmError("--workers and --max_batch_size must be at least 1, --batch_timeout 0 or more, "
-                       "--timeout above 0")
+    if workers < 1 or max_batch_size < 1 or batch_timeout < 0 or timeout <= 0 or max_request_bytes < 1:
+        raise PtmError("--workers, --max_batch_size and --max_request_bytes must be at least 1, --batch_timeout 0 or "
+                       "more, --timeout above 0")
     if too_long not in ("truncate", "refuse"):
         raise PtmError(f"--too_long {too_long}: use truncate or refuse")
     check_port(host, port)
@@ -280,12 +414,22 @@ def serve(ckpt_path: str, task: Optional[str] = None, host: str = "127.0.0.1", p
         open_session(loaded)  # no model.onnx: one line now, not in every worker
     threads = max(1, (os.cpu_count() or 1) // workers)
     settings = ServeSettings(ckpt_path, task, kind, too_long, max_length, pooling, normalize, backend, threads,
-                             trust_checkpoint)
-    server = build_server(settings, max_batch_size, batch_timeout, workers, timeout)
+                             trust_checkpoint, os.getpid())
+    server = build_server(settings, max_batch_size, batch_timeout, workers, timeout, max_request_bytes)
     del loaded  # each worker loads its own copy
     print(f"serving {ckpt_path} ({task}) on http://{host}:{port}/predict, health at /health; "
           f"send {EXAMPLES[kind]}", flush=True)
-    server.run(host=host, port=port, log_level="warning", generate_client_file=False, num_api_servers=1)
+    parent = os.getpid()
+    os.register_at_fork(after_in_child=lambda: forked_child(parent))  # LitServe's API servers are forked
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm(server))
+    try:
+        server.run(host=host, port=port, log_level="warning", generate_client_file=False, num_api_servers=1)
+    except KeyboardInterrupt:  # before LitServe's own shutdown was in place (workers still starting)
+        pass
+    finally:
+        end_children()
+        signal.signal(signal.SIGTERM, previous)
+    print("serve stopped", flush=True)
 
 
 def serve_command(argv: list[str]) -> int:
@@ -301,6 +445,8 @@ def serve_command(argv: list[str]) -> int:
     parser.add_argument("--batch_timeout", type=float, default=0.01,
                         help="seconds a worker waits to fill a batch")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait for its answer")
+    parser.add_argument("--max_request_bytes", type=int, default=MAX_REQUEST_BYTES,
+                        help=f"larger request bodies are answered 413 unread (default {MAX_REQUEST_BYTES})")
     parser.add_argument("--too_long", choices=("truncate", "refuse"), default="truncate",
                         help="texts over the run's limit: truncate them, or answer 413")
     parser.add_argument("--max_length", type=int, help="the input limit in tokens (default: the run's)")

@@ -56,6 +56,26 @@ def is_sharded(strategy: Any) -> bool:
     return isinstance(strategy, str) and strategy.startswith(("fsdp", "deepspeed"))
 
 
+def check_checkpoint_layout(ckpt_path: Any, strategy: Any) -> None:
+    """Refuse, in one line, a sharded checkpoint directory (FSDP's ``torch.distributed.checkpoint`` files,
+    DeepSpeed's ``latest`` + tag directory) given to a strategy that cannot read it: a single-device or DDP run
+    reads one file, and FSDP and DeepSpeed each read only their own layout."""
+    path = Path(str(ckpt_path)) if ckpt_path else None
+    if path is None or not path.is_dir():
+        return
+    layout = "DeepSpeed" if (path / "latest").is_file() else "FSDP"
+    if is_sharded(strategy):
+        name = type(strategy).__name__ if isinstance(strategy, Strategy) else str(strategy)
+        if ("deepspeed" in name.lower()) == (layout == "DeepSpeed"):
+            return
+        raise PtmError(f"--ckpt_path {path} is a {layout} checkpoint directory, but this run's strategy is {name}; "
+                       f"resume it with the strategy that wrote it (configs/strategy/), or export it (python main.py "
+                       f"export --ckpt_path {path} --output_dir DIR) and start from that")
+    raise PtmError(f"--ckpt_path {path} is a sharded ({layout}) checkpoint directory, which a single-process or DDP "
+                   f"run cannot read; resume it with the strategy that wrote it (add its configs/strategy/ file), or "
+                   f"export it (python main.py export --ckpt_path {path} --output_dir DIR) and start from that")
+
+
 def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of every transformers model inside ``module``, innermost first: the classes its
     ``_no_split_modules`` names and its ``GradientCheckpointingLayer``s; for a model that declares neither (ALBERT,

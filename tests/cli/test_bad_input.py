@@ -147,3 +147,75 @@ def test_a_lightning_settings_clash_is_one_line(tmp_path, tiny_corpus, capsys):
     assert main(["fit", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: trainer settings:") and "val_check_interval" in err[-1], err[-3:]
+
+
+@pytest.mark.parametrize("key,value", [("batch_size", "0"), ("batch_size", "-4"), ("eval_batch_size", "0")])
+def test_a_batch_size_below_one_is_one_line(base, capsys, key, value):
+    line = run(["fit", "--config", str(base), f"--data.init_args.{key}", value], capsys)
+    assert line.startswith(f"error: data.init_args.{key}={value}: a batch holds at least one example"), line
+
+
+def test_every_data_module_refuses_a_batch_size_below_one():
+    """The shared check (``datamodules.check_batch_sizes``) runs in every data module that takes a batch size."""
+    import inspect
+
+    import lightning.pytorch as pl
+
+    import ptm_app.cli  # noqa: F401  (imports every data module)
+    from ptm_app.errors import PtmError
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    modules = {c for c in subclasses(pl.LightningDataModule) if c.__module__.startswith("ptm_app")
+               and not c.__name__.startswith("_") and "batch_size" in inspect.signature(c).parameters}
+    assert {"PretrainDataModule", "TaskDataModule", "MultitaskDataModule", "MLMPairsDataModule", "QADataModule",
+            "KeplerDataModule"} <= {c.__name__ for c in modules}
+    for cls in modules:
+        required = {name: "x" for name, p in inspect.signature(cls).parameters.items()
+                    if p.default is inspect.Parameter.empty}
+        required.update({"tokenizer": {"train": "wordpiece"}} if "tokenizer" in required else {})
+        for key, value in (("batch_size", 0), ("batch_size", -2), ("eval_batch_size", 0)):
+            with pytest.raises(PtmError, match=f"data.init_args.{key}={value}: a batch holds at least one"):
+                cls(**required, **{key: value})
+
+
+def test_a_missing_config_file_is_named(tmp_path, capsys):
+    missing = tmp_path / "no_such.yaml"
+    assert run(["fit", "--config", str(missing)], capsys) == \
+        f"error: config file {missing} does not exist; check the path"  # was "error: config: "
+    assert run(["probe", "--config", str(missing)], capsys) == \
+        f"error: config file {missing} does not exist; check the path"
+
+
+@pytest.mark.parametrize("text,where,problem", [
+    ("model:\n  init_args:\n    lr: [1, 2\n    warmup: 3\n", ":4:11:", "(while parsing a flow sequence that began at "
+                                                                         "line 3)"),
+    ("trainer:\n  max_steps: 2\n\tdevices: 1\n", ":3:1:", "found character '\\t' that cannot start any token"),
+])
+def test_a_yaml_error_names_the_file_and_the_line(base, tmp_path, capsys, text, where, problem):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    line = run(["fit", "--config", str(base), "--config", str(bad)], capsys)  # the second of two files
+    assert line.startswith(f"error: {bad}{where} invalid YAML: ") and problem in line, line
+
+
+def test_a_sharded_checkpoint_directory_under_a_single_device_run_is_one_line(base, tmp_path, capsys):
+    """An FSDP ``torch.distributed.checkpoint`` directory given to a single-device fit / test (an IsADirectoryError
+    traceback from inside Lightning before)."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    shards = tmp_path / "last.ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save({"state_dict": {"w": torch.randn(3, 4)}}, checkpoint_id=shards, no_dist=True)
+    torch.save({"global_step": 3}, shards / "meta.pt")
+    for command in ("fit", "test"):
+        line = run([command, "--config", str(base), "--ckpt_path", str(shards)], capsys)
+        assert f"--ckpt_path {shards} is a sharded (FSDP) checkpoint directory" in line
+        assert f"python main.py export --ckpt_path {shards}" in line

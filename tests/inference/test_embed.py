@@ -84,13 +84,37 @@ def test_malformed_jsonl_line_is_named(tmp_path, capsys):
     path = write_jsonl(tmp_path / "texts.jsonl", [{"text": "fine"}])
     path.write_text(path.read_text() + '{"text": "broken\n')
     line = one_error_line(["embed", "--ckpt_path", "minilm", "--input", str(path)], capsys)
-    assert f"{path}:2:" in line and "malformed JSON" in line
+    assert f"{path}:2: malformed JSON (Invalid control character at column 17)" in line
+    path.write_text(path.read_text().rstrip("\n"))  # the string never ends: json says "... starting at", no "at at"
+    line = one_error_line(["embed", "--ckpt_path", "minilm", "--input", str(path)], capsys)
+    assert f"{path}:2: malformed JSON (Unterminated string starting at column 10)" in line
     other = write_jsonl(tmp_path / "fields.jsonl", [{"sentence": "a"}, {"sentence": "b"}])
     assert "--text_field" in one_error_line(["embed", "--ckpt_path", "minilm", "--input", str(other)], capsys)
     out = tmp_path / "v.npy"
     assert main(["embed", "--ckpt_path", "minilm", "--input", str(other), "--text_field", "sentence",
                  "--output", str(out)]) == 0
     assert np.load(out).shape == (2, 384)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl", "-"])
+def test_an_input_that_is_not_utf8_names_the_file_and_line(tmp_path, capsys, monkeypatch, suffix):
+    """Latin-1 bytes on line 3 (a UnicodeDecodeError traceback before), from a .txt, a .jsonl or standard input."""
+    import io
+
+    lines = ["a cat sat", "the dog ran", "caf\u00e9 au lait"]
+    records = [json.dumps({"text": t}, ensure_ascii=False) for t in lines] if suffix == ".jsonl" else lines
+    data = "\n".join(records).encode("latin-1") + b"\n"
+    if suffix == "-":
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape"))
+        where = "standard input"
+    else:
+        path = tmp_path / f"texts{suffix}"
+        path.write_bytes(data)
+        where = str(path)
+    line = one_error_line(["embed", "--ckpt_path", "minilm", "--input", suffix if suffix == "-" else where], capsys)
+    column = data.splitlines()[2].index(b"\xe9") + 1
+    assert line == f"error: {where}:3: not UTF-8 text (byte 0xe9 at byte {column} of the line); save it as UTF-8 " \
+                   f"(e.g. iconv -f latin1 -t utf-8)"
 
 
 def test_scalar_mix_refused_without_a_trained_mix(capsys):

@@ -127,3 +127,22 @@ def test_chat_without_a_chat_template_is_refused(clm_run, capsys):
     assert main(["generate", "--ckpt_path", str(clm_run), "--prompt", PROMPT, "--chat"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no chat template" in err[0], err
+
+
+@pytest.mark.parametrize("case", ["empty", "blank", "beyond", "prompt_alone"])
+def test_an_empty_prompt_or_one_beyond_the_positions_is_one_line(clm_run, capsys, case):
+    """TINY_GPT2 has 64 positions: the prompt's n tokens + 64 - n new ones fit, one more does not (an IndexError
+    traceback before), nor does a prompt of 64 tokens or more; an empty prompt is refused too."""
+    from ptm_app.inference.loading import load_for_inference
+
+    n = len(load_for_inference(str(clm_run)).tokenizer(PROMPT)["input_ids"])
+    long_prompt = " ".join([PROMPT] * 20)
+    prompt, new, expected = {
+        "empty": ("", 4, "the prompt is empty"), "blank": ("  ", 4, "the prompt is empty"),
+        "beyond": (PROMPT, 65 - n, f"needs 65 positions, over the model's limit of 64; lower max_new_tokens to {64 - n}"),
+        "prompt_alone": (long_prompt, 1, "leaves no room for new tokens in the model's limit of 64 positions")}[case]
+    assert main(["generate", "--ckpt_path", str(clm_run), "--prompt", prompt, "--max_new_tokens", str(new)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    if case == "beyond":  # the largest that fits runs
+        assert main(["generate", "--ckpt_path", str(clm_run), "--prompt", PROMPT, "--max_new_tokens", str(64 - n)]) == 0

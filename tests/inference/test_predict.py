@@ -42,3 +42,18 @@ def test_predict_refuses_a_language_model(clm_run, capsys):
     assert main(["predict", "--ckpt_path", str(clm_run), "--text", "the cat"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "CausalLMModule" in err[0] and "predict --config" in err[0], err
+
+
+def test_predict_input_that_is_not_utf8_names_the_file_and_line(classifier_run, tmp_path, capsys):
+    """A cp1252 .txt (a UnicodeDecodeError traceback before): one line with the file, the line and the byte; the
+    same file saved as UTF-8 is labelled."""
+    path = tmp_path / "texts.txt"
+    path.write_bytes("the cat sat\n\n\u201cquoted\u201d dogs ran\n".encode("cp1252"))
+    assert main(["predict", "--ckpt_path", str(classifier_run), "--input", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {path}:3: not UTF-8 text (byte 0x93 at byte 1 of the line); save it as UTF-8 "
+                   f"(e.g. iconv -f latin1 -t utf-8)"], err
+    path.write_text("the cat sat\n\n\u201cquoted\u201d dogs ran\n", encoding="utf-8")
+    assert main(["predict", "--ckpt_path", str(classifier_run), "--input", str(path)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in rows] == ["the cat sat", "\u201cquoted\u201d dogs ran"]

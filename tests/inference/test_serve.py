@@ -167,3 +167,76 @@ def test_served_embeddings_over_http_with_two_workers_equal_the_embed_command(cl
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def group_processes(pgid: int) -> list[int]:
+    """Live (not zombie) processes of the process group ``pgid``, from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc")
+def test_served_generator_caps_requests_answers_errors_as_one_line_and_sigterm_ends_every_process(clm_run):
+    """Two workers: 50 concurrent requests all answered as ``generate`` answers them; a body over
+    ``--max_request_bytes`` (declared or chunked) 413, a prompt + max_new_tokens beyond the model's 64 positions
+    400 naming the limit, an empty prompt and an unknown path 4xx, each ``{"error": one line}``; then SIGTERM to the
+    server process alone leaves no process of it alive and the port free."""
+    from ptm_app.inference.generate import generate
+
+    prompts = [f"the cat sat {i}" for i in range(50)]
+    expected = {p: generate(str(clm_run), p, 3, stream=False) for p in prompts[:3]}
+    port = free_port()
+    server = main_py("serve", "--ckpt_path", str(clm_run), "--workers", "2", "--port", str(port),
+                     "--max_batch_size", "8", "--max_request_bytes", "2000")
+    try:
+        wait_healthy(port, server)
+        assert len(group_processes(server.pid)) >= 4  # the server, two inference workers, an API server (+ manager)
+        body = lambda p: json.dumps({"prompt": p, "max_new_tokens": 3}).encode()  # noqa: E731
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            answers = list(pool.map(lambda p: post(port, body(p)), prompts))
+        assert [status for status, _ in answers] == [200] * 50, [a for a in answers if a[0] != 200][:3]
+        assert [row["prompt"] for _, row in answers] == prompts
+        assert {p: answers[i][1]["generated"] for i, p in enumerate(prompts[:3])} == expected
+
+        big = json.dumps({"prompt": "word " * 1000}).encode()  # 5 kB
+        chunked = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=iter([big[:1500], big[1500:]]),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(chunked, timeout=60)
+            raise AssertionError("a chunked body over the cap was accepted")
+        except urllib.error.HTTPError as error:
+            assert error.code == 413 and "2000 bytes" in json.loads(error.read())["error"]
+        answers = {"big": post(port, big),
+                   "long": post(port, json.dumps({"prompt": "the cat sat on a mat", "max_new_tokens": 200}).encode()),
+                   "empty": post(port, json.dumps({"prompt": "", "max_new_tokens": 3}).encode())}
+        for name, (status, answer) in answers.items():
+            assert set(answer) == {"error"} and "\n" not in answer["error"], (name, answer)
+        assert answers["big"][0] == 413 and "--max_request_bytes" in answers["big"][1]["error"]
+        assert answers["long"][0] == 400 and "limit of 64" in answers["long"][1]["error"]
+        assert answers["empty"][0] == 400 and "empty" in answers["empty"][1]["error"]
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=10)
+        assert missing.value.code == 404 and set(json.loads(missing.value.read())) == {"error"}
+        assert post(port, body("still serving"))[0] == 200
+
+        server.send_signal(signal.SIGTERM)  # the server process only, as a supervisor stops it
+        assert server.wait(timeout=60) == 0
+        deadline = time.time() + 15
+        while group_processes(server.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert group_processes(server.pid) == []
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if group_processes(server.pid):
+            os.killpg(server.pid, signal.SIGKILL)
+        if server.poll() is None:
+            server.kill()
+            server.wait()
