@@ -104,6 +104,7 @@ class PtmModule(pl.LightningModule):
         """What the DataModule takes from this module: its collator factory and example format."""
         return ModelHooks(collator=getattr(self, "make_collator", None),
                           example_format=getattr(self, "example_format", None),
+                          static_copies=getattr(self, "static_copies", None),
                           task_collator=getattr(self, "task_collator", None))
 
     def configure_model(self) -> None:
