@@ -170,6 +170,13 @@ class PtmModule(pl.LightningModule):
         """Positions taken before the input by trainable virtual tokens (a policy's soft prompt)."""
         return sum(policy.virtual_positions() for policy in self.policies)
 
+    @property
+    def run_seed(self) -> int:
+        """The run's seed (``seed_everything``, which Lightning keeps in ``PL_GLOBAL_SEED`` for every process of the
+        run, and sets again from the config on a resume); 0 when none was set.  Model-side draws (ELECTRA's
+        replacements) are seeded from it and the batch's keys."""
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
     # -- optimisation -------------------------------------------------------------------------
     def configure_optimizers(self):
         return build_optimizer(self, self.optim, self.trainer.estimated_stepping_batches)
