@@ -84,15 +84,18 @@ def test_causal_lm_golden():
 
 
 def test_permutation_lm_golden():
-    """XLNet §2.2–2.3: the order puts the context first and the targets (I am happy to) in the order
-    I, happy, am, to; perm_mask[i, j] = 1 hides j from i: a target sees the context and the targets before it,
-    never itself, the context sees no target."""
+    """XLNet §2.2–2.3, both streams: the order puts the context first and the targets (I am happy to) in the order
+    I, happy, am, to; perm_mask[i, j] = 1 hides j from i in the query stream: a target sees the context and the
+    targets before it, never itself, the context sees no target; in the content stream a token also sees itself."""
     xlnet_row = [*range(10, 18), SEP, CLS]  # XLNet puts <sep> <cls> at the end
     b = PLMCollator(pad_token_id=PAD, special_ids=SPECIAL, seed=3)([example(xlnet_row, (0, 0))])
     assert rows(b["input_ids"]) == ["I am happy to join with you today [SEP] [CLS]"]  # inputs untouched
     assert rows(b["labels"]) == ["I am happy to"]
     assert bits(b["target_mapping"][0]) == ["1000000000", "0100000000", "0010000000", "0001000000"]
     assert bits(b["perm_mask"][0]) == ["1111000000", "0101000000", "0111000000", "0001000000"] + ["1111000000"] * 6
+    # the content stream is the query stream's mask with each token's own column opened (as XLNetModel builds it)
+    content = (b["perm_mask"][0] + (1 - b["attention_mask"][0])[None, :] - torch.eye(10)) > 0
+    assert bits(content) == ["0111000000", "0001000000", "0101000000", "0000000000"] + ["1111000000"] * 6
     assert b["attention_mask"].tolist() == [[1] * 10]
 
 
