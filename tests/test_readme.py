@@ -50,3 +50,37 @@ def test_every_figure_the_readme_shows_is_in_the_repo():
     for figure in figures:
         path = ROOT / figure
         assert path.is_file() and path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG", figure
+
+
+def golden_tests_by_corruption_module() -> dict[str, set[str]]:
+    """Corruption module -> the ``test_*golden*`` functions of the corruption tests (``tests/data/``) on the canonical
+    example that call it."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / "tests" / "data").rglob("test_*.py"):
+        text = path.read_text()
+        if "I am happy" not in text:  # the ids of "I am happy to join with you today"
+            continue
+        tree = ast.parse(text)
+        origin = {}  # imported name -> corruption module (the package re-exports masking's)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ptm_app.data.corruption"):
+                module = node.module.rpartition(".")[2] if node.module != "ptm_app.data.corruption" else "masking"
+                origin.update({alias.name: module for alias in node.names})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and "golden" in node.name:
+                used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                for name in used & set(origin):
+                    found.setdefault(origin[name], set()).add(f"{path.name}::{node.name}")
+    return found
+
+
+def test_every_corruption_module_the_readme_names_has_a_golden_test_on_the_canonical_example():
+    sentence = (ROOT / "README.md").read_text().split("Corruptions are pure, seeded functions in")[1].split("\n\n")[0]
+    modules = re.split(r",\s+", re.search(r"\(([a-z0-9,\s]+)\)", sentence).group(1))
+    assert len(modules) >= 8 and "canonical" in sentence
+    found = golden_tests_by_corruption_module()
+    for module in modules:
+        assert (ROOT / "ptm_app" / "data" / "corruption" / f"{module}.py").exists(), module
+        assert found.get(module), module

@@ -27,9 +27,10 @@ def replacement_rate(step: int, k: float, b: float) -> float:
 
 def draw_replacements(step: int, modules: int, rate: float, seed: int) -> torch.Tensor:
     """Which of ``modules`` modules are replaced at ``step``: i.i.d. Bernoulli(``rate``) from a generator seeded by
-    (``seed``, ``step``), so a resumed run draws exactly what the uninterrupted run drew."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return torch.rand(modules, generator=generator) < rate
+    (``seed``, ``step``), so a resumed run draws exactly what the uninterrupted run drew.  Drawn on the CPU on every
+    machine (the draw picks modules, it samples no model tensor), so a GPU run replaces what a CPU run replaces."""
+    generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step)
+    return torch.rand(modules, generator=generator, device="cpu") < rate
 
 
 @contextlib.contextmanager

@@ -4,19 +4,22 @@ PET cloze inputs and in-context prompts).
 
 Each batch's random draws come from a generator seeded by the run seed and the batch's sample
 keys ``(epoch, index)``: dynamic masking (RoBERTa, Liu et al. 2019 §4.1) that is still exactly
-reproducible when a run resumes.
+reproducible when a run resumes.  Static masking seeds each example from its own key instead
+(``MLMCollator.static``).  Collators draw on the CPU, so a seed gives the same corruption on every machine.
 """
 from __future__ import annotations
 
+import random
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Literal, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from ptm_app.constants import IGNORE_INDEX
-from ptm_app.data.corruption import draw_generator, draw_rng, mlm_mask
+from ptm_app.data.corruption import draw_generator, draw_rng, mlm_mask, static_key
 from ptm_app.data.prompts import Fields, PromptEncoder
 from ptm_app.errors import PtmError
 
@@ -69,9 +72,12 @@ class MLMCollator(PadCollator):
 
     ``masking``: ``token`` (BERT §3.1: 15 %, 80/10/10 per token), ``whole_word`` (BERT-wwm: every
     sub-token of a chosen word), or ``span`` (SpanBERT §3.1: geometric span lengths, p=0.2, at most
-    10 words, 80/10/10 per span; also emits span-boundary targets for SBO).
-    ``static``: draw each sample's mask once and reuse it every epoch (BERT's static masking) instead
-    of anew every epoch (RoBERTa §4.1 dynamic masking).
+    10 words, ``mask_ratio``/``random_ratio`` per span, each span inside one segment: never across a
+    [SEP]; also emits span-boundary targets for SBO).
+    ``static``: BERT's static masking (RoBERTa §4.1): each example's mask is drawn once, from the example's own
+    key and over its own tokens, so it is the same whatever batch the example lands in and in every epoch;
+    ``static_copies`` = k gives each example one of k fixed masks (epoch ``e`` uses copy ``e % k``, as BERT's
+    ``dupe_factor``).  Otherwise masks are dynamic (RoBERTa §4.1): drawn anew for every batch from its keys.
     """
 
     mask_token_id: int = 0
@@ -86,6 +92,7 @@ class MLMCollator(PadCollator):
     word_start: Optional[torch.Tensor] = None  # bool per vocab id: does this token begin a word?
     span_p: float = 0.2
     max_span_length: int = 10
+    static_copies: int = 1
 
     def __post_init__(self) -> None:
         normal = torch.ones(self.vocab_size, dtype=torch.bool)
@@ -95,28 +102,42 @@ class MLMCollator(PadCollator):
         if self.masking != "token" and self.word_start is None:
             raise ValueError(f"masking={self.masking!r} needs word_start (from the tokenizer's vocabulary)")
 
-    def _keys(self, batch: dict) -> list:
-        keys = batch["keys"]
-        return [k[1] if isinstance(k, tuple) else k for k in keys] if self.static else keys
+    def _static_keys(self, batch: dict) -> list[list]:
+        """Per row, the keys its static draw is seeded with (the example's own, ``static_key``)."""
+        return [[static_key(key, self.static_copies)] for key in batch["keys"]]
+
+    def row_rngs(self, batch: dict) -> list[random.Random]:
+        """The ``random.Random`` each row draws from: static, the row's own; dynamic, one per batch (shared)."""
+        if self.static:
+            return [draw_rng(self.seed, keys) for keys in self._static_keys(batch)]
+        return [draw_rng(self.seed, batch["keys"])] * len(batch["keys"])
 
     def __call__(self, examples: list[dict]) -> dict:
         batch = self.pad_batch(examples)
         ids = batch["input_ids"]
         maskable = batch["attention_mask"].bool() & ~torch.isin(ids, self._special)
-        if self.masking == "token":
-            batch["input_ids"], batch["labels"] = mlm_mask(
-                ids, maskable, mask_token_id=self.mask_token_id, vocab_size=self.vocab_size,
-                generator=draw_generator(self.seed, self._keys(batch)), mlm_probability=self.mlm_probability,
-                mask_ratio=self.mask_ratio, random_ratio=self.random_ratio, random_ids=self._random_ids,
-            )
+        if self.masking != "token":
+            return self._word_level(batch, maskable)
+        mask = partial(mlm_mask, mask_token_id=self.mask_token_id, vocab_size=self.vocab_size,
+                       mlm_probability=self.mlm_probability, mask_ratio=self.mask_ratio,
+                       random_ratio=self.random_ratio, random_ids=self._random_ids)
+        if not self.static:
+            batch["input_ids"], batch["labels"] = mask(ids, maskable, generator=draw_generator(self.seed, batch["keys"]))
             return batch
-        return self._word_level(batch, maskable)
+        out, labels = ids.clone(), torch.full_like(ids, IGNORE_INDEX)
+        for row, keys in enumerate(self._static_keys(batch)):  # each example over its own (unpadded) tokens
+            n = int(batch["attention_mask"][row].sum())
+            out[row, :n], labels[row, :n] = mask(ids[row, :n], maskable[row, :n],
+                                                 generator=draw_generator(self.seed, keys))
+        batch["input_ids"], batch["labels"] = out, labels
+        return batch
 
     def _word_level(self, batch: dict, maskable: torch.Tensor) -> dict:
         from ptm_app.data.corruption import spans as sp
 
-        rng = draw_rng(self.seed, self._keys(batch))
+        rngs = self.row_rngs(batch)
         random_ids = self._random_ids.tolist()
+        ratios = dict(mask_ratio=self.mask_ratio, random_ratio=self.random_ratio, random_ids=random_ids)
         out_ids, labels = batch["input_ids"].clone(), torch.full_like(batch["input_ids"], IGNORE_INDEX)
         sbo: dict[str, list[int]] = {"rows": [], "left": [], "right": [], "offset": [], "pos": []}
         for row in range(out_ids.shape[0]):
@@ -125,16 +146,20 @@ class MLMCollator(PadCollator):
             if not content:
                 continue
             starts = self.word_start[content].tolist()
+            segments = segment_bounds(positions.tolist())
+            for first, _ in segments:  # a segment begins a word, whatever its first piece
+                starts[first] = True
+            rng = rngs[row]
             if self.masking == "whole_word":
                 corrupted, lab = sp.whole_word_mask(
                     content, starts, rng, mask_token_id=self.mask_token_id, vocab_size=self.vocab_size,
-                    rate=self.mlm_probability, mask_ratio=self.mask_ratio, random_ratio=self.random_ratio,
-                    random_ids=random_ids)
-            else:
-                spans = sp.geometric_spans(len(content), rng, rate=self.mlm_probability, p=self.span_p,
-                                           max_len=self.max_span_length, word_starts=starts)
+                    rate=self.mlm_probability, **ratios)
+            else:  # SpanBERT draws spans within a segment (§3.1): each run between special tokens on its own
+                spans = [(first + a, first + b) for first, last in segments
+                         for a, b in sp.geometric_spans(last - first, rng, rate=self.mlm_probability, p=self.span_p,
+                                                        max_len=self.max_span_length, word_starts=starts[first:last])]
                 corrupted, lab = sp.span_mask(content, spans, rng, mask_token_id=self.mask_token_id,
-                                              vocab_size=self.vocab_size, random_ids=random_ids)
+                                              vocab_size=self.vocab_size, **ratios)
                 left, right, offset, pos = sp.sbo_targets(spans, out_ids.shape[1], positions.tolist())
                 for name, values in (("rows", [row] * len(pos)), ("left", left), ("right", right),
                                      ("offset", offset), ("pos", pos)):
@@ -145,6 +170,13 @@ class MLMCollator(PadCollator):
         if self.masking == "span":
             batch["sbo"] = {k: torch.tensor(v, dtype=torch.long) for k, v in sbo.items()}
         return batch
+
+
+def segment_bounds(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """``(first, end)`` index ranges of ``positions`` (a row's maskable positions, ascending) that are consecutive
+    in the row: the segments between special tokens ([CLS] A [SEP] B [SEP] gives A and B)."""
+    cuts = [i for i in range(1, len(positions)) if positions[i] != positions[i - 1] + 1]
+    return list(zip([0, *cuts], [*cuts, len(positions)])) if positions else []
 
 
 def word_start_table(tokenizer, vocab_size: int) -> torch.Tensor:

@@ -48,6 +48,7 @@ class ModelHooks:
 
     collator: Optional[Callable[..., Callable]] = None  # (tokenizer, seed=) -> collate_fn
     example_format: Optional[str] = None  # pre-training examples: blocks | nsp | sop
+    static_copies: Optional[int] = None  # static masking: each NSP/SOP pair is one of k fixed draws (None: per epoch)
     task_collator: Optional[Callable[[str, Any], Callable]] = None  # multitask: (task kind, tokenizer) -> collate_fn
 
 

@@ -329,8 +329,9 @@ class PretrainDataModule(_Base):
                 if not is_bert_style(tok):
                     raise PtmError(f"{kind} examples need a BERT-style tokenizer ([CLS]/[SEP]); use train: wordpiece")
                 documents = CorpusDocuments(corpus, docs[split])  # read on demand
+                static = self.model_hooks.static_copies if self.model_hooks is not None else None
                 self.datasets[split] = SentencePairDataset(documents, kind, self.max_length, self.seed,
-                                                           tok.cls_token_id, tok.sep_token_id)
+                                                           tok.cls_token_id, tok.sep_token_id, static_copies=static)
             elif streaming:  # blocks cut on read, by index arithmetic over the prepared corpus
                 blocks = LazyBlocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split])
                 self.datasets[split] = BlockDataset(BlockView(blocks, 0),

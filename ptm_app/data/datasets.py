@@ -58,14 +58,16 @@ class SentencePairDataset(Dataset):
 
     One anchor per (document, sentence) that has a following sentence.  The pair for a key
     ``(epoch, index)`` is drawn from an rng seeded by the key, so pairs change every epoch
-    (like dynamic masking) yet a resumed run sees the same ones.  ``sentence_label``:
+    (like dynamic masking) yet a resumed run sees the same ones.  With ``static_copies`` = k (static
+    masking, BERT's pre-built data) the rng is seeded by the example's index alone, copy ``epoch % k``
+    (``corruption.static_key``): the same pair in every epoch (k = 1).  ``sentence_label``:
     0 = the real continuation / original order, 1 = a random segment (NSP) / swapped (SOP),
     the convention of transformers' ``BertForPreTraining`` and ``AlbertForPreTraining``.
     """
 
     def __init__(self, documents: list[list[list[int]]], kind: str, max_length: int, seed: int,
-                 cls_id: int, sep_id: int):
-        self.documents, self.kind, self.seed = documents, kind, seed
+                 cls_id: int, sep_id: int, static_copies: int | None = None):
+        self.documents, self.kind, self.seed, self.static_copies = documents, kind, seed, static_copies
         self.max_tokens, self.cls_id, self.sep_id = max_length - 3, cls_id, sep_id
         # anchors (d, s) in document order, found by index arithmetic (no list: documents may be memory-mapped)
         counts = (documents.sentence_counts() if hasattr(documents, "sentence_counts")
@@ -89,10 +91,11 @@ class SentencePairDataset(Dataset):
 
     def __getitem__(self, key) -> dict:
         from ptm_app.data.corruption import pairs
-        from ptm_app.data.corruption.masking import draw_rng
+        from ptm_app.data.corruption.masking import draw_rng, static_key
 
         doc, sentence = self.anchor(_index(key))
-        rng = draw_rng(self.seed, [key])
+        static = self.static_copies is not None
+        rng = draw_rng(self.seed, ["pair", static_key(key, self.static_copies)] if static else [key])
         make = pairs.nsp_example if self.kind == "nsp" else pairs.sop_example
         a, b, label = make(self.documents, doc, sentence, rng, max_tokens=self.max_tokens)
         if self.kind == "nsp":

@@ -22,7 +22,6 @@ from torch.utils.data import Dataset
 
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, pad
-from ptm_app.data.corruption import draw_rng
 from ptm_app.data.corruption.knowledge import LEVELS, knowledge_mask
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records
@@ -227,7 +226,7 @@ class KnowledgeMLMCollator(MLMCollator):
         batch = self.pad_batch(examples)
         ids = batch["input_ids"]
         maskable = batch["attention_mask"].bool() & ~torch.isin(ids, self._special)
-        rng = draw_rng(self.seed, self._keys(batch))
+        rngs = self.row_rngs(batch)
         random_ids = self._random_ids.tolist()
         levels = LEVELS if self.knowledge_levels == "staged" else ("mixed",)
         views = {level: (ids.clone(), torch.full_like(ids, IGNORE_INDEX)) for level in levels}
@@ -240,7 +239,7 @@ class KnowledgeMLMCollator(MLMCollator):
             phrase, entity = batch["phrase_ids"][row, positions].tolist(), batch["entity_ids"][row, positions].tolist()
             for level in levels:
                 corrupted, lab = knowledge_mask(
-                    content, starts, phrase, entity, rng, level=level, mask_token_id=self.mask_token_id,
+                    content, starts, phrase, entity, rngs[row], level=level, mask_token_id=self.mask_token_id,
                     vocab_size=self.vocab_size, rate=self.mlm_probability, mask_ratio=self.mask_ratio,
                     random_ratio=self.random_ratio, random_ids=random_ids)
                 views[level][0][row, positions] = torch.tensor(corrupted, dtype=ids.dtype)

@@ -66,7 +66,7 @@ class NgramContextCollator(MLMCollator):
 
     def __call__(self, examples: list[dict]) -> dict:
         batch = self.pad_batch(examples)
-        ids, keys = batch["input_ids"], self._keys(batch)
+        ids, keys = batch["input_ids"], batch["keys"]
         content = batch["attention_mask"].bool() & ~torch.isin(ids, self._special)
         rng = draw_rng(self.seed, keys)
         context, in_ngram, ngrams = ids.clone(), torch.zeros_like(content), []

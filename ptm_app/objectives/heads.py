@@ -28,11 +28,15 @@ class SentenceRelationHead(nn.Module):
 class SpanBoundaryHead(nn.Module):
     """SpanBERT's span boundary objective (Joshi et al. 2020 §3.2):
     ``y_i = f(x_{s-1}, x_{e+1}, p_{i-s+1})``, a 2-layer GeLU + LayerNorm FFN; the output
-    projection is the (tied) MLM decoder matrix passed in at call time."""
+    projection is the (tied) MLM decoder matrix passed in at call time.
 
-    def __init__(self, hidden_size: int, max_span_length: int = 10):
+    ``p`` counts tokens from the left boundary while span lengths are capped in words, so one span may hold many
+    more tokens than ``max_span_length``: the table has a row per position of the input (``max_offsets``, the
+    backbone's positions), and an offset past it is an error, never folded onto another."""
+
+    def __init__(self, hidden_size: int, max_offsets: int):
         super().__init__()
-        self.positions = nn.Embedding(max_span_length, hidden_size)
+        self.positions = nn.Embedding(max_offsets, hidden_size)
         self.ffn = nn.Sequential(
             nn.Linear(3 * hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size),
             nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size),
@@ -40,7 +44,7 @@ class SpanBoundaryHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rows: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
                 offset: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
-        pos = self.positions(offset.clamp(max=self.positions.num_embeddings - 1))
+        pos = self.positions(offset)
         h = self.ffn(torch.cat([hidden[rows, left], hidden[rows, right], pos], dim=-1))
         return h @ decoder.t()
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.sense_input import allowed_from_masks, sense_aware_embeddings
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.constants import IGNORE_INDEX
@@ -47,7 +48,11 @@ class MaskedLMModule(LanguageModelModule):
             ``(W + S M) x``, its word embedding plus the sum of the supersense embeddings of its allowed senses, with
             ``S`` the supersense head's output matrix (tied, as the paper ties input and output); a masked word
             (input ``[MASK]``) gets none.  Needs ``supersense_objective``.
-        static_masking: one mask per sample for the whole run instead of a fresh one every epoch.
+        static_masking: BERT's static masking (RoBERTa §4.1): each example's mask (and, with NSP/SOP, its sentence
+            pair) drawn once from the example's own key, the same in every batch and epoch, instead of a fresh one
+            every batch (dynamic, the default).
+        static_copies: with ``static_masking``, each example gets one of this many fixed masks (copy ``epoch % k``;
+            BERT's ``dupe_factor``, 10 in RoBERTa's static baseline); 1: one mask for the whole run.
         sentence_objective: ``nsp`` (random next segment from another document) or ``sop`` (swapped order);
             the data module then builds sentence-pair examples from document boundaries.
         span_boundary_objective: add SpanBERT's SBO target (needs ``masking: span``).
@@ -67,7 +72,10 @@ class MaskedLMModule(LanguageModelModule):
                  loss_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True,
                  knowledge_levels: Literal["staged", "mixed"] = "staged",
                  knowledge_stages: Sequence[float] = ERNIE_STAGES, supersense_objective: bool = False,
-                 supersense_input: bool = False):
+                 supersense_input: bool = False, static_copies: int = 1):
+        if static_copies < 1 or (static_copies != 1 and not static_masking):
+            raise PtmError(f"static_copies={static_copies} needs static_masking: true and a count >= 1 "
+                           f"(dynamic masks are drawn anew every batch)")
         if span_boundary_objective and masking != "span":
             raise PtmError("span_boundary_objective needs masking: span (SpanBERT §3.2)")
         if len(knowledge_stages) != 2 or not 0.0 <= knowledge_stages[0] <= knowledge_stages[1] <= 1.0:
@@ -91,7 +99,8 @@ class MaskedLMModule(LanguageModelModule):
         self.heads = None
         # kept as attributes, not only hparams: a subclass's CLI hparams hold just its own arguments
         self.masking_cfg = dict(mlm_probability=mlm_probability, mask_ratio=mask_ratio, random_ratio=random_ratio,
-                                masking=masking, static=static_masking, span_p=span_p, max_span_length=max_span_length)
+                                masking=masking, static=static_masking, span_p=span_p, max_span_length=max_span_length,
+                                static_copies=static_copies)
         self.sentence_objective, self.span_boundary_objective = sentence_objective, span_boundary_objective
         self.sparse_prediction = sparse_prediction
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
@@ -107,6 +116,12 @@ class MaskedLMModule(LanguageModelModule):
             (["supersenses"] if self.supersense_objective else [])
         return "+".join(spans) or self.sentence_objective or "blocks"
 
+    @property
+    def static_copies(self) -> Optional[int]:
+        """With static masking, the k fixed draws per example (the data module draws NSP/SOP pairs the same way);
+        None when every batch draws anew."""
+        return self.masking_cfg["static_copies"] if self.masking_cfg["static"] else None
+
     def configure_model(self) -> None:
         super().configure_model()
         if self.heads is None:
@@ -115,7 +130,11 @@ class MaskedLMModule(LanguageModelModule):
             if self.sentence_objective:
                 heads["sentence"] = SentenceRelationHead(hidden)
             if self.span_boundary_objective:
-                heads["sbo"] = SpanBoundaryHead(hidden, self.masking_cfg["max_span_length"])
+                offsets = max_positions(self.backbone)  # a span's token offsets stay inside the row
+                if offsets is None:
+                    raise PtmError("span_boundary_objective sizes its position table by the backbone's positions; "
+                                   "use a backbone with max_position_embeddings (model_type: bert ...)")
+                heads["sbo"] = SpanBoundaryHead(hidden, offsets)
             if self.supersense_objective:
                 heads["supersense"] = SupersenseHead(hidden)
             self.heads = nn.ModuleDict(heads)

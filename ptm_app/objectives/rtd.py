@@ -1,4 +1,4 @@
-"""Replaced token detection (ELECTRA, Clark et al. 2020 §2).
+"""Replaced token detection (ELECTRA, Clark et al. 2020 §2; Qiu et al. 2020 §3.1.5).
 
 A small generator G (MLM) fills the masked positions with samples; the discriminator D labels
 every token as original (0) or replaced (1).  A sampled token equal to the original counts as
@@ -6,8 +6,21 @@ original.  Labels follow transformers' ``ElectraForPreTraining`` (1 = replaced);
 ``y_t = 1(x̂_t = x_t)`` is the complement (trap T5).
 
 Modes: ``joint`` (the paper: ``L_MLM(G) + λ·L_Disc(D)``, λ = 50, G smaller, embeddings shared) and
-``two_stage`` (Qiu §3.1.7: train G alone for ``generator_steps``, initialise D from G, then train D
-with G frozen; needs G and D of the same size).  Export keeps the discriminator.
+``two_stage`` (Clark et al. §3.2, Qiu §3.1.5: train G alone for ``generator_steps``, initialise D with G's
+weights, then train D with G frozen; needs G and D of the same size).  Export keeps the discriminator.
+
+Two-stage and embeddings: the paper initialises D with *all* of G's weights and then keeps G's weights frozen, so
+G and D never share a module in this mode: at the switch D's embeddings are a copy of G's (with the rest of G's
+encoder), D trains its copy, and every parameter of G (its embeddings and the LM head tied to them included)
+stays as it was.  Sharing them instead would either train G through D's embeddings or freeze D's, neither of
+which is the recipe; ``share_embeddings: true`` with ``two_stage`` is refused.  The optimiser holds the same
+parameters in both stages (G's simply get no gradient after the switch), so a run resumes exactly on either
+side of it.
+
+Replacements are sampled on the device of G's logits from a generator seeded by the run seed
+(``seed_everything``) and the batch's sample keys: the same seed gives the same replacements on a resume and on
+any machine of the same device type, another seed other replacements.  CUDA's generator is another algorithm
+than the CPU's, so a GPU run samples other replacements than a CPU run with the same seed.
 """
 from __future__ import annotations
 
@@ -38,7 +51,8 @@ class ReplacedTokenDetectionModule(PtmModule):
             FFN); ``generator_config`` overrides it with explicit values.
         mode: ``joint`` or ``two_stage``; ``generator_steps`` = n1 of the two-stage recipe.
         discriminator_weight: λ in ``L_MLM + λ L_Disc`` (joint mode).
-        share_embeddings: G and D share token/position embeddings (the paper's choice).
+        share_embeddings: G and D share token/position embeddings (joint mode; the paper's choice, the default).
+            ``two_stage`` never shares them (D starts from a copy of G's, see above).
         mlm_probability / mask_ratio / random_ratio: masking of the generator's input.
         sparse_prediction: the generator computes vocabulary logits only at the masked positions, the only
             ones it samples from (default; same loss, see ``heads.masked_lm_forward``); ``false``: everywhere.
@@ -51,13 +65,16 @@ class ReplacedTokenDetectionModule(PtmModule):
                  optim: OptimConfig = OptimConfig(lr=5e-4), gradient_checkpointing: bool = False,
                  generator_size: float = 0.25, generator_config: Optional[dict] = None,
                  mode: Literal["joint", "two_stage"] = "joint", generator_steps: int = 0,
-                 discriminator_weight: float = 50.0, share_embeddings: bool = True,
+                 discriminator_weight: float = 50.0, share_embeddings: Optional[bool] = None,
                  mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
                  sampling_temperature: float = 1.0, sparse_prediction: bool = True):
         if mode == "two_stage" and generator_size != 1.0 and not generator_config:
             raise PtmError("mode: two_stage initialises D from G, so they need the same size: set generator_size: 1.0")
         if mode == "two_stage" and generator_steps <= 0:
             raise PtmError("mode: two_stage needs generator_steps > 0 (the steps that train G alone)")
+        if mode == "two_stage" and share_embeddings:
+            raise PtmError("mode: two_stage initialises D with a copy of all of G's weights and then freezes G "
+                           "(Clark et al. 2020 §3.2), so they cannot share embeddings: remove share_embeddings")
         self.generator = None
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.register_buffer("stage", torch.tensor(1 if mode == "joint" else 0), persistent=True)
@@ -78,7 +95,7 @@ class ReplacedTokenDetectionModule(PtmModule):
         cfg["embedding_size"] = self.backbone.config.embedding_size  # so the embeddings can be shared
         self.generator = transformers.ElectraForMaskedLM(transformers.ElectraConfig(**cfg))
         self.generator.train(self.training)
-        if self.hparams.share_embeddings:
+        if self.hparams.mode == "joint" and self.hparams.share_embeddings is not False:
             self.generator.electra.embeddings = self.backbone.electra.embeddings
             self.generator.generator_lm_head.weight = self.backbone.electra.embeddings.word_embeddings.weight
 
@@ -94,25 +111,24 @@ class ReplacedTokenDetectionModule(PtmModule):
 
     # -- two-stage schedule ---------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx) -> None:
+        """The switch at ``generator_steps``; after a resume past it, G frozen again.  Freezing happens here, after
+        the optimiser is built, so a resumed run's optimiser holds what the uninterrupted run's does."""
         if self.hparams.mode == "two_stage" and int(self.stage) == 0 and self.global_step >= self.hparams.generator_steps:
             self.start_discriminator_stage()
+        elif int(self.stage) == 2:
+            self.freeze_generator()
 
     def start_discriminator_stage(self) -> None:
-        """Initialise D's encoder from G's (equal sizes), then freeze G (Qiu §3.1.7)."""
+        """Initialise D with G's weights, embeddings included (equal sizes; D's own copy), then freeze G
+        (Clark et al. 2020 §3.2; Qiu §3.1.5)."""
         self.backbone.electra.load_state_dict(self.generator.electra.state_dict())
-        for p in self.generator.parameters():
-            p.requires_grad_(False)
-        for p in self.backbone.parameters():  # the shared embeddings belong to D from now on
-            p.requires_grad_(True)
+        self.freeze_generator()
         self.stage.fill_(2)
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        if int(checkpoint["state_dict"].get("stage", 0)) == 2 and self.generator is not None:
-            for p in self.generator.parameters():
-                p.requires_grad_(False)
-            for p in self.backbone.parameters():
-                p.requires_grad_(True)
+    def freeze_generator(self) -> None:
+        """Every parameter of G stops training (it gets no gradient; the discriminator loss never reaches it)."""
+        for p in self.generator.parameters():
+            p.requires_grad_(False)
 
     # -- losses -------------------------------------------------------------------------------
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
@@ -127,9 +143,9 @@ class ReplacedTokenDetectionModule(PtmModule):
         losses = {"gen_loss": gen.loss}
         if stage == 0:  # two-stage, first phase: the generator alone
             return losses
-        rng = draw_generator(0, batch["keys"]) if "keys" in batch else None  # reproducible per batch
-        rows = torch.ones(gen.logits.shape[:-1], dtype=torch.bool, device=gen.logits.device)  # the masked positions
-        sampled = sample_replacements(gen.logits, rows, rng, self.hparams.sampling_temperature)
+        rng = (draw_generator(self.run_seed, ["rtd", *batch["keys"]], device=gen.logits.device)
+               if "keys" in batch else None)  # reproducible per batch, on the logits' device
+        sampled = sample_replacements(gen.logits, None, rng, self.hparams.sampling_temperature)
         corrupted = batch["input_ids"].clone()
         corrupted[selected] = sampled.to(corrupted.dtype)
         disc_labels = rtd_labels(original, corrupted, batch["attention_mask"])

@@ -4,17 +4,24 @@
 - ``t5_span``: T5 span corruption (Raffel et al. 2020 §3.1.4): each span → one sentinel; the target
   lists the sentinels and their spans.
 - ``mass``: MASS (Song et al. 2019 §2.2): one contiguous fragment masked with one [MASK] per token;
-  the decoder generates exactly the fragment.
+  the decoder generates exactly the fragment, at the fragment's original positions (decoder step k, which
+  predicts the fragment's k-th token, reads that token's position ``start + k``; MASS's reference code gives the
+  shifted input token its own position, one less, which would be -1 here for a fragment at the start of a row
+  with no [CLS]); needs a decoder with learned absolute positions (BART).
 - ``bart``: BART (Lewis et al. 2020 §2.2): any composition of token masking, token deletion, text
   infilling (Poisson λ=3 spans, one mask each), sentence permutation and document rotation; the
   decoder reconstructs the clean text (teacher forcing).
+
+Qiu et al. 2020 file these under §3.1.2 (Seq2Seq MLM: MASS, T5) and §3.1.4 (DAE: BART).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional
 
 import torch
+from torch import nn
 
 from ptm_app.data.collators import pad
 from ptm_app.constants import IGNORE_INDEX
@@ -28,7 +35,10 @@ BART_DEFAULT = [{"name": "sentence_permutation"}, {"name": "text_infilling", "ra
 
 @dataclass
 class Seq2SeqCollator:
-    """Strip special tokens, corrupt the content, build encoder inputs and decoder targets (+ EOS)."""
+    """Strip special tokens, corrupt the content, build encoder inputs and decoder targets (+ EOS).
+
+    MASS rows also get ``decoder_input_ids`` ([MASK] then the fragment, teacher forcing) and
+    ``decoder_position_ids``: the fragment's positions in the encoder input, ``start + k``."""
 
     pad_token_id: int
     eos_token_id: int
@@ -43,21 +53,22 @@ class Seq2SeqCollator:
     sentinel_ids: tuple[int, ...] = ()
     full_stop_ids: tuple[int, ...] = ()
 
-    def _corrupt(self, ids: list[int], rng) -> tuple[list[int], list[int], Optional[list[int]]]:
+    def _corrupt(self, ids: list[int], rng) -> tuple[list[int], list[int], Optional[list[int]], int]:
+        """``(encoder input, target, MASS decoder input or None, MASS fragment start)``."""
         from ptm_app.data.corruption import denoising, seq2seq
 
         if self.noise == "t5_span":
             inputs, targets = seq2seq.t5_span_corruption(ids, rng, noise_density=self.noise_density,
                                                          mean_span_length=self.mean_span_length,
                                                          sentinel_ids=list(self.sentinel_ids))
-            return inputs, targets, None
+            return inputs, targets, None, 0
         if self.noise == "mass":
-            encoder, decoder_in, target, _ = seq2seq.mass_fragment(ids, rng, fraction=self.mass_fraction,
-                                                                   mask_token_id=self.mask_token_id)
-            return encoder, target, decoder_in
+            encoder, decoder_in, target, start = seq2seq.mass_fragment(ids, rng, fraction=self.mass_fraction,
+                                                                       mask_token_id=self.mask_token_id)
+            return encoder, target, decoder_in, start
         steps = [(n["name"], {k: v for k, v in n.items() if k != "name"}) for n in self.bart_noises]
         steps = [(name, {**kw, **self._step_ids(name)}) for name, kw in steps]
-        return denoising.compose(ids, rng, steps), list(ids), None
+        return denoising.compose(ids, rng, steps), list(ids), None, 0
 
     def _step_ids(self, name: str) -> dict:
         if name in ("token_masking", "text_infilling"):
@@ -70,14 +81,15 @@ class Seq2SeqCollator:
         keys = [e["key"] for e in examples]
         rng = draw_rng(self.seed, keys)
         special = set(self.special_ids)
-        enc, tgt, dec = [], [], []
+        enc, tgt, dec, dec_positions = [], [], [], []
         for e in examples:
             content = [t for t in e["input_ids"].tolist() if t not in special]
-            inputs, targets, decoder_in = self._corrupt(content, rng)
+            inputs, targets, decoder_in, start = self._corrupt(content, rng)
             enc.append(torch.tensor(inputs + [self.eos_token_id]))
             tgt.append(torch.tensor(targets + [self.eos_token_id]))
             if decoder_in is not None:  # MASS: teacher forcing over the fragment, then EOS
                 dec.append(torch.tensor(decoder_in + targets[-1:]))
+                dec_positions.append(start + torch.arange(len(targets) + 1))  # the fragment's own positions
         batch = {
             "input_ids": pad(enc, self.pad_token_id),
             "attention_mask": pad([torch.ones_like(t) for t in enc], 0),
@@ -86,7 +98,26 @@ class Seq2SeqCollator:
         }
         if dec:
             batch["decoder_input_ids"] = pad(dec, self.pad_token_id)
+            batch["decoder_position_ids"] = pad(dec_positions, 0)
         return batch
+
+
+@contextlib.contextmanager
+def decoder_positions(model, positions: torch.Tensor) -> Iterator[None]:
+    """Inside the block, ``model``'s decoder reads its learned absolute position embeddings at ``positions``
+    ``[B, T]`` instead of ``0 .. T-1`` (MASS §2.2: the decoder sees the fragment at its original positions).
+    transformers' BART-family decoders take no position ids, so a forward hook on their position table
+    (``decoder.embed_positions``, with BART's offset of 2) replaces its output."""
+    table = getattr(model.get_decoder(), "embed_positions", None)
+    if not isinstance(table, nn.Embedding):
+        raise PtmError("noise: mass gives the decoder the fragment's original positions (Song et al. 2019 §2.2), "
+                       "which needs a decoder with learned absolute positions: use backbone_config.model_type: bart")
+    index = positions + getattr(table, "offset", 0)
+    handle = table.register_forward_hook(lambda module, args, output: nn.Embedding.forward(module, index))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class Seq2SeqDenoisingModule(LanguageModelModule):
@@ -120,6 +151,12 @@ class Seq2SeqDenoisingModule(LanguageModelModule):
         if "decoder_input_ids" in batch:
             inputs["decoder_input_ids"] = batch["decoder_input_ids"]
         return inputs
+
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, int]:
+        if "decoder_position_ids" not in batch:
+            return super()._loss(batch)
+        with decoder_positions(self.backbone, batch["decoder_position_ids"]):  # MASS
+            return super()._loss(batch)
 
     def make_collator(self, tokenizer, seed: int = 0) -> Seq2SeqCollator:
         hp = self.hparams

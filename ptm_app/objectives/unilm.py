@@ -26,7 +26,7 @@ class UniLMCollator(MLMCollator):
 
     def __call__(self, examples: list[dict]) -> dict:
         batch = super().__call__(examples)
-        rng = draw_rng(self.seed + 1, self._keys(batch))
+        rng = draw_rng(self.seed + 1, batch["keys"])
         names = [m for m in MODES if self.mode_weights.get(m, 0) > 0]
         mode = rng.choices(names, weights=[self.mode_weights[m] for m in names])[0]
         mask = batch["attention_mask"]

@@ -104,6 +104,7 @@ class PtmModule(pl.LightningModule):
         """What the DataModule takes from this module: its collator factory and example format."""
         return ModelHooks(collator=getattr(self, "make_collator", None),
                           example_format=getattr(self, "example_format", None),
+                          static_copies=getattr(self, "static_copies", None),
                           task_collator=getattr(self, "task_collator", None))
 
     def configure_model(self) -> None:
@@ -168,6 +169,13 @@ class PtmModule(pl.LightningModule):
     def virtual_positions(self) -> int:
         """Positions taken before the input by trainable virtual tokens (a policy's soft prompt)."""
         return sum(policy.virtual_positions() for policy in self.policies)
+
+    @property
+    def run_seed(self) -> int:
+        """The run's seed (``seed_everything``, which Lightning keeps in ``PL_GLOBAL_SEED`` for every process of the
+        run, and sets again from the config on a resume); 0 when none was set.  Model-side draws (ELECTRA's
+        replacements) are seeded from it and the batch's keys."""
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     # -- optimisation -------------------------------------------------------------------------
     def configure_optimizers(self):

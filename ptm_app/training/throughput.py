@@ -78,8 +78,8 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: i
     """FLOP/s of ``size``×``size`` matmuls on ``device`` in ``dtype``: the median of ``repeats`` timed products
     after a warm-up (untimed products for at least ``WARMUP_SECONDS`` and at least two: the BLAS starts its
     threads, picks and warms its kernel, the memory is touched; a process's first product can be 100x slower)."""
-    gen = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run must draw what it would have
-    a, b = (torch.randn(size, size, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    gen = torch.Generator(device="cpu").manual_seed(0)  # never the global RNG: a resumed run must draw what it would have
+    a, b = (torch.randn(size, size, generator=gen).to(device=device, dtype=dtype) for _ in range(2))  # drawn on the CPU
 
     def timed() -> float:
         if device.type == "cuda":

@@ -19,6 +19,16 @@ def big_batch(n=512, length=128):
     return ids
 
 
+def test_golden_on_the_canonical_example():
+    """"I am happy to join with you today", half the tokens selected: "am" replaced by a random token, "join",
+    "with", "you" by [MASK]; the labels hold exactly the selected originals."""
+    ids = torch.arange(10, 18)  # I am happy to join with you today
+    out, labels = mlm_mask(ids, torch.ones(8, dtype=torch.bool), mask_token_id=MASK, vocab_size=40,
+                           generator=torch.Generator().manual_seed(7), mlm_probability=0.5)
+    assert out.tolist() == [10, 26, 12, 13, MASK, MASK, MASK, 17]
+    assert labels.tolist() == [IGNORE_INDEX, 11, IGNORE_INDEX, IGNORE_INDEX, 14, 15, 16, IGNORE_INDEX]
+
+
 def test_mask_statistics_follow_bert_recipe():
     ids = big_batch()
     maskable = ~torch.isin(ids, torch.tensor(SPECIALS))

@@ -55,6 +55,37 @@ def test_unilm_left_to_right_batches_do_not_leak_the_future():
     assert torch.allclose(a[:, :8], c[:, :8], atol=1e-5) and not torch.allclose(a[:, 8:], c[:, 8:], atol=1e-3)
 
 
+def test_unilm_seq2seq_mask_keeps_the_target_from_the_source_and_the_future_from_the_target():
+    """UniLM §2.2 through the model: changing target tokens leaves every source output unchanged, and changing a
+    target token leaves the outputs of the target tokens before it unchanged (it changes its own and later ones)."""
+    module = UnifiedLMModule(backbone_config={**TINY_BERT, "vocab_size": 40}, mode_weights={"seq2seq": 1.0}).build()
+    module.eval()
+    b = module.make_collator(Tok(), seed=1)(examples(0, n=4, length=14))
+    source = (b["token_type_ids"] == 0) & b["attention_mask"].bool()
+    target = (b["token_type_ids"] == 1) & b["attention_mask"].bool()
+    assert source.any(1).all() and target.sum(1).min() >= 3
+
+    def outputs(ids):
+        with torch.no_grad():
+            return module.backbone(**module.model_inputs(dict(b, input_ids=ids))).logits
+
+    base = outputs(b["input_ids"])
+    every_target = b["input_ids"].masked_fill(target, 5)
+    changed = outputs(every_target)
+    assert torch.allclose(base[source], changed[source], atol=1e-5)
+    assert not torch.allclose(base[target], changed[target], atol=1e-3)
+    for row in range(len(b["input_ids"])):
+        positions = target[row].nonzero().squeeze(1).tolist()
+        at = positions[len(positions) // 2]
+        one = b["input_ids"].clone()
+        one[row, at] = 5 if one[row, at] != 5 else 6
+        after = outputs(one)
+        earlier = positions[: positions.index(at)]
+        assert torch.allclose(base[row, earlier], after[row, earlier], atol=1e-5), row
+        assert torch.allclose(base[row, source[row]], after[row, source[row]], atol=1e-5), row
+        assert not torch.allclose(base[row, at], after[row, at], atol=1e-3), row
+
+
 def test_xlnet_collator_targets_never_see_themselves():
     module = PermutationLMModule(backbone_config={"model_type": "xlnet", "d_model": 32, "n_layer": 2, "n_head": 2,
                                                   "d_inner": 64, "vocab_size": 40}).build().eval()

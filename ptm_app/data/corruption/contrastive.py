@@ -1,4 +1,4 @@
-"""InfoWord / Deep InfoMax for text (Kong et al. 2020; Qiu et al. 2020 §3.1.6 and fn. 2).
+"""InfoWord / Deep InfoMax for text (Kong et al. 2020; Qiu et al. 2020 §3.1.5 and fn. 2).
 
 The model scores a masked context ``x̂_{i:j}`` against the true n-gram ``x_{i:j}`` and negative
 n-grams; n ~ N(5, 1) rounded and clipped to [1, 10].  The survey prints the DIM loss without

@@ -1,4 +1,4 @@
-"""BART's five noising functions (Lewis et al. 2020 §2.2; Qiu et al. 2020 §3.1.5), composable.
+"""BART's five noising functions (Lewis et al. 2020 §2.2; Qiu et al. 2020 §3.1.4, DAE), composable.
 
 Each takes token ids and an explicit ``random.Random`` and returns new lists; the decoder target
 of a denoising auto-encoder is always the clean text.  ``word_shuffle`` is Liu et al.'s word-order

@@ -15,7 +15,6 @@ import torch
 from ptm_app.constants import IGNORE_INDEX
 
 
-
 def _seed_from(seed: int, keys: Iterable) -> int:
     digest = hashlib.blake2b(repr((seed, tuple(keys))).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
@@ -26,15 +25,26 @@ def draw_rng(seed: int, keys: Iterable) -> random.Random:
     return random.Random(_seed_from(seed, keys))
 
 
-def draw_generator(seed: int, keys: Iterable) -> torch.Generator:
-    """A generator seeded from ``seed`` and the batch's sample keys.
+def draw_generator(seed: int, keys: Iterable, device: torch.device | str | None = None) -> torch.Generator:
+    """A generator on ``device`` (default the CPU) seeded from ``seed`` and the batch's sample keys.
 
     Every batch gets its own, reproducible stream: masks change from batch to batch and from
-    epoch to epoch (keys include the epoch) yet are identical when a run is resumed.
+    epoch to epoch (keys include the epoch) yet are identical when a run is resumed.  A generator
+    samples only tensors on its own device: model-side draws pass the device of the tensor they
+    sample.  The CPU and CUDA generators are different algorithms, so one seed gives one stream per
+    device type (collators always draw on the CPU, so their corruption is the same on every machine).
     """
-    gen = torch.Generator()
+    gen = torch.Generator(device=device) if device is not None else torch.Generator()
     gen.manual_seed(_seed_from(seed, keys))
     return gen
+
+
+def static_key(key, copies: int = 1) -> tuple:
+    """The key of an example's static draw (BERT's static masking, RoBERTa §4.1): the example's own index and,
+    with ``copies`` = k (``create_pretraining_data``'s ``dupe_factor``), the copy ``epoch % k``, so the example
+    gets one of k fixed draws whatever batch it lands in.  ``key`` is a sampler key ``(epoch, index)`` or an index."""
+    epoch, index = key if isinstance(key, tuple) else (0, key)
+    return "static", int(index), int(epoch) % max(int(copies), 1)
 
 
 def mlm_mask(

@@ -1,10 +1,12 @@
-"""Replaced token detection (ELECTRA, Clark et al. 2020 §2).
+"""Replaced token detection (ELECTRA, Clark et al. 2020 §2; Qiu et al. 2020 §3.1.5).
 
 Label convention (trap T5): 1 = replaced, 0 = original, as HF ``ElectraForPreTraining`` expects.
 The survey's ``y_t = 1(x̂_t = x_t)`` is the opposite (1 = original).  A generator sample equal
 to the original token counts as original (ELECTRA §2).  Padding gets ``IGNORE_INDEX``.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -19,15 +21,18 @@ def rtd_labels(original: torch.Tensor, corrupted: torch.Tensor, attention_mask: 
 
 @torch.no_grad()
 def sample_replacements(
-    logits: torch.Tensor, masked: torch.Tensor, generator: torch.Generator, temperature: float = 1.0
+    logits: torch.Tensor, masked: Optional[torch.Tensor], generator: Optional[torch.Generator],
+    temperature: float = 1.0
 ) -> torch.Tensor:
     """Sample the generator's softmax at the masked positions (ELECTRA §2), without gradient.
 
-    ``logits`` is ``(..., vocab)`` and ``masked`` a bool tensor of the leading shape; returns the
-    sampled ids in ``masked``'s row-major order, so ``corrupted[masked] = sample_replacements(...)``.
-    ``generator`` must live on ``logits``' device.
+    ``logits`` is ``(..., vocab)`` and ``masked`` a bool tensor of the leading shape (None: every row
+    of ``(n, vocab)`` logits already taken at the masked positions); returns the sampled ids in
+    ``masked``'s row-major order, so ``corrupted[masked] = sample_replacements(...)``.
+    ``generator`` must live on ``logits``' device (``draw_generator(..., device=logits.device)``).
     """
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
-    probs = torch.softmax(logits[masked].float() / temperature, dim=-1)
+    rows = logits if masked is None else logits[masked]
+    probs = torch.softmax(rows.float() / temperature, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -29,6 +29,18 @@ def targets_of(out: dict[str, torch.Tensor]) -> torch.Tensor:
     return out["target_mapping"].sum(dim=1).bool()
 
 
+def test_golden_on_the_canonical_example():
+    """"I am happy to join with you today": two spans of targets (I am happy, you) predicted in the order
+    you, happy, I, am; a target sees the context and the targets before it, never itself; the context sees no
+    target."""
+    ids = torch.arange(10, 18)[None]  # I am happy to join with you today
+    out = plm_inputs(ids, None, gen(0), plm_probability=0.5, max_span_length=3)
+    assert out["labels"].tolist() == [[10, 11, 12, 16]]
+    assert out["target_mapping"][0].argmax(-1).tolist() == [0, 1, 2, 6]
+    rows = ["".join(str(int(x)) for x in row) for row in out["perm_mask"][0]]
+    assert rows == ["11000000", "01000000", "11100000", "11100010", "11100010", "11100010", "11100010", "11100010"]
+
+
 def test_shapes_and_labels_follow_target_mapping():
     ids = batch()
     out = plm_inputs(ids, torch.ones_like(ids), gen(1))
