@@ -228,9 +228,19 @@ def _summaries(runs_by_key: dict) -> dict:
     return rows
 
 
+def write_readme(results: dict, readme: Path = HERE / "README.md") -> int:
+    """The table between the ``gpu`` markers of ``benchmarks/README.md`` (generated, never typed in)."""
+    from ptm_app.paths import write_between_markers
+
+    if not write_between_markers(readme, "gpu", markdown(results)):
+        print(f"error: {readme} has no <!-- gpu:start --> / <!-- gpu:end --> markers", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks --device cuda", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--smoke", action="store_true", help="tiny model, few steps, no compilation: a check")
     parser.add_argument("--batch_sizes", type=int, nargs="+", help="default 32 256 (smoke: 4 8)")
     parser.add_argument("--repeats", type=int, help="repeats of every candidate (default 2)")
@@ -239,7 +249,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="run directories, logs and per-step records")
     parser.add_argument("--out", type=Path, help="where gpu.json/.md go (default benchmarks/; with --smoke, --work)")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--readme", type=Path, metavar="GPU.JSON",
+                        help="only write that result (e.g. one made on a lent GPU machine) into the gpu section of "
+                             "benchmarks/README.md")
     args = parser.parse_args(argv)
+    if args.readme:
+        return write_readme(json.loads(args.readme.read_text()))
     if args.device == "cuda":
         import torch
 
@@ -280,10 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     results["total_s"] = time.time() - started
     table = write()
-    if not args.smoke and args.device == "cuda" and args.out is None and not args.batch_sizes:
-        from ptm_app.paths import write_between_markers
-
-        write_between_markers(HERE / "README.md", "gpu", table)
+    if not args.smoke and args.device == "cuda" and args.out is None:
+        write_readme(results)
     for name, value, ok in targets(results):
         bench.say(f"target {'met' if ok else 'NOT met'}: {name}: {value}")
     bench.say(f"\n{table}\n{time.time() - started:.0f} s in all; wrote {out / 'gpu.md'} and gpu.json")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib.util
 import json
 import os
 import re
@@ -37,6 +38,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
 CONFIGS = ROOT / "configs"
 OVERLAY_BASE = CONFIGS / "pretrain" / "bert_mlm.yaml"  # a small recipe for the strategy and memory overlays
 CHAIN_PRETRAIN = OVERLAY_BASE  # from scratch: the chain needs no pretrained weights
@@ -53,6 +55,7 @@ class Check:
 
     name: str
     commands: list[list[str]]
+    needs: str | None = None  # an optional package the check needs (an extra): skipped, not failed, without it
 
 
 @dataclass
@@ -64,11 +67,15 @@ class Result:
     reason: str | None = None
     commands: list[str] = field(default_factory=list)
     log: str | None = None
+    skipped: bool = False
+
+    @property
+    def status(self) -> str:
+        return "skip" if self.skipped else "ok" if self.ok else "FAIL"
 
     def line(self, width: int = 28) -> str:
-        status = "ok" if self.ok else "FAIL"
-        text = f"{self.name:<{width}} {status:<4} {self.seconds:7.1f} s  precision {self.precision or '?'}"
-        return text if self.ok else f"{text}  {self.reason}"
+        text = f"{self.name:<{width}} {self.status:<4} {self.seconds:7.1f} s  precision {self.precision or '?'}"
+        return text if self.ok and not self.skipped else f"{text}  {self.reason}"
 
 
 def _data_class(config: Path) -> str:
@@ -94,7 +101,8 @@ def all_checks(args) -> list[Check]:
     checks = [Check(f"pretrain/{c.stem}", [fit_args([c], c.stem, args)])
               for c in sorted((CONFIGS / "pretrain").glob("*.yaml"))]
     for kind in ("strategy", "memory"):
-        checks += [Check(f"{kind}/{c.stem}", [fit_args([OVERLAY_BASE, c], f"{kind}_{c.stem}", args)])
+        checks += [Check(f"{kind}/{c.stem}", [fit_args([OVERLAY_BASE, c], f"{kind}_{c.stem}", args)],
+                         needs="deepspeed" if "deepspeed" in c.read_text().lower() else None)
                    for c in sorted((CONFIGS / kind).glob("*.yaml"))]
     runs = "{runs}"  # filled in per check (its own runs directory)
     export = f"{runs}/chain_mlm/export"
@@ -144,6 +152,9 @@ def failure(output: str, returncode: int, command: str) -> str:
 
 def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float) -> Result:
     """Run the check's commands in order in a fresh runs directory; the first failure ends it."""
+    if check.needs and importlib.util.find_spec(check.needs) is None:
+        return Result(check.name, True, 0.0, None, f"{check.needs} is not installed (the {check.needs} extra: "
+                      f"pip install -c constraints-cpu.txt -e '.[{check.needs}]')", skipped=True)
     slug = check.name.replace("/", "_")
     runs = work / slug
     runs.mkdir(parents=True, exist_ok=True)
@@ -190,6 +201,27 @@ def cuda_missing(accelerator: str) -> str | None:
             f"{torch.__version__}); run it on a machine with one, or pass --accelerator cpu for a CPU smoke run")
 
 
+def markdown(report: dict) -> str:
+    """The report as the ``gpu-check`` section of ``benchmarks/README.md``: the device, then one row per check."""
+    lines = [f"Run by `make gpu-check` on {report['date']}: **{report['device']}**, torch {report['torch']}, "
+             f"accelerator {report['accelerator']}, precision {report['precision']}, {report['steps']} steps each.  "
+             f"{report['summary'].removeprefix('gpu-check: ')}.", "",
+             "| check | result | seconds | precision chosen | reason |", "|---|---|---|---|---|"]
+    for r in report["results"]:
+        result = Result(**r)
+        reason = (result.reason or "").replace("|", "\\|")
+        lines.append(f"| {result.name} | {result.status} | {result.seconds:.1f} | {result.precision or '-'} | "
+                     f"{reason if result.status != 'ok' else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_readme(report: dict, readme: Path = HERE / "README.md") -> None:
+    from ptm_app.paths import write_between_markers
+
+    if not write_between_markers(readme, "gpu-check", markdown(report)):
+        raise SystemExit(f"gpu-check: {readme} has no <!-- gpu-check:start --> / <!-- gpu-check:end --> markers")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--accelerator", default="gpu", help="trainer.accelerator of every run (default gpu)")
@@ -203,7 +235,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="where gpu_check.json and logs/<check>.log go (default checkpoints/gpu_check)")
     parser.add_argument("--keep_runs", action="store_true", help="keep the runs' directories (under --out/runs)")
     parser.add_argument("--list", action="store_true", help="print the checks' names and exit")
+    parser.add_argument("--readme", type=Path, metavar="GPU_CHECK.JSON",
+                        help="only write that report (e.g. one made on a lent GPU machine) into the gpu-check "
+                             "section of benchmarks/README.md")
     args = parser.parse_args(argv)
+    if args.readme:
+        write_readme(json.loads(args.readme.read_text()))
+        return 0
     if args.steps < 1 or args.jobs < 1:
         parser.error("--steps and --jobs must be at least 1")
     checks = select(all_checks(args), args.only)
@@ -238,9 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep_runs:
             shutil.rmtree(work, ignore_errors=True)
     failed = [r for r in results if not r.ok]
+    skipped = [r for r in results if r.skipped]
     precisions = sorted({r.precision for r in results if r.precision})
-    summary = (f"gpu-check: {len(results) - len(failed)} of {len(results)} ok, {len(failed)} failed"
+    summary = (f"gpu-check: {len(results) - len(failed) - len(skipped)} of {len(results)} ok, {len(failed)} failed"
                + (f" ({', '.join(r.name for r in failed)})" if failed else "")
+               + (f", {len(skipped)} skipped" if skipped else "")
                + f"; precision chosen: {', '.join(precisions) or '?'}; {time.time() - started:.0f} s")
     print(summary, flush=True)
     import torch
@@ -250,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
               "accelerator": args.accelerator, "precision": args.precision, "steps": args.steps,
               "summary": summary, "results": [asdict(r) for r in results]}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    if device != "cpu" and not args.only and args.out.resolve() == (ROOT / "checkpoints" / "gpu_check").resolve():
+        write_readme(report)  # the whole check on a GPU, as make gpu-check runs it
     return 1 if failed else 0
 
 

@@ -57,3 +57,33 @@ def test_no_gpu_is_one_line(capsys):
     assert main(["--device", "cuda"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no CUDA GPU here" in out[0]
+
+
+def test_a_result_made_elsewhere_goes_into_the_readme_section(tmp_path, monkeypatch):
+    """``--readme gpu.json``: the table of a run on a lent GPU, with the device named, between the gpu markers."""
+    settings = dict(gpu_bench.asdict(gpu_bench.FULL), repeats=1, batch_sizes=[256])
+    row = {"tokens_per_s": 4.0e5, "tokens_per_s_min": 4.0e5, "tokens_per_s_max": 4.0e5, "s_per_step": 0.082,
+           "mfu": 0.41, "precision": "bf16-mixed", "peak_gpu_mb": 30000.0}
+    results = {"command": "python -m benchmarks --device cuda", "date": "2026-11-27 05:00", "device": "cuda",
+               "settings": settings, "machine": {"torch": "2.11.0", "lightning": "2.6.6", "transformers": "5.23.0",
+                                                 "cores": 16},
+               "shared": {"device_name": "NVIDIA H200", "params": 110e6, "backbone": {"vocab_size": 30522},
+                          "precision": "bf16-mixed", "dtype": "bfloat16", "peak": 7.9e14, "flops_per_token": 5.3e8},
+               "batches": {"256": {"ptm": {**row, "ratio": {"hf": 1.6, "bare": 1.2}},
+                                   "hf": {**row, "tokens_per_s": 2.5e5, "mfu": 0.26, "ratio": {"hf": 1.0, "bare": 0.75}},
+                                   "bare": {**row, "tokens_per_s": 3.3e5, "mfu": 0.34, "ratio": {"hf": 1.33,
+                                                                                                   "bare": 1.0}}}}}
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- gpu:start -->\nNot run on a GPU yet.\n<!-- gpu:end -->\n")
+    (tmp_path / "gpu.json").write_text(json.dumps(results))
+    from benchmarks.harness import main
+
+    assert gpu_bench.write_readme(json.loads((tmp_path / "gpu.json").read_text()), readme) == 0
+    text = readme.read_text()
+    assert "**NVIDIA H200**" in text and "790 TFLOP/s" in text and text.count("\n| 256 x 128 |") == 3
+    assert "| ptm_app MFU >= 40% at 256 x 128 | 41.0% | yes |" in text
+    assert "| ptm_app >= 1.5x the Trainer (its best flags) at 256 x 128 | 1.60x | yes |" in text
+    written = []
+    monkeypatch.setattr(gpu_bench, "write_readme", lambda r: written.append(r) or 0)
+    assert main(["--device", "cuda", "--readme", str(tmp_path / "gpu.json")]) == 0  # no GPU needed for this
+    assert written == [json.loads(json.dumps(results))]

@@ -83,3 +83,27 @@ def test_the_reason_is_the_error_line_or_the_exception_line():
     assert gpu_check.error_line(traceback) == "RuntimeError: Expected a 'cuda' device type for generator but found 'cpu'"
     assert gpu_check.failure("x\nlast words\n", -9, "fit").startswith("killed by SIGKILL (out of memory?) during fit")
     assert gpu_check.failure("", 2, "export") == "no output (exit 2, export)"
+
+
+def test_a_report_made_elsewhere_goes_into_the_readme_section(tmp_path):
+    """A report from a lent GPU machine (gpu_check.json) becomes the gpu-check section: the device and one row each."""
+    report = {"date": "2026-11-27 05:00", "device": "NVIDIA H200", "torch": "2.11.0+cu130", "accelerator": "gpu",
+              "precision": "auto", "steps": 3, "summary": "gpu-check: 1 of 3 ok, 1 failed (pretrain/electra), 1 skipped",
+              "results": [
+                  {"name": "pretrain/bert", "ok": True, "seconds": 12.5, "precision": "bf16-mixed"},
+                  {"name": "pretrain/electra", "ok": False, "seconds": 9.0, "precision": "bf16-mixed",
+                   "reason": "RuntimeError: Expected a 'cuda' device type for generator but found 'cpu' (exit 1, fit)"},
+                  {"name": "strategy/deepspeed_stage_1", "ok": True, "seconds": 0.0, "skipped": True,
+                   "reason": "deepspeed is not installed"}]}
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- gpu-check:start -->\nNot run on a GPU yet.\n<!-- gpu-check:end -->\ntail\n")
+    gpu_check.write_readme(report, readme)
+    text = readme.read_text()
+    assert "**NVIDIA H200**" in text and "1 of 3 ok, 1 failed (pretrain/electra), 1 skipped." in text
+    assert "| pretrain/bert | ok | 12.5 | bf16-mixed |  |" in text
+    assert "| pretrain/electra | FAIL | 9.0 | bf16-mixed | RuntimeError: Expected a 'cuda' device type" in text
+    assert "| strategy/deepspeed_stage_1 | skip | 0.0 | - | deepspeed is not installed |" in text
+    assert "Not run on a GPU yet" not in text and text.endswith("<!-- gpu-check:end -->\ntail\n")
+    (tmp_path / "plain.md").write_text("no markers\n")
+    with pytest.raises(SystemExit, match="has no <!-- gpu-check:start -->"):
+        gpu_check.write_readme(report, tmp_path / "plain.md")
