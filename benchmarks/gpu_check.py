@@ -150,15 +150,17 @@ def failure(output: str, returncode: int, command: str) -> str:
     return f"{error_line(output)} (exit {returncode}, {command})"
 
 
-def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float) -> Result:
-    """Run the check's commands in order in a fresh runs directory; the first failure ends it."""
+def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float, own_cache: bool = False) -> Result:
+    """Run the check's commands in order in a fresh runs directory; the first failure ends it.  ``own_cache``: a
+    cache directory of its own too (``PTM_CACHE_DIR``: tokenizers, tokenized corpora, the peak probe), for checks
+    run at the same time, which would otherwise build the same cache entries at once and probe a shared GPU's peak."""
     if check.needs and importlib.util.find_spec(check.needs) is None:
         return Result(check.name, True, 0.0, None, f"{check.needs} is not installed (the {check.needs} extra: "
                       f"pip install -c constraints-cpu.txt -e '.[{check.needs}]')", skipped=True)
     slug = check.name.replace("/", "_")
     runs = work / slug
     runs.mkdir(parents=True, exist_ok=True)
-    child_env = {**env, "PTM_RUNS_DIR": str(runs)}
+    child_env = {**env, "PTM_RUNS_DIR": str(runs), **({"PTM_CACHE_DIR": str(runs / "cache")} if own_cache else {})}
     log_path = logs / f"{slug}.log"
     start, precision, commands = time.time(), None, []
     with open(log_path, "w", encoding="utf-8") as log:
@@ -229,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps of every fit (default 3)")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="checks whose name matches (shell patterns: pretrain/electra 'strategy/*' chain)")
-    parser.add_argument("--jobs", type=int, default=1, help="checks run at the same time (default 1)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="checks run at the same time (default 1), each then with a cache directory of its own")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per check (default 900)")
     parser.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "gpu_check",
                         help="where gpu_check.json and logs/<check>.log go (default checkpoints/gpu_check)")
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_check, c, work, logs, env, args.timeout) for c in checks]
+            futures = [pool.submit(run_check, c, work, logs, env, args.timeout, args.jobs > 1) for c in checks]
             results = []
             for future in futures:  # report order: a later check that finished first waits for its line
                 results.append(future.result())

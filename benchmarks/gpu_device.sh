@@ -5,11 +5,12 @@
 #   benchmarks/gpu_device.sh prepare   # here, in the repo root, with network: fills .gpu/ (git-ignored, ~30 MB):
 #                                      # the data the checks read (bbc whole; brown and bible_en_es cut down; MiniLM's
 #                                      # tokenizer, not its weights) and the missing wheels (jsonargparse ...; the
-#                                      # project's transformers, tokenizers, safetensors and peft versions)
+#                                      # project's transformers, tokenizers, safetensors, regex, peft)
 #   benchmarks/gpu_device.sh run       # there, in the repo root, with .gpu carried: writes under $OUT
 #
-# `run` takes about 7 minutes on an H100/H200 (gpu-check 6 at a time, then the benchmark, 1 repeat, the filling batch
-# first); CHECK_S and BENCH_S cap each part (defaults 200 s and 330 s).  Back here:
+# `run` should take about 7 minutes on an H100/H200 (an estimate: not yet run there): gpu-check 6 at a time, then
+# the benchmark, 1 repeat, the filling batch first; CHECK_S and BENCH_S cap each part (defaults 200 s and 330 s).
+# Back here:
 #   .venv/bin/python -m benchmarks.gpu_check --readme <files>/gpu_check.json
 #   .venv/bin/python -m benchmarks.gpu_bench --readme <files>/gpu.json
 # write both into benchmarks/README.md.  DEEPSPEED=1 also builds DeepSpeed from its source there (about a minute
@@ -36,7 +37,7 @@ prepare() {
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
     $py -m pip download -q --no-deps --only-binary=:all: $platform -d .gpu/whl \
         jsonargparse==4.53.0 docstring_parser==0.18.0 typeshed_client==2.15.0 \
-        transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0 peft==0.21.2 || return 1
+        transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0 regex==2026.11.19 peft==0.21.2 || return 1
     if [ "${DEEPSPEED:-0}" = 1 ]; then
         $py -m pip download -q --no-deps --only-binary=:all: $platform -d .gpu/whl hjson==3.1.0 pydantic==2.14.4 \
             pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 || return 1

@@ -93,7 +93,8 @@ class Harness:
     def __init__(self, settings: Settings, work: Path, quiet: bool = False):
         self.s, self.work, self.quiet = settings, work, quiet
         self.env = {**os.environ, "PTM_RUNS_DIR": str(work / "runs"), "HF_HUB_OFFLINE": "1",
-                    "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+                    "TOKENIZERS_PARALLELISM": "false",  # the repo first, then whatever the caller's path holds
+                    "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
     def say(self, text: str) -> None:
         if not self.quiet:

@@ -107,3 +107,18 @@ def test_a_report_made_elsewhere_goes_into_the_readme_section(tmp_path):
     (tmp_path / "plain.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="has no <!-- gpu-check:start -->"):
         gpu_check.write_readme(report, tmp_path / "plain.md")
+
+
+def test_a_check_whose_extra_is_missing_is_skipped_not_failed(tmp_path):
+    check = gpu_check.Check("strategy/imaginary", [["fit", "--never-run"]], needs="ptm_app_no_such_extra")
+    result = gpu_check.run_check(check, tmp_path, tmp_path, {}, 10)
+    assert result.skipped and result.ok and result.status == "skip" and not result.commands
+    assert "ptm_app_no_such_extra is not installed" in result.line()
+    deepspeed = [c for c in gpu_check.all_checks(gpu_check_args()) if c.needs]
+    assert {c.name for c in deepspeed} == {f"strategy/{p.stem}" for p in (ROOT / "configs" / "strategy").glob("deep*")}
+
+
+def gpu_check_args(**kw):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{"accelerator": "gpu", "precision": "auto", "steps": 3, **kw})
