@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,8 @@ CHAIN_TEXT = "Shares in the bank rose after it reported record profits for the y
 FEW_DOCUMENTS = 64  # documents a pre-training run tokenizes (PretrainDataModule.limit_documents)
 _PRECISION = re.compile(r"^model: .*?\bprecision (\S+?),", re.MULTILINE)  # RunConsole's model line
 _ERROR = re.compile(r"^(error: .+|\w+(\.\w+)*(Error|Exception|Interrupt)\b.*)$")
+RUNNING: set = set()  # the commands running now (their process groups end with this process: ``_stop``)
+STOPPING = threading.Event()
 
 
 @dataclass
@@ -165,6 +168,9 @@ def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float, o
     start, precision, commands = time.time(), None, []
     with open(log_path, "w", encoding="utf-8") as log:
         for argv in check.commands:
+            if STOPPING.is_set():
+                return Result(check.name, False, time.time() - start, precision, "stopped (the check was cut short)",
+                              commands, str(log_path))
             argv = [a.replace("{runs}", str(runs)) for a in argv]
             commands.append(" ".join(["python main.py", *argv]))
             log.write(f"$ {commands[-1]}\n")
@@ -173,6 +179,7 @@ def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float, o
             proc = subprocess.Popen([sys.executable, "main.py", *argv], cwd=ROOT, env=child_env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     start_new_session=True)  # its own process group: a timeout ends all of it
+            RUNNING.add(proc)
             try:
                 output, _ = proc.communicate(timeout=max(left, 1))
             except subprocess.TimeoutExpired:
@@ -181,6 +188,8 @@ def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float, o
                 log.write(output)
                 return Result(check.name, False, time.time() - start, precision,
                               f"timed out after {timeout:.0f} s in: {commands[-1]}", commands, str(log_path))
+            finally:
+                RUNNING.discard(proc)
             log.write(output)
             log.flush()
             found = _PRECISION.findall(output)
@@ -189,6 +198,17 @@ def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float, o
                 return Result(check.name, False, time.time() - start, precision,
                               failure(output, proc.returncode, argv[0]), commands, str(log_path))
     return Result(check.name, True, time.time() - start, precision, None, commands, str(log_path))
+
+
+def _stop(signum, frame) -> None:
+    """SIGTERM (``timeout``, a scheduler): end the running commands' process groups, start no more, exit."""
+    STOPPING.set()
+    for proc in list(RUNNING):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(128 + signum)
 
 
 def cuda_missing(accelerator: str) -> str | None:
@@ -268,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: {len(checks)} checks, accelerator {args.accelerator}, precision {args.precision}, "
           f"{args.steps} steps each, {args.jobs} at a time; logs in {logs}", flush=True)
     started = time.time()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
     try:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = [pool.submit(run_check, c, work, logs, env, args.timeout, args.jobs > 1) for c in checks]
