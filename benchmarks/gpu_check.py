@@ -169,8 +169,8 @@ def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float, o
     with open(log_path, "w", encoding="utf-8") as log:
         for argv in check.commands:
             if STOPPING.is_set():
-                return Result(check.name, False, time.time() - start, precision, "stopped (the check was cut short)",
-                              commands, str(log_path))
+                return Result(check.name, False, time.time() - start, precision,
+                              "stopped (gpu-check was cut short)", commands, str(log_path))
             argv = [a.replace("{runs}", str(runs)) for a in argv]
             commands.append(" ".join(["python main.py", *argv]))
             log.write(f"$ {commands[-1]}\n")
@@ -195,8 +195,9 @@ def run_check(check: Check, work: Path, logs: Path, env: dict, timeout: float, o
             found = _PRECISION.findall(output)
             precision = found[0] if found and precision is None else precision
             if proc.returncode != 0:
-                return Result(check.name, False, time.time() - start, precision,
-                              failure(output, proc.returncode, argv[0]), commands, str(log_path))
+                reason = (f"stopped (gpu-check was cut short) during {argv[0]}" if STOPPING.is_set()
+                          else failure(output, proc.returncode, argv[0]))
+                return Result(check.name, False, time.time() - start, precision, reason, commands, str(log_path))
     return Result(check.name, True, time.time() - start, precision, None, commands, str(log_path))
 
 
@@ -290,13 +291,22 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
+    results, stopped, futures = [], None, []
     try:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_check, c, work, logs, env, args.timeout, args.jobs > 1) for c in checks]
-            results = []
+            # the longest first (the chain's four commands, compilation), so the others fill in around them
+            first = sorted(checks, key=lambda c: not (c.name == "chain" or c.name.startswith("memory/")))
+            submitted = {c.name: pool.submit(run_check, c, work, logs, env, args.timeout, args.jobs > 1)
+                         for c in first}
+            futures = [submitted[c.name] for c in checks]
             for future in futures:  # report order: a later check that finished first waits for its line
                 results.append(future.result())
                 print(results[-1].line(width), flush=True)
+    except SystemExit as exc:  # SIGTERM (_stop): the pool has waited for its threads; report every check's end
+        stopped = exc.code
+        for future in futures[len(results):]:
+            results.append(future.result())
+            print(results[-1].line(width), flush=True)
     finally:
         if not args.keep_runs:
             shutil.rmtree(work, ignore_errors=True)
@@ -306,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = (f"gpu-check: {len(results) - len(failed) - len(skipped)} of {len(results)} ok, {len(failed)} failed"
                + (f" ({', '.join(r.name for r in failed)})" if failed else "")
                + (f", {len(skipped)} skipped" if skipped else "")
-               + f"; precision chosen: {', '.join(precisions) or '?'}; {time.time() - started:.0f} s")
+               + f"; precision chosen: {', '.join(precisions) or '?'}; {time.time() - started:.0f} s"
+               + ("; STOPPED by a signal (the checks it cut short are FAIL 'stopped')" if stopped else ""))
     print(summary, flush=True)
     import torch
 
@@ -315,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
               "accelerator": args.accelerator, "precision": args.precision, "steps": args.steps,
               "summary": summary, "results": [asdict(r) for r in results]}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    if device != "cpu" and not args.only and args.out.resolve() == (ROOT / "checkpoints" / "gpu_check").resolve():
+    if device != "cpu" and not args.only and not stopped and args.out.resolve() == (ROOT / "checkpoints" / "gpu_check").resolve():
         write_readme(report)  # the whole check on a GPU, as make gpu-check runs it
-    return 1 if failed else 0
+    return stopped or (1 if failed else 0)
 
 
 if __name__ == "__main__":

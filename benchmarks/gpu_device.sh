@@ -8,8 +8,9 @@
 #                                      # project's transformers, tokenizers, safetensors, regex, peft)
 #   benchmarks/gpu_device.sh run       # there, in the repo root, with .gpu carried: writes under $OUT
 #
-# `run` should take about 7 minutes on an H100/H200 (an estimate: not yet run there): gpu-check 6 at a time, then
-# the benchmark, 1 repeat, the filling batch first; CHECK_S and BENCH_S cap each part (defaults 200 s and 330 s).
+# `run` takes at most about 7 minutes (an estimate: not yet run on a GPU): installing the wheels, gpu-check 6 at a
+# time, then the benchmark, 1 repeat, the filling batch first (a cut-short run keeps what it measured); CHECK_S and
+# BENCH_S cap the two parts (defaults 150 s and 240 s).
 # Back here:
 #   .venv/bin/python -m benchmarks.gpu_check --readme <files>/gpu_check.json
 #   .venv/bin/python -m benchmarks.gpu_bench --readme <files>/gpu.json
@@ -60,11 +61,11 @@ run() {
     nvidia-smi -L
     python3 -c "import torch, lightning, transformers; print('torch', torch.__version__, 'lightning', \
 lightning.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-    timeout "${CHECK_S:-200}" python3 -m benchmarks.gpu_check --jobs 6 --timeout 170 --out /tmp/gpu_check \
+    timeout "${CHECK_S:-150}" python3 -m benchmarks.gpu_check --jobs 6 --timeout 140 --out /tmp/gpu_check \
         2>&1 | tee "$out/gpu_check.txt"
     cp /tmp/gpu_check/gpu_check.json "$out/" 2>/dev/null
     tar czf "$out/gpu_check_logs.tgz" -C /tmp/gpu_check logs 2>/dev/null
-    timeout "${BENCH_S:-330}" python3 -m benchmarks --device cuda --batch_sizes 256 32 --repeats 1 \
+    timeout "${BENCH_S:-240}" python3 -m benchmarks --device cuda --batch_sizes 256 32 --repeats 1 \
         --work /tmp/gpu_bench --out "$out" 2>&1 | tee "$out/bench.txt"
     (cd /tmp/gpu_bench 2>/dev/null && tar czf "$out/bench_logs.tgz" ./*.log ./*.json ./*.yaml 2>/dev/null)
     ls -la "$out"

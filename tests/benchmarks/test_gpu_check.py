@@ -122,3 +122,34 @@ def gpu_check_args(**kw):
     from types import SimpleNamespace
 
     return SimpleNamespace(**{"accelerator": "gpu", "precision": "auto", "steps": 3, **kw})
+
+
+def test_sigterm_ends_the_running_command_and_reports_it_stopped(tmp_path):
+    """``timeout`` around gpu-check (the device script) must not leave a training run behind on the GPU."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_check", "--accelerator", "cpu", "--only",
+                             "pretrain/unilm", "pretrain/xlm", "--out", str(tmp_path / "out")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    log = tmp_path / "out" / "logs" / "pretrain_unilm.log"
+    deadline = time.time() + 120
+    while not (log.exists() and log.read_text().startswith("$ python main.py fit")) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)
+    children = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+    assert children  # the fit is running
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    lines = out.strip().splitlines()
+    assert [line.split()[:2] for line in lines[1:3]] == [["pretrain/unilm", "FAIL"], ["pretrain/xlm", "FAIL"]]
+    assert lines[1].endswith("stopped (gpu-check was cut short) during fit")
+    assert lines[2].endswith("stopped (gpu-check was cut short)") and "STOPPED by a signal" in lines[3]
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert [r["reason"].split(" (")[0] for r in report["results"]] == ["stopped", "stopped"]
+    for pid in children:  # gone, not left running in its own process group
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
