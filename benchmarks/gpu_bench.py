@@ -259,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print(f"python -m benchmarks --device cuda: no CUDA GPU here (torch {torch.__version__}); run it on a "
-                  f"machine with one, or --device cpu --smoke for a CPU check", flush=True)
+            from benchmarks.gpu_check import no_cuda_reason
+
+            print(f"python -m benchmarks --device cuda: no CUDA GPU here ({no_cuda_reason()}); run it on a machine "
+                  f"with one, or --device cpu --smoke for a CPU check", flush=True)
             return 1
     settings = SMOKE if args.smoke else FULL
     overrides = {k: v for k, v in (("batch_sizes", tuple(args.batch_sizes or ())), ("repeats", args.repeats),

@@ -220,8 +220,16 @@ def cuda_missing(accelerator: str) -> str | None:
 
     if torch.cuda.is_available():
         return None
-    return ("gpu-check: no CUDA GPU here (torch.cuda.is_available() is false, torch "
-            f"{torch.__version__}); run it on a machine with one, or pass --accelerator cpu for a CPU smoke run")
+    return f"gpu-check: no CUDA GPU here ({no_cuda_reason()}); run it on a machine with one, or pass --accelerator cpu"
+
+
+def no_cuda_reason() -> str:
+    """Why torch sees no CUDA device: a CPU build of torch (``make setup`` installs one), or no GPU / driver."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU build: install a CUDA build of torch"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no GPU or driver"
 
 
 def markdown(report: dict) -> str:
