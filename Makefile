@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis compress knowledge bench clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis compress knowledge bench gpu-check clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,11 @@ $(BENCH_STAMP): $(STAMP)
 bench: data $(BENCH_STAMP)
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks --only inference
+
+# On a machine with a CUDA GPU (and a CUDA build of torch): every pre-training recipe, strategy preset at one device,
+# memory overlay and export -> fine-tune -> predict, 3 steps each with accelerator gpu, precision auto; one line each.
+gpu-check: data
+	$(PY) -m benchmarks.gpu_check
 
 test-slow: data
 	$(PYTEST) -m slow

@@ -5,6 +5,13 @@ A candidate calls ``tick`` at the end of each optimiser step (after ``optimizer.
 ``warmup+1 … N``, each timed from the end of the step before it to its own end: start-up, the first (slow)
 steps and whatever runs after the last step are outside it, data loading and collation of the measured steps
 inside it, for every candidate alike (``steady_state``).
+
+On a GPU (``StepClock(cuda=True)``) kernels run asynchronously, so the host's clock at ``tick`` would time the
+launch, not the work.  Each tick there records a CUDA event in the stream instead, and ``record`` synchronises
+once and reads the step ends off the GPU's own timeline: the same boundaries a ``torch.cuda.synchronize()`` per
+step would give, without stopping the host at every step (which would drain the queue of kernels a framework
+builds ahead and charge each candidate the launch latency it otherwise hides).  Counts may be tensors (a GPU
+batch's ``attention_mask.sum()``): they are read back in ``record`` too, never inside the timed steps.
 """
 from __future__ import annotations
 
@@ -17,13 +24,16 @@ from typing import Optional
 
 
 class StepClock:
-    """Step-end times (``perf_counter``) and per-step counts; wall-clock marks for start-up costs."""
+    """Step-end times (``perf_counter``, or CUDA events with ``cuda``) and per-step counts; wall-clock marks for
+    start-up costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
+        self.cuda = cuda
         self.ends: list[float] = []
-        self.samples: list[int] = []
-        self.tokens: list[int] = []
-        self.padded: list[int] = []  # every position of the batch, padding included
+        self.events: list = []  # torch.cuda.Event per tick (cuda)
+        self.samples: list = []
+        self.tokens: list = []
+        self.padded: list = []  # every position of the batch, padding included
         self.marks: dict[str, float] = {}  # time.time(): comparable with the parent's spawn time
         self.extra: dict = {}
 
@@ -31,16 +41,33 @@ class StepClock:
         """Record the wall time of ``name`` once (the first call wins)."""
         self.marks.setdefault(name, time.time())
 
-    def tick(self, samples: int, tokens: int, padded: int) -> None:
+    def tick(self, samples, tokens, padded) -> None:
+        """The end of an optimiser step with its counts (ints, or tensors read back in ``record``)."""
         self.mark("first_step_end")
         self.ends.append(time.perf_counter())
-        self.samples.append(int(samples))
-        self.tokens.append(int(tokens))
-        self.padded.append(int(padded))
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+        self.samples.append(samples)
+        self.tokens.append(tokens)
+        self.padded.append(padded)
 
     def record(self) -> dict:
+        if self.events:  # the GPU's step ends, from its first tick's host time on
+            import torch
+
+            torch.cuda.synchronize()
+            first = self.events[0]
+            self.ends = [self.ends[0] + first.elapsed_time(e) / 1e3 for e in self.events]
+            self.events = []
+            self.extra["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        self.samples, self.tokens, self.padded = ([int(x) for x in xs] for xs in (self.samples, self.tokens,
+                                                                                  self.padded))
         return {"ends": self.ends, "samples": self.samples, "tokens": self.tokens, "padded": self.padded,
-                "marks": self.marks,
+                "marks": self.marks, "timed_on": "cuda events" if self.cuda else "host clock",
                 "peak_rss_mb": peak_rss_mb(), **self.extra}
 
     def write(self, path: str | Path) -> None:

@@ -93,7 +93,8 @@ class Harness:
     def __init__(self, settings: Settings, work: Path, quiet: bool = False):
         self.s, self.work, self.quiet = settings, work, quiet
         self.env = {**os.environ, "PTM_RUNS_DIR": str(work / "runs"), "HF_HUB_OFFLINE": "1",
-                    "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+                    "TOKENIZERS_PARALLELISM": "false",  # the repo first, then whatever the caller's path holds
+                    "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
     def say(self, text: str) -> None:
         if not self.quiet:
@@ -121,31 +122,18 @@ class Harness:
     # -- shared inputs ----------------------------------------------------------------------------
     def prepare(self) -> dict:
         """Tokenize once, cut the blocks every pre-training candidate trains on, and describe the model."""
-        import numpy as np
         import torch
 
         from ptm_app.backbones.build import build_backbone
-        from ptm_app.data.datamodules import PretrainDataModule
-        from ptm_app.data.tokenizer import TokenizerSpec
         from ptm_app.training.throughput import peak_flops, training_flops_per_token
 
         s = self.s
-        dm = PretrainDataModule(TokenizerSpec(pretrained="minilm"), source="bbc", max_length=s.seq_len,
-                                packing="pack", batch_size=s.batch_size, seed=s.seed)
-        dm.prepare_data()
-        dm.setup("fit")
-        blocks = np.stack(dm.datasets["train"].blocks).astype(np.int64)
-        if blocks.shape[1] != s.seq_len:
-            raise BenchError(f"packed blocks are {blocks.shape[1]} long, expected {s.seq_len}")
-        np.save(self.work / "blocks.npy", blocks)
+        data = mlm_blocks(self.work, s.seq_len, s.batch_size, s.seed)
         self.tweets_sample()
-        tok = dm.tokenizer
-        backbone = {**s.backbone, "vocab_size": len(tok), "pad_token_id": tok.pad_token_id}
+        backbone = {**s.backbone, "vocab_size": data.pop("vocab_size"), "pad_token_id": data.pop("pad_token_id")}
         model = build_backbone("masked_lm", None, backbone)
         return {
-            "backbone": backbone, "blocks": str(self.work / "blocks.npy"), "num_blocks": len(blocks),
-            "tokenizer": tok.name_or_path, "mask_token_id": tok.mask_token_id,
-            "special_ids": [i for i in tok.all_special_ids if i < len(tok)],
+            "backbone": backbone, **data,
             "params": sum(p.numel() for p in model.parameters()),
             "flops_per_token": training_flops_per_token(model, s.seq_len),
             "peak": {"fp32": peak_flops(torch.device("cpu"), torch.float32),
@@ -291,6 +279,29 @@ class Harness:
         return rows
 
 
+def mlm_blocks(work: Path, seq_len: int, batch_size: int, seed: int) -> dict:
+    """The blocks every MLM pre-training candidate trains on: the prepared ``bbc`` training split tokenized with
+    MiniLM's tokenizer and packed by ptm_app (``PretrainDataModule(packing: pack)``, the tokenization cached), saved
+    to ``<work>/blocks.npy``; with the tokenizer facts the peers need."""
+    import numpy as np
+
+    from ptm_app.data.datamodules import PretrainDataModule
+    from ptm_app.data.tokenizer import TokenizerSpec
+
+    dm = PretrainDataModule(TokenizerSpec(pretrained="minilm"), source="bbc", max_length=seq_len,
+                            packing="pack", batch_size=batch_size, seed=seed)
+    dm.prepare_data()
+    dm.setup("fit")
+    blocks = np.stack(dm.datasets["train"].blocks).astype(np.int64)
+    if blocks.shape[1] != seq_len:
+        raise BenchError(f"packed blocks are {blocks.shape[1]} long, expected {seq_len}")
+    np.save(work / "blocks.npy", blocks)
+    tok = dm.tokenizer
+    return {"blocks": str(work / "blocks.npy"), "num_blocks": len(blocks), "tokenizer": tok.name_or_path,
+            "mask_token_id": tok.mask_token_id, "special_ids": [i for i in tok.all_special_ids if i < len(tok)],
+            "vocab_size": len(tok), "pad_token_id": tok.pad_token_id}
+
+
 def summarise(runs: dict[str, list], rate: str, against: tuple[str, ...]) -> dict:
     """Medians per candidate (with the range) and the ratio of medians against each reference candidate."""
     rows = {}
@@ -425,7 +436,14 @@ def _strip(value):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--device" or a.startswith("--device=") for a in argv):  # the GPU benchmark (gpu_bench.py)
+        from benchmarks.gpu_bench import main as gpu_main
+
+        return gpu_main(argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0],
+                                     epilog="python -m benchmarks --device cuda: the GPU benchmark "
+                                            "(benchmarks/gpu_bench.py; --device cpu --smoke: its CPU check)")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 3 steps, 1 repeat (a check, not a measurement)")
     parser.add_argument("--only", nargs="+", choices=("pretrain", "finetune", "resume", "data", "inference"),
                         default=["pretrain", "finetune", "resume"])
@@ -450,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = (args.out or (work if args.smoke else HERE)).resolve()
     harness = Harness(settings, work, quiet=args.quiet)
-    command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m benchmarks", *argv])
     results = {"command": COMMAND if command == "python -m benchmarks" else command,
                "date": time.strftime("%Y-%m-%d %H:%M"),
                "load_before": os.getloadavg()[0], "settings": asdict(settings), "machine": machine()}

@@ -28,6 +28,7 @@ class ClockCallback(Callback):
         self.clock = StepClock()
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        self.clock.cuda = pl_module.device.type == "cuda"  # GPU: event-timed steps, counts read back at the end
         self.clock.marks["main"] = MAIN_START[0]
         self.clock.mark("fit_start")
 
@@ -38,7 +39,7 @@ class ClockCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         ids, mask = batch["input_ids"], batch.get("attention_mask")
-        self.clock.tick(ids.shape[0], int(mask.sum()) if mask is not None else ids.numel(), ids.numel())
+        self.clock.tick(ids.shape[0], mask.sum() if mask is not None else ids.numel(), ids.numel())
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
@@ -58,7 +59,8 @@ def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     config = spec["config"]
     trainer = config.setdefault("trainer", {})
-    trainer["callbacks"] = [{"class_path": "benchmarks.ptm_runs.ClockCallback", "init_args": {"path": spec["out"]}}]
+    trainer["callbacks"] = [*(trainer.get("callbacks") or []),  # the run's own (TorchCompile ...), then the clock
+                            {"class_path": "benchmarks.ptm_runs.ClockCallback", "init_args": {"path": spec["out"]}}]
     config_path = Path(spec["out"]).with_suffix(".yaml")
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     from ptm_app.main import main as ptm_main

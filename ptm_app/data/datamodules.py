@@ -185,13 +185,22 @@ class _Base(pl.LightningDataModule):
             lengths = train.lengths()
         return ResumableLoader(train, batch_size=self.batch_size, shuffle=True, seed=self.seed, lengths=lengths,
                                rank=rank, world_size=world, collate_fn=self._collate(),
-                               num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+                               num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                               pin_memory=self._pin_memory())
 
     def _eval_loader(self, split: str, seeded_order: bool = True) -> DataLoader:
         if split not in self.datasets:
             raise PtmError(f"data source '{self.source}' has no {split} split; add a {split}.jsonl file")
         return eval_loader(self.datasets[split], batch_size=self.eval_batch_size, seed=self.seed,
-                           seeded_order=seeded_order, collate_fn=self._collate(), num_workers=self.num_workers)
+                           seeded_order=seeded_order, collate_fn=self._collate(), num_workers=self.num_workers,
+                           pin_memory=self._pin_memory())
+
+    def _pin_memory(self) -> bool:
+        """Page-locked batches when the run's device is a CUDA GPU: Lightning copies batches with
+        ``non_blocking=True``, which is asynchronous only from page-locked memory (then the copy overlaps the step
+        before it instead of waiting for it)."""
+        trainer = self.trainer  # LightningDataModule's: None outside a run
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("validation")

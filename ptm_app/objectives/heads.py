@@ -84,7 +84,7 @@ def prediction_head(model) -> Optional[Callable]:
 
 
 def masked_lm_forward(model, inputs: dict, labels: torch.Tensor, *, sparse: bool = True,
-                      hidden: bool = False) -> MaskedLMOutput:
+                      hidden: bool = False, positions: Optional[torch.Tensor] = None) -> MaskedLMOutput:
     """Masked-LM loss of a transformers ``*ForMaskedLM`` model, with vocabulary logits only where predicted.
 
     transformers' ``*ForMaskedLM.forward`` projects every position onto the vocabulary, though only the
@@ -97,16 +97,32 @@ def masked_lm_forward(model, inputs: dict, labels: torch.Tensor, *, sparse: bool
     same (``run_pretraining.py``: ``get_masked_lm_output`` gathers ``masked_lm_positions`` before the output
     layer).  Models without a
     known head (see ``PREDICTION_HEADS``), or ``sparse=False``, take the dense path.
+
+    ``positions``: the selected positions as flat indices into ``labels.flatten()`` in row-major order
+    (``selected_positions``), computed where the labels are made, on the CPU.  Their count is then known to the
+    host, so the gather needs no host sync; selecting with the boolean mask on a GPU waits for the forward pass to
+    finish (its output size depends on the data) before the rest of the step can be queued.
     """
-    selected = labels != IGNORE_INDEX
     head = prediction_head(model) if sparse else None
     if head is None:
+        selected = labels != IGNORE_INDEX
         out = model(**inputs, labels=labels, **({"output_hidden_states": True} if hidden else {}))
         return MaskedLMOutput(out.loss, out.logits[selected], out.hidden_states[-1] if hidden else None)
     sequence = model.base_model(**inputs)[0]
-    logits = head(sequence[selected])
-    loss = nn.functional.cross_entropy(logits.float(), labels[selected])
+    if positions is None:
+        selected = labels != IGNORE_INDEX
+        rows, targets = sequence[selected], labels[selected]
+    else:
+        rows = sequence.reshape(-1, sequence.shape[-1]).index_select(0, positions)
+        targets = labels.reshape(-1).index_select(0, positions)
+    logits = head(rows)
+    loss = nn.functional.cross_entropy(logits.float(), targets)
     return MaskedLMOutput(loss, logits, sequence)
+
+
+def selected_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The positions ``masked_lm_forward`` predicts (``labels != IGNORE_INDEX``) as flat row-major indices."""
+    return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
 
 
 def logits_at(model, inputs: dict, positions: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.errors import PtmError
 from ptm_app.objectives.knowledge import SupersenseHead, allowed_senses_losses, vocabulary_senses
-from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward
+from ptm_app.objectives.heads import SentenceRelationHead, SpanBoundaryHead, masked_lm_forward, selected_positions
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
@@ -176,9 +176,34 @@ class MaskedLMModule(LanguageModelModule):
 
         return {**batch, **views[LEVELS[self.knowledge_stage()]]}
 
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """Facts read from the batch while it is still on the CPU, so the step need not read them back from a GPU
+        (each read there is a host sync that stalls the queue of kernels):
+
+        - ``mlm_positions``: the predicted positions as flat indices (``heads.selected_positions``), for the sparse
+          head's gather (not with staged knowledge masking, whose labels change with the stage);
+        - ``attention_all_ones``: the attention mask has no padding, so the model gets none (``model_inputs``), as
+          transformers itself decides for SDPA after reading the mask back (``padding_mask.all()``), which also lets
+          SDPA pick its flash kernel.
+        """
+        batch = super().on_before_batch_transfer(batch, dataloader_idx)
+        if not isinstance(batch, dict) or "labels" not in batch:
+            return batch
+        pin = self.device.type == "cuda"
+        if self.sparse_prediction and "knowledge_views" not in batch and "mlm_positions" not in batch:
+            positions = selected_positions(batch["labels"])
+            batch["mlm_positions"] = positions.pin_memory() if pin else positions
+        mask = batch.get("attention_mask")
+        if mask is not None and mask.device.type == "cpu" and not {"document_ids", "knowledge_views", "attention_3d"} & set(batch):
+            batch["attention_all_ones"] = bool(mask.all())
+        return batch
+
     def model_inputs(self, batch: dict) -> dict:
-        """With ``supersense_input``, the sense-aware input embeddings ``(W + S M) x`` in place of the token ids."""
+        """With ``supersense_input``, the sense-aware input embeddings ``(W + S M) x`` in place of the token ids.
+        Without the attention mask when it is all ones (``on_before_batch_transfer``): the same attention."""
         inputs = super().model_inputs(batch)
+        if batch.get("attention_all_ones"):
+            inputs.pop("attention_mask", None)
         if not self.supersense_input:
             return inputs
         ids = inputs.pop("input_ids")
@@ -218,7 +243,8 @@ class MaskedLMModule(LanguageModelModule):
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
         out = masked_lm_forward(self.backbone, self.model_inputs(batch), batch["labels"],
-                                sparse=self.sparse_prediction, hidden=bool(self.heads))
+                                sparse=self.sparse_prediction, hidden=bool(self.heads),
+                                positions=batch.get("mlm_positions"))
         losses = {"mlm": out.loss}
         if "sentence" in self.heads:
             logits = self.heads["sentence"](out.hidden).float()
@@ -259,8 +285,10 @@ class MaskedLMModule(LanguageModelModule):
         if "knowledge_views" in batch:
             self.log("train/knowledge_stage", float(self.knowledge_stage()), batch_size=len(batch["input_ids"]))
         losses = self._losses(batch)
-        n = self.count_targets(batch["labels"])
-        return self.log_train_losses(self._total(losses), losses if len(losses) > 1 else {}, n)
+        # train/* are logged per step, where Lightning does not weight by batch_size: the rows, not the targets
+        # (counting those would read a GPU tensor back every step)
+        rows = len(batch["input_ids"])
+        return self.log_train_losses(self._total(losses), losses if len(losses) > 1 else {}, rows)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         batch = self._stage_view(batch)

@@ -35,6 +35,8 @@ NOISE_WARNINGS = (  # (category name, message pattern): third-party notices that
     ("FutureWarning", r"`is_gradient_checkpointing` is deprecated"),  # transformers 5, asked by peft
     ("UserWarning", r"Found \d+ module\(s\) in eval mode at the start of training"),  # frozen backbones, on purpose
     ("UserWarning", r"Checkpoint directory .* exists and is not empty"),  # every resume; the CLI says it once
+    # MaskedLMModule reads the batch on the CPU before the transfer (mlm.py): on purpose, with any DataModule
+    ("UserWarning", r"You have overridden `on_before_batch_transfer` in `LightningModule` but have passed in a"),
 )
 NOISE_TRANSFORMERS = (  # messages of transformers' loggers that say nothing about the run
     r"`loss_type=None` was set in the config but it is unrecognized",  # every decoder-only model, once

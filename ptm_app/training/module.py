@@ -178,8 +178,37 @@ class PtmModule(pl.LightningModule):
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     # -- optimisation -------------------------------------------------------------------------
+    clips_without_unscaling = True  # configure_gradient_clipping below: the fused AdamW may clip under bf16-mixed
+
     def configure_optimizers(self):
         return build_optimizer(self, self.optim, self.trainer.estimated_stepping_batches)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, except under ``bf16-mixed`` with the fused AdamW: Lightning's mixed-precision plugin
+        refuses to clip for any optimizer that unscales gradients inside its step (the fused ones), a rule for fp16's
+        loss scaling.  bf16 has no loss scale (no ``GradScaler``), so the gradients are clipped as in full precision
+        (``Precision.clip_gradients``: ``clip_grad_norm_`` / ``clip_grad_value_`` over the optimizer's parameters)."""
+        from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+        from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+        plugin = self.trainer.precision_plugin
+        if (type(plugin) is MixedPrecision and plugin.scaler is None and _optimizer_handles_unscaling(optimizer)
+                and gradient_clip_val):
+            from lightning.pytorch.utilities import GradClipAlgorithmType
+
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
+    @property
+    def loss_on_progress_bar(self) -> bool:
+        """Log ``train/loss`` to the progress bar every step: not on a GPU.  Lightning turns every progress-bar value
+        into a Python number after each batch (``.item()``), which on a GPU waits for all the kernels queued so far:
+        one host sync a step, and the GPU idles while the next step is launched.  There ``ThroughputMonitor`` puts
+        the loss on the bar at its logging steps instead (``log_every_n_steps``), where it syncs once anyway."""
+        return self.device.type != "cuda"
 
     def style(self) -> str:
         """What kind of run this is, for results tables (``summary.json``'s ``style``): a policy's, or the module's."""
@@ -189,8 +218,9 @@ class PtmModule(pl.LightningModule):
         return type(self).__name__.removesuffix("Module")
 
     def log_train_losses(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], batch_size: int) -> torch.Tensor:
-        """Log the total training loss (on the progress bar) and each of ``parts`` as ``train/<name>``."""
-        self.log("train/loss", loss, prog_bar=True, batch_size=max(batch_size, 1))
+        """Log the total training loss (on the progress bar: ``loss_on_progress_bar``) and each of ``parts`` as
+        ``train/<name>``."""
+        self.log("train/loss", loss, prog_bar=self.loss_on_progress_bar, batch_size=max(batch_size, 1))
         for name, value in parts.items():
             self.log(f"train/{name}", value, batch_size=max(batch_size, 1))
         return loss

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
@@ -30,6 +30,9 @@ class OptimConfig:
             head get ``lr``, every layer below gets the LR of the one above divided by ``layer_decay``,
             so the embeddings get ``lr / layer_decay**L``.  1.0 = one LR for all.
         cut_frac / ratio: STLR's rising fraction of all steps and its lowest/peak LR ratio (0.1 and 32).
+        fused: torch's fused AdamW (one kernel over all parameters: ``fused_if_possible``).  None (default): fused
+            wherever it can run, on a CPU and on a GPU; true: fused or a one-line error saying why it cannot be;
+            false: torch's default (``foreach`` on a GPU, a loop over the tensors on a CPU).
     """
 
     lr: float = 5e-5
@@ -42,6 +45,7 @@ class OptimConfig:
     layer_decay: float = 1.0
     cut_frac: float = 0.1
     ratio: float = 32.0
+    fused: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.layer_decay <= 0:
@@ -110,25 +114,46 @@ def _layer_groups(model: torch.nn.Module, weight_decay: float, layer_decay: floa
             for (layer, no_decay), params in sorted(groups.items())]
 
 
-def fused_if_possible(model: torch.nn.Module, groups: list[dict]) -> dict:
-    """``{"fused": True}`` when every parameter is a plain floating-point ``nn.Parameter`` on a CPU or CUDA device.
+def fused_if_possible(model: torch.nn.Module, groups: list[dict], wanted: Optional[bool] = None) -> dict:
+    """``{"fused": True}`` when every parameter is a plain floating-point ``nn.Parameter`` on a CPU or CUDA device
+    (``wanted``: ``OptimConfig.fused``; None = wherever possible, False = never, True = or a ``PtmError``).
 
     The fused AdamW is one kernel over all parameters instead of a Python loop over each tensor: 80 → 16 ms a
     step for MiniLM's 23M parameters on 2 CPU cores (benchmarks/README.md), and the transformers ``Trainer``'s
     default since torch 2.8.  Sharded parameters (FSDP2's DTensor, DeepSpeed's) keep torch's default, and so do
-    runs that clip gradients under Lightning's mixed precision (``bf16-mixed``/``16-mixed``), which refuses to
-    clip for a fused optimizer.
+    runs that clip gradients under fp16 loss scaling (``16-mixed``), where Lightning refuses to clip for an optimizer
+    that unscales inside its step.  ``bf16-mixed`` has no loss scale: ``PtmModule.configure_gradient_clipping``
+    clips there as in full precision, so a ``PtmModule`` keeps the fused step (other modules keep Lightning's rule).
     """
+    if wanted is False:
+        return {}
+    why = _unfused_reason(model, groups)
+    if why and wanted:
+        raise PtmError(f"optim.fused: true, but {why}; set model.init_args.optim.fused: null (fused where possible)")
+    return {} if why else {"fused": True}
+
+
+def _unfused_reason(model: torch.nn.Module, groups: list[dict]) -> Optional[str]:
+    """Why the fused AdamW cannot run for ``model``'s ``groups`` (None if it can)."""
     trainer = getattr(model, "_trainer", None)
     if trainer is not None and trainer.gradient_clip_val:
         from lightning.pytorch.plugins.precision import MixedPrecision
 
-        if isinstance(trainer.precision_plugin, MixedPrecision):
-            return {}
+        plugin = trainer.precision_plugin
+        clips_itself = (type(plugin) is MixedPrecision and plugin.scaler is None  # bf16-mixed, a PtmModule
+                        and getattr(model, "clips_without_unscaling", False))
+        if isinstance(plugin, MixedPrecision) and not clips_itself:
+            return (f"Lightning cannot clip gradients (gradient_clip_val={trainer.gradient_clip_val}) for a fused "
+                    f"optimizer under precision {plugin.precision}")
     params = [p for group in groups for p in group["params"]]
-    plain = all(type(p) is torch.nn.Parameter and p.is_floating_point() and p.device.type in ("cpu", "cuda")
-                and not hasattr(p, "ds_id") for p in params)
-    return {"fused": True} if params and plain else {}
+    if not params:
+        return "there are no trainable parameters"
+    for p in params:
+        if type(p) is not torch.nn.Parameter or hasattr(p, "ds_id"):
+            return f"a parameter is a {type(p).__name__} (sharded: FSDP or DeepSpeed)"
+        if not p.is_floating_point() or p.device.type not in ("cpu", "cuda"):
+            return f"a parameter is {p.dtype} on {p.device.type}"
+    return None
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int) -> dict:
@@ -137,7 +162,8 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int) 
     for group in groups:
         if "lr_scale" in group:
             group["lr"] = cfg.lr * group["lr_scale"]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **fused_if_possible(model, groups))
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                                  **fused_if_possible(model, groups, cfg.fused))
     total = max(1, int(total_steps))
     warmup = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -33,6 +33,8 @@ from torch import nn
 from ptm_app.paths import atomic_file, cache_root
 
 PROBE_SIZES = (1024, 2048, 3072)  # square matmuls: large enough for the BLAS's full-speed kernels
+CUDA_PROBE_SIZES = (4096, 8192)  # a data-centre GPU's tensor cores fill up only from ~4096 (8192: ~1.4 ms on an H100)
+CUDA_PRODUCTS = 10  # products per timed sample on a GPU, queued back to back: one launch and sync cost for ten
 PROBE_REPEATS = 3
 PROBE_METHOD = "median-of-squares-v2"  # in the cache key: peaks measured the old way (best of one size) are not reused
 WARMUP_SECONDS = 0.2
@@ -74,47 +76,70 @@ def _device_name(device: torch.device) -> str:
     return f"{fields['model name']} ({generation})"
 
 
+def probe_sizes(device: torch.device) -> tuple[int, ...]:
+    """The square sizes the peak probe times on ``device``: ``CUDA_PROBE_SIZES`` on a GPU, else ``PROBE_SIZES``."""
+    return CUDA_PROBE_SIZES if device.type == "cuda" else PROBE_SIZES
+
+
 def matmul_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: int) -> float:
-    """FLOP/s of ``size``×``size`` matmuls on ``device`` in ``dtype``: the median of ``repeats`` timed products
-    after a warm-up (untimed products for at least ``WARMUP_SECONDS`` and at least two: the BLAS starts its
-    threads, picks and warms its kernel, the memory is touched; a process's first product can be 100x slower)."""
-    gen = torch.Generator(device="cpu").manual_seed(0)  # never the global RNG: a resumed run must draw what it would have
-    a, b = (torch.randn(size, size, generator=gen).to(device=device, dtype=dtype) for _ in range(2))  # drawn on the CPU
+    """FLOP/s of ``size``×``size`` matmuls on ``device`` in ``dtype``: the median of ``repeats`` timed samples
+    after a warm-up (untimed samples for at least ``WARMUP_SECONDS`` and at least two: the BLAS starts its
+    threads, picks and warms its kernel, the memory is touched; a process's first product can be 100x slower).
+
+    A CPU sample is one product.  A GPU sample is ``CUDA_PRODUCTS`` products queued back to back into one output,
+    between two ``torch.cuda.synchronize`` calls (kernels run asynchronously: without them the clock would time the
+    launch, not the product); the operands are random (zeros would draw less power and read up to ~13 % faster on
+    an H200), made on the device by a seeded generator of its own."""
+    cuda = device.type == "cuda"
+    if cuda:
+        gen = torch.Generator(device=device).manual_seed(0)
+        a, b = (torch.randn(size, size, generator=gen, device=device, dtype=torch.float32).to(dtype)
+                for _ in range(2))
+    else:
+        gen = torch.Generator(device="cpu").manual_seed(0)  # never the global RNG: a resumed run must draw what it would have
+        a, b = (torch.randn(size, size, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    products = CUDA_PRODUCTS if cuda else 1
+    out = torch.empty(size, size, device=device, dtype=dtype)
 
     def timed() -> float:
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        torch.mm(a, b)
-        if device.type == "cuda":
+        for _ in range(products):
+            torch.mm(a, b, out=out)
+        if cuda:
             torch.cuda.synchronize(device)
         return time.perf_counter() - start
 
     warm, count = 0.0, 0
     while count < 2 or warm < WARMUP_SECONDS:
         warm, count = warm + timed(), count + 1
-    return 2 * size ** 3 / statistics.median(timed() for _ in range(repeats))
+    return 2 * size ** 3 * products / statistics.median(timed() for _ in range(repeats))
 
 
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = PROBE_SIZES,
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] | None = None,
                        repeats: int = PROBE_REPEATS) -> float:
     """The device's matmul peak in ``dtype`` at the current thread count: the best of the sizes' medians
     (a median is robust to a repeat slowed by another process; the sizes cover the BLAS's kernel choices)."""
-    return max(matmul_flops(device, dtype, size, repeats) for size in sizes)
+    return max(matmul_flops(device, dtype, size, repeats) for size in (sizes or probe_sizes(device)))
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = PROBE_SIZES,
+def peak_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] | None = None,
                repeats: int = PROBE_REPEATS) -> float:
-    """Measured peak FLOP/s of ``device`` in ``dtype`` with the run's torch thread count (``measure_peak_flops``).
+    """Measured peak FLOP/s of ``device`` in ``dtype`` with the run's torch thread count (``measure_peak_flops``;
+    ``sizes`` default to ``probe_sizes(device)``).
 
-    Cached in ``<cache>/flops_peak.json`` by device (the CPU model or GPU name), dtype, thread count and probe
-    method, so a run pays the probe (a few seconds on a CPU) once.  A cached value is re-measured if it is
-    implausible: not a positive number, or beaten by one quick matmul of the smallest size by more than
-    ``PLAUSIBLE_MARGIN`` (a peak probed while the machine was busy).  docs/design.md "Platform notes" §9 has the
-    figures for the reference machine.
+    Cached in ``<cache>/flops_peak.json`` by device (the CPU model or GPU name), dtype, thread count (CPU) and probe
+    method and sizes, so a run pays the probe (a few seconds on a CPU, about one on a GPU) once.  A cached value is
+    re-measured if it is implausible: not a positive number, or beaten by one quick matmul of the smallest size by
+    more than ``PLAUSIBLE_MARGIN`` (a peak probed while the machine was busy).  docs/design.md "Platform notes" §9
+    has the figures for the reference machine.
     """
+    sizes = tuple(sizes or probe_sizes(device))
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     key = f"{device.type}|{_device_name(device)}|{dtype}|threads={threads}|{PROBE_METHOD}|{','.join(map(str, sizes))}"
+    if device.type == "cuda":
+        key += f"|products={CUDA_PRODUCTS}"
     path = cache_root() / "flops_peak.json"
     try:
         cache = json.loads(path.read_text())
@@ -200,7 +225,10 @@ class ThroughputMonitor(Callback):
     device, the global FLOP/s over world size × the device peak.  ``last_window`` keeps this process's own
     window (``samples``, ``tokens``, ``padded_tokens``, ``flops``, ``seconds``), and the running totals
     (``samples``, ``tokens``, ``padded_tokens``, ``seconds``) are this process's too.
-    Cheap: two tensor sums per batch, one host sync per logging step, one cached matmul probe per run.
+    Cheap: two tensor sums per batch, one host sync per logging step, one cached matmul probe per run.  The values
+    are logged as CPU tensors: Lightning reads every progress-bar value back after each batch, which for a GPU tensor
+    would wait for the GPU every step.  For a module that keeps its loss off the progress bar on a GPU
+    (``PtmModule.loss_on_progress_bar``) the last batch's loss goes there at the logging steps (``loss``).
 
     Args:
         measure_peak: measure the device peak for MFU (otherwise MFU is not logged).
@@ -213,6 +241,7 @@ class ThroughputMonitor(Callback):
         self.samples = self.tokens = self.padded_tokens = 0
         self.seconds = 0.0
         self._window: list = []
+        self._loss = None  # the last training batch's loss (a tensor), for the progress bar at logging steps
         self._last: Optional[float] = None
         self.last_metrics: dict[str, float] = {}
         self.last_window: dict[str, float] = {}
@@ -243,6 +272,8 @@ class ThroughputMonitor(Callback):
         mask = batch.get("attention_mask")
         real = mask.sum() if mask is not None and mask.dim() == 2 else torch.tensor(ids.numel())
         self._window.append((ids.shape[0], ids.numel(), ids.shape[1], real))
+        if isinstance(outputs, dict) and not getattr(pl_module, "loss_on_progress_bar", True):
+            self._loss = outputs.get("loss")
         if _writes_logs_now(trainer):
             self._flush(trainer, pl_module)
 
@@ -283,9 +314,13 @@ class ThroughputMonitor(Callback):
         if self.peak:
             metrics["throughput/mfu"] = flops / elapsed / world / self.peak
         self.last_metrics = metrics
-        for name, value in metrics.items():
-            pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=int(samples),
-                          prog_bar=name == "throughput/tokens_per_s")
+        for name, value in metrics.items():  # CPU tensors: see the class docstring
+            pl_module.log(name, torch.tensor(float(value), dtype=torch.float64), on_step=True, on_epoch=False,
+                          batch_size=int(samples), prog_bar=name == "throughput/tokens_per_s")
+        if self._loss is not None:  # Lightning divides the step's output by the accumulated batches
+            loss = float(self._loss) * trainer.accumulate_grad_batches
+            pl_module.log("loss", torch.tensor(loss, dtype=torch.float64), on_step=True, on_epoch=False,
+                          prog_bar=True, logger=False, batch_size=int(samples))
 
     def _flops_per_token(self, pl_module, seq_len: int) -> float:
         if seq_len not in self.flops_per_token:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.clock import StepClock, peak_rss_mb, steady_state
 from benchmarks.harness import FINETUNE, PRETRAIN, markdown, summarise, targets
@@ -36,10 +37,11 @@ def test_step_clock_records_ticks_marks_and_its_own_peak_rss(tmp_path):
     clock.mark("fit_start")
     clock.mark("fit_start")  # the first mark wins
     for _ in range(3):
-        clock.tick(4, 120, 128)
+        clock.tick(4, torch.tensor(120), 128)  # a tensor count (a GPU batch's mask.sum()) is read back at the end
     clock.write(tmp_path / "r.json")
     out = json.loads((tmp_path / "r.json").read_text())
     assert len(out["ends"]) == 3 and out["tokens"] == [120] * 3 and set(out["marks"]) == {"fit_start", "first_step_end"}
+    assert out["timed_on"] == "host clock" and out["ends"] == sorted(out["ends"])
     assert out["peak_rss_mb"] == pytest.approx(peak_rss_mb(), rel=0.5) and out["peak_rss_mb"] > 10
 
 

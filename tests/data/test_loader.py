@@ -69,3 +69,21 @@ def test_eval_loader_leaves_the_global_rng_alone():
     assert first == again and sorted(sum(first, [])) == list(range(10)) and sum(first, []) != list(range(10))
     assert sum([b.tolist() for b in eval_loader(list(range(10)), batch_size=3, seed=5, seeded_order=False)], []) \
         == list(range(10))
+
+
+def test_batches_are_page_locked_only_for_a_cuda_run(tiny_corpus):
+    """On a GPU Lightning copies batches with ``non_blocking=True``, asynchronous only from page-locked memory."""
+    from types import SimpleNamespace
+
+    from ptm_app.data.datamodules import PretrainDataModule
+    from ptm_app.data.tokenizer import TokenizerSpec
+
+    dm = PretrainDataModule(TokenizerSpec(train="wordpiece", vocab_size=200, min_frequency=1), source=str(tiny_corpus),
+                            max_length=32, batch_size=4, limit_documents=20)
+    assert dm._pin_memory() is False  # no trainer: outside a run
+    for device, pinned in (("cpu", False), ("cuda", True)):
+        dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+        assert dm._pin_memory() is pinned
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), global_rank=0, world_size=1)
+    dm.setup("fit")
+    assert dm.train_dataloader().pin_memory is False and dm.val_dataloader().pin_memory is False

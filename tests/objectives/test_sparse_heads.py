@@ -5,7 +5,7 @@ import transformers
 
 from ptm_app.backbones.build import build_backbone
 from ptm_app.objectives import MaskedLMModule, ReplacedTokenDetectionModule
-from ptm_app.objectives.heads import masked_lm_forward, prediction_head
+from ptm_app.objectives.heads import masked_lm_forward, prediction_head, selected_positions
 from tests.conftest import TINY_BERT
 
 V = 300
@@ -89,6 +89,45 @@ def test_module_default_is_sparse_and_the_switch_keeps_loss_and_weight_names():
     # the exported model is the plain transformers one: same weight names as BertForMaskedLM's
     reference = transformers.BertForMaskedLM(sparse.backbone.config)
     assert set(sparse.backbone.state_dict()) == set(reference.state_dict())
+
+
+def test_positions_from_the_cpu_give_the_boolean_selection():
+    """``positions`` (flat indices computed before the batch goes to the GPU, so no host sync) select the same rows in
+    the same order as the boolean mask: the same loss, logits and gradients."""
+    model = model_for("bert")
+    inputs, labels = masked_batch(3)
+    positions = selected_positions(labels)
+    assert positions.tolist() == [r * labels.shape[1] + c for r, c in (labels != -100).nonzero().tolist()]
+    outs = {}
+    for name, pos in (("mask", None), ("positions", positions)):
+        model.zero_grad()
+        out = masked_lm_forward(model, inputs, labels, positions=pos)
+        out.loss.backward()
+        outs[name] = (out, model.cls.predictions.transform.dense.weight.grad.clone())
+    (m, m_grad), (p, p_grad) = outs["mask"], outs["positions"]
+    assert p.loss.item() == m.loss.item()
+    torch.testing.assert_close(p.logits, m.logits, atol=0, rtol=0)
+    torch.testing.assert_close(p_grad, m_grad, atol=0, rtol=0)
+
+
+def test_module_reads_positions_and_an_all_ones_mask_on_the_cpu_before_the_transfer():
+    torch.manual_seed(0)
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}).build().eval()
+    inputs, labels = masked_batch(4)
+    padded = {**inputs, "labels": labels}
+    full = {"input_ids": inputs["input_ids"][1:], "attention_mask": inputs["attention_mask"][1:],
+            "labels": labels[1:]}  # row 0 is the padded one
+    before = {name: module._losses(dict(b))["mlm"].item() for name, b in (("padded", padded), ("full", full))}
+    for name, b in (("padded", padded), ("full", full)):
+        moved = module.on_before_batch_transfer(dict(b), 0)
+        assert torch.equal(moved["mlm_positions"], selected_positions(b["labels"]))
+        assert moved["attention_all_ones"] is (name == "full")
+        assert ("attention_mask" in module.model_inputs(moved)) is (name == "padded")
+        assert abs(module._losses(moved)["mlm"].item() - before[name]) < 1e-6, name
+    staged = module.on_before_batch_transfer({**full, "knowledge_views": {}}, 0)  # labels change with the stage
+    assert "mlm_positions" not in staged and "attention_all_ones" not in staged
+    dense = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, sparse_prediction=False)
+    assert "mlm_positions" not in dense.on_before_batch_transfer(dict(full), 0)
 
 
 def test_electra_generator_loss_is_the_same_sparse_or_dense():

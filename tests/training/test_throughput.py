@@ -129,3 +129,58 @@ def test_fp32_peak_agrees_with_a_fresh_measurement():
 def test_precision_names_map_to_dtypes():
     assert [precision_dtype(p) for p in ("bf16-mixed", "bf16-true", "16-mixed", "32-true", None, "64")] == [
         torch.bfloat16, torch.bfloat16, torch.float16, torch.float32, torch.float32, torch.float64]
+
+
+def test_a_gpu_peak_is_probed_with_large_products_and_cached_per_gpu_name(monkeypatch):
+    """No GPU needed: the probe is replaced by a recorder.  A GPU's key names the GPU, its probe multiplies
+    4096 and 8192 squares (an H100/H200 is far from its peak at the CPU's 1024-3072), and another GPU model (or
+    dtype) is another measurement."""
+    import json
+
+    probed = []
+    names = {"name": "NVIDIA H200"}
+    monkeypatch.setattr(throughput, "_device_name", lambda device: names["name"])
+    monkeypatch.setattr(throughput, "matmul_flops",
+                        lambda device, dtype, size, repeats: probed.append((device.type, dtype, size)) or 7e14)
+    cuda = torch.device("cuda")
+    assert throughput.probe_sizes(cuda) == throughput.CUDA_PROBE_SIZES == (4096, 8192)
+    assert peak_flops(cuda, torch.bfloat16) == 7e14
+    assert probed == [("cuda", torch.bfloat16, 4096), ("cuda", torch.bfloat16, 8192)]
+    cache = json.loads((throughput.cache_root() / "flops_peak.json").read_text())
+    key = next(k for k in cache if k.startswith("cuda|"))
+    assert "NVIDIA H200" in key and "bfloat16" in key and "4096,8192" in key and "threads=0" in key
+    probed.clear()
+    assert peak_flops(cuda, torch.bfloat16) == 7e14 and probed == [("cuda", torch.bfloat16, 4096)]  # cached: one check
+    names["name"] = "NVIDIA H100 80GB HBM3"
+    probed.clear()
+    peak_flops(cuda, torch.bfloat16)
+    assert [size for *_, size in probed] == [4096, 8192]  # another GPU: measured again
+
+
+class LossOffTheBar(MaskedLMModule):
+    """What a run on a GPU does (``loss_on_progress_bar`` is false there), on the CPU."""
+
+    loss_on_progress_bar = False
+
+
+def test_progress_bar_values_are_cpu_tensors_and_the_loss_joins_them_at_logging_steps(tiny_corpus):
+    """Lightning reads every progress-bar value back after each batch: a GPU tensor there is a host sync per step.
+    The monitor hands Lightning CPU tensors (a Python number would become a tensor on the module's device), and a
+    module that keeps its loss off the bar gets it there at logging steps."""
+    dm = PretrainDataModule(TokenizerSpec(train="wordpiece", vocab_size=200, min_frequency=1), source=str(tiny_corpus),
+                            max_length=32, batch_size=4, limit_documents=20)
+    trainer = PtmTrainer(max_steps=4, accelerator="cpu", log_every_n_steps=2, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[ThroughputMonitor(measure_peak=False)], use_distributed_sampler=False)
+    module = LossOffTheBar(backbone_config=TINY_BERT, optim={"lr": 1e-3, "warmup": 1})
+    logged = []
+    log = module.log
+    module.log = lambda name, value, **kw: logged.append((name, value, kw.get("prog_bar"))) or log(name, value, **kw)
+    trainer.fit(module, datamodule=dm)
+    from_monitor = [(n, v) for n, v, _ in logged if n.startswith("throughput/") or n == "loss"]
+    assert {n for n, _ in from_monitor} >= {"loss", "throughput/tokens_per_s"}
+    assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for _, v in from_monitor)
+    assert [n for n, _, bar in logged if bar] == ["throughput/tokens_per_s", "loss"] * 2  # steps 2 and 4 only
+    assert "train/loss" not in trainer.progress_bar_metrics and "train/loss" in trainer.callback_metrics
+    assert trainer.progress_bar_metrics["loss"] == pytest.approx(float(trainer.callback_metrics["train/loss"]), rel=1e-5)
+    assert MaskedLMModule(backbone_config=TINY_BERT).loss_on_progress_bar  # on a CPU: every step, as before
