@@ -10,6 +10,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# precision auto answers as on a CPU without bf16 instructions (fp32), on every machine: the suite's numbers and times
+# do not depend on the host's CPU (tests of the choice itself clear this; PTM_CPU_BF16=1 runs the suite in bf16)
+os.environ.setdefault("PTM_CPU_BF16", "0")
 
 TINY_BERT = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
              "intermediate_size": 64, "max_position_embeddings": 64}
