@@ -31,7 +31,24 @@ def resolve_pretrained(ref: str) -> str:
     return ref  # a hub id such as 'org/name'; loading it needs a network
 
 
+REMOTE_CODE = {"trust_remote_code": False}  # every transformers loader: code shipped with a model never runs
+
+
+def load_tokenizer_dir(where: str | os.PathLike, ref: str | os.PathLike | None = None):
+    """``AutoTokenizer.from_pretrained(where)`` without remote code (``auto_map`` is ignored, never asked about on
+    stdin); a failure is one line naming ``ref``."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(where), **REMOTE_CODE)
+    except (OSError, ValueError) as exc:
+        raise load_error(str(ref if ref is not None else where), exc) from None
+
+
 def load_error(ref: str, exc: Exception) -> PtmError:
     """Convert a ``from_pretrained`` failure into one line."""
+    if "trust_remote_code" in str(exc) or "custom code" in str(exc):
+        return PtmError(f"could not load '{ref}': it needs code shipped with the model (auto_map), which ptm_app "
+                        f"never runs (trust_remote_code is off); use a model that transformers supports natively")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return PtmError(f"could not load '{ref}': {first}; check the path, or run: python main.py data prepare")
