@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import io
-import json
 import os
 import pickle
 import zipfile
@@ -229,7 +228,7 @@ def deepspeed_tag(path: Path) -> str:
     inside = (tag not in ("", ".", "..") and "/" not in tag and "\\" not in tag and "\0" not in tag
               and target.is_dir() and target.resolve().parent == path.resolve())
     if not inside:
-        raise CheckpointUnsafe(f"{path / 'latest'} names {tag[:80]!r}, not a directory inside {path}; refusing the "
+        raise CheckpointUnsafe(f"{path / 'latest'} names {tag[:300]!r}, not a directory inside {path}; refusing the "
                                f"DeepSpeed checkpoint (DeepSpeed would load files from there)")
     return tag
 
@@ -359,21 +358,10 @@ def check_tokenizer_files(files: Any, source: Any) -> dict[str, str]:
                                    f"not ptm_app's): nothing is written outside the tokenizer's directory")
     config = files.get("tokenizer_config.json")
     if config is not None:
-        refuse_remote_code(config, f"{source}: its tokenizer_config.json")
+        from ptm_app.data.sources.references import config_json, refuse_remote_code
+
+        refuse_remote_code(config_json(config), f"{source}: its tokenizer_config.json")
     return files
-
-
-def refuse_remote_code(text: str, what: str) -> None:
-    """One line when a config file's JSON names code of its own (``auto_map``), which ptm_app never runs."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return  # not JSON: transformers refuses it when it reads it
-    if isinstance(data, dict) and data.get("auto_map"):
-        names = data["auto_map"] if isinstance(data["auto_map"], (dict, list)) else [data["auto_map"]]
-        raise CheckpointUnsafe(f"{what} names code of its own (auto_map: {', '.join(map(str, names))[:120]}), which "
-                               f"ptm_app never runs (trust_remote_code is off); use a tokenizer and model that "
-                               f"transformers supports natively")
 
 
 def write_tokenizer_files(files: Any, directory: str | Path, source: Any) -> Path:
@@ -385,9 +373,11 @@ def write_tokenizer_files(files: Any, directory: str | Path, source: Any) -> Pat
 
 
 def check_record(ckpt: dict, source: Any, trust: Optional[bool] = None, own: Optional[type] = None) -> None:
-    """A checkpoint's ptm_app record is data: its tokenizer files by allowed names only, and its module class
-    (``ptm_app.module`` and Lightning's ``_class_path``) one of ptm_app's (``module_classes``) or ``own`` (the
-    class the caller chose), unless ``trust``.  Refused in one line naming the entry."""
+    """A checkpoint's ptm_app record is data: its tokenizer files by allowed names only, no code named by its
+    tokenizer or backbone config (``auto_map``), and its module class (``ptm_app.module`` and Lightning's
+    ``_class_path``) one of ptm_app's (``module_classes``) or ``own`` (the class the caller chose), unless ``trust``.
+    Refused in one line naming the entry."""
+    from ptm_app.data.sources.references import refuse_remote_code
     from ptm_app.module_classes import check_module_name
 
     record = ckpt.get(CKPT_KEY) if isinstance(ckpt, dict) else None
@@ -397,8 +387,10 @@ def check_record(ckpt: dict, source: Any, trust: Optional[bool] = None, own: Opt
         raise CheckpointUnsafe(f"{source}: its {CKPT_KEY} record is a {type(record).__name__}, not a dict; "
                                f"refusing the checkpoint (it was altered or is not ptm_app's)")
     check_tokenizer_files(record.get("tokenizer") or {}, source)
-    hparams = ckpt.get("hyper_parameters") or {}
-    for name in (record.get("module"), hparams.get("_class_path") if isinstance(hparams, dict) else None):
+    hparams = ckpt.get("hyper_parameters")
+    hparams = hparams if isinstance(hparams, dict) else {}
+    refuse_remote_code(hparams.get("backbone_config"), f"{source}: its backbone_config")
+    for name in (record.get("module"), hparams.get("_class_path")):
         if name is not None:
             check_module_name(name, source, trusted(trust), own)
 

@@ -14,8 +14,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from ptm_app.backbones.build import build_backbone, max_positions
 from ptm_app.backbones.delta import as_delta_spec
-from ptm_app.checkpoints import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, trusted, trusting,
-                                 write_tokenizer_files)
+from ptm_app.checkpoints import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, load_file, trusted,
+                                 trusting, write_tokenizer_files)
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
@@ -70,6 +70,8 @@ class PtmModule(pl.LightningModule):
         with trusting(not weights_only):
             if isinstance(checkpoint_path, (str, os.PathLike)):
                 checkpoint_path = checkpoint_file(checkpoint_path)
+                if checkpoint_path.is_file():  # before Lightning reads its class names (a BytesIO was read checked)
+                    check_record(load_file(checkpoint_path, mmap=True), checkpoint_path, own=cls)
             return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
                                                 weights_only=weights_only, **kwargs)
 
