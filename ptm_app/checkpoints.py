@@ -180,8 +180,10 @@ _VERIFIED: set[tuple] = set()  # (path, trust, size, mtime) checked in this proc
 
 
 def _stamp(path: Path, trust: bool) -> tuple:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() or p.is_symlink())
-    return (str(path.resolve()), trust, *((f.lstat().st_size, f.lstat().st_mtime_ns) for f in files))
+    """What ``verify`` remembers of a file or a directory's entries (a symlink inside stays in: it is refused)."""
+    stats = [path.stat()] if path.is_file() else [p.lstat() for p in sorted(path.rglob("*"))
+                                                  if p.is_file() or p.is_symlink()]
+    return (str(path.resolve()), trust, *((s.st_size, s.st_mtime_ns) for s in stats))
 
 
 def verify(path: str | Path, trust: Optional[bool] = None) -> Path:
@@ -351,11 +353,13 @@ def check_tokenizer_files(files: Any, source: Any) -> dict[str, str]:
         raise CheckpointUnsafe(f"{source}: its tokenizer record is a {type(files).__name__}, not file name -> text; "
                                f"refusing the checkpoint (it was altered or is not ptm_app's)")
     for name, text in files.items():
-        if not isinstance(name, str) or name not in TOKENIZER_FILES or not isinstance(text, str):
-            shown = repr(name)[:120] if not isinstance(name, str) or name not in TOKENIZER_FILES else f"{name!r}'s text"
-            raise CheckpointUnsafe(f"{source}: its tokenizer entry {shown} is not a tokenizer file "
+        if not isinstance(name, str) or name not in TOKENIZER_FILES:
+            raise CheckpointUnsafe(f"{source}: its tokenizer entry {repr(name)[:200]} is not a tokenizer file name "
                                    f"({', '.join(TOKENIZER_FILES)}); refusing the checkpoint (it was altered or is "
                                    f"not ptm_app's): nothing is written outside the tokenizer's directory")
+        if not isinstance(text, str):
+            raise CheckpointUnsafe(f"{source}: its tokenizer entry {name!r} holds a {type(text).__name__}, not "
+                                   f"text; refusing the checkpoint (it was altered or is not ptm_app's)")
     config = files.get("tokenizer_config.json")
     if config is not None:
         from ptm_app.data.sources.references import config_json, refuse_remote_code
