@@ -169,7 +169,8 @@ def load_exported_module(directory: str | Path, trust: Optional[bool] = None):
     missing, unexpected = module.load_state_dict(weights, strict=False)
     own = [k for k in missing if not k.startswith(BACKBONE_PREFIX)]
     if own or unexpected:
-        raise PtmError(f"{directory}: module weights do not fit {cls.__name__} (missing {own[:3]}, unexpected {unexpected[:3]})")
+        raise PtmError(f"{directory}: module weights do not fit {cls.__name__} (missing {own[:3]}, "
+                       f"unexpected {unexpected[:3]})")
     return module.eval()
 
 

@@ -35,7 +35,8 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         where = model_dir(pretrained)
         overrides.pop("model_type", None)
         if attention is not None:
-            check_attention(attention, model_class(auto, lambda: transformers.AutoConfig.from_pretrained(where, **REMOTE_CODE)))
+            check_attention(attention, model_class(
+                auto, lambda: transformers.AutoConfig.from_pretrained(where, **REMOTE_CODE)))
         from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
 
         if is_head_pruned(where):  # heads sliced out (backbones.pruned_heads): built to its shapes, then loaded

@@ -3,8 +3,9 @@
 
 A full checkpoint holds the resolved backbone config and every weight, so the model is rebuilt from them alone.
 A delta-tuned or frozen-feature checkpoint holds only what trained (its frozen base is rebuilt from its source):
-the module class named in the checkpoint (one of ptm_app's: ``module_classes``) rebuilds it, and LoRA / IA3 are then merged into plain weights;
-adapters and soft prompts cannot be, and come back as ``(spec, tuned model)`` for ``export`` to save apart.
+the module class named in the checkpoint (one of ptm_app's: ``module_classes``) rebuilds it, and LoRA / IA3 are then
+merged into plain weights; adapters and soft prompts cannot be, and come back as ``(spec, tuned model)`` for
+``export`` to save apart.
 """
 from __future__ import annotations
 

@@ -111,7 +111,8 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
         from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
 
         pruned = is_head_pruned(directory)  # heads sliced out (backbones.pruned_heads): built to its shapes
-        model = load_pruned(auto_class(head), directory) if pruned else auto_class(head).from_pretrained(directory, **REMOTE_CODE)
+        model = (load_pruned(auto_class(head), directory) if pruned
+                 else auto_class(head).from_pretrained(directory, **REMOTE_CODE))
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **REMOTE_CODE)
     except (OSError, ValueError) as exc:
         raise load_error(str(directory), exc) from None

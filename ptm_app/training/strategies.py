@@ -97,9 +97,10 @@ class AtomicShardedSave:
     directory into place (``paths.replace_dir``: the old one renamed away, the new one in, the old one deleted),
     and a barrier after (the previous ``last.ckpt`` becomes ``last-1.ckpt`` only if it passes verification:
     ``checkpoint_io.worth_keeping``).  ``--ckpt_path last`` and ``export`` therefore see the previous complete
-    directory or the new complete one, never a mix (``paths.restore_replaced`` undoes a crash between the two renames).  Temp
-    directories left by a crashed save are deleted by the next save to the same target.  This covers every
-    ``trainer.save_checkpoint``: ``LastCheckpoint``'s ``last.ckpt`` and ``ModelCheckpoint``'s ``best.ckpt``.
+    directory or the new complete one, never a mix (``paths.restore_replaced`` undoes a crash between the two
+    renames).  Temp directories left by a crashed save are deleted by the next save to the same target.  This
+    covers every ``trainer.save_checkpoint``: ``LastCheckpoint``'s ``last.ckpt`` and ``ModelCheckpoint``'s
+    ``best.ckpt``.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any = None) -> None:

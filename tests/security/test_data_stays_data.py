@@ -142,7 +142,8 @@ def test_trust_checkpoint_is_the_explicit_way_to_a_foreign_class(victim, trusted
     assert main(["predict", "--ckpt_path", str(tmp_path / "own.ckpt"), "--text", "the cat"]) == 2
     assert "--trust_checkpoint" in one_error_line(capsys) and not trusted_marker.fired()
     assert main(["predict", "--ckpt_path", str(tmp_path / "own.ckpt"), "--text", "the cat", "--trust_checkpoint"]) == 0
-    assert trusted_marker.fired() and set(json.loads(capsys.readouterr().out.splitlines()[-1])["probs"]) == {"neg", "pos"}
+    assert trusted_marker.fired()
+    assert set(json.loads(capsys.readouterr().out.splitlines()[-1])["probs"]) == {"neg", "pos"}
 
 
 @pytest.mark.parametrize("setting", ["init_from", "backbone", "teacher"])
