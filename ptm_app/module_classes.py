@@ -19,19 +19,34 @@ PACKAGES = ("ptm_app.objectives", "ptm_app.adaptation", "ptm_app.compression", "
 
 
 @functools.cache
-def module_classes() -> dict[str, type]:
-    """Every name a ptm_app module class goes by -> the class."""
+def package_classes(package: str) -> dict[str, type]:
+    """Every name a module class of ``package`` (one of ``PACKAGES``) goes by -> the class."""
     from ptm_app.training.module import PtmModule
 
     table: dict[str, type] = {}
-    for package in PACKAGES:
-        exported = importlib.import_module(package)
-        for name in exported.__all__:
-            cls = getattr(exported, name)
-            if isinstance(cls, type) and issubclass(cls, PtmModule):
-                for key in (f"{cls.__module__}.{cls.__qualname__}", f"{package}.{name}", name):
-                    table[key] = cls
+    exported = importlib.import_module(package)
+    for name in exported.__all__:
+        cls = getattr(exported, name)
+        if isinstance(cls, type) and issubclass(cls, PtmModule):
+            for key in (f"{cls.__module__}.{cls.__qualname__}", f"{package}.{name}", name):
+                table[key] = cls
     return table
+
+
+def module_classes() -> dict[str, type]:
+    """The whole registry: every name a ptm_app module class goes by -> the class."""
+    return {k: v for package in PACKAGES for k, v in package_classes(package).items()}
+
+
+def registered(name: Any) -> Optional[type]:
+    """The registry's class for ``name``, or None.  Only the package the name lies in is imported (ptm_app's own
+    code, chosen among ``PACKAGES``; a bare class name needs them all); a name elsewhere imports nothing."""
+    if not isinstance(name, str):
+        return None
+    if "." not in name:
+        return module_classes().get(name)
+    package = next((p for p in PACKAGES if name.startswith(f"{p}.")), None)
+    return package_classes(package).get(name) if package is not None else None
 
 
 def _names(cls: Optional[type]) -> set[str]:
@@ -41,7 +56,7 @@ def _names(cls: Optional[type]) -> set[str]:
 def check_module_name(name: Any, source: Any, trust: bool = False, own: Optional[type] = None) -> None:
     """Refuse, in one line, a stored module class name that is not ptm_app's (nor ``own``, the class the caller
     chose), unless ``trust``; nothing is imported."""
-    if trust or (isinstance(name, str) and (name in _names(own) or name in module_classes())):
+    if trust or (isinstance(name, str) and name in _names(own)) or registered(name) is not None:
         return
     from ptm_app.checkpoints import TRUST_HINT, CheckpointUnsafe
 
@@ -53,7 +68,7 @@ def check_module_name(name: Any, source: Any, trust: bool = False, own: Optional
 def module_class(name: Any, source: Any, trust: bool = False) -> type:
     """The class a checkpoint or export names: from the registry, or (``trust`` only) imported by its name."""
     check_module_name(name, source, trust)
-    found = module_classes().get(name)
+    found = registered(name)
     if found is not None:
         return found
     from lightning.pytorch import LightningModule

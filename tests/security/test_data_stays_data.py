@@ -107,8 +107,11 @@ def test_a_symlinked_file_in_a_sharded_checkpoint_is_refused(tmp_path):
 # -- module classes ----------------------------------------------------------------------------------------------
 def test_the_registry_knows_every_name_a_checkpoint_gives_a_module_class():
     from ptm_app.adaptation import SequenceClassificationModule
-    from ptm_app.module_classes import module_class
+    from ptm_app.module_classes import module_class, module_classes, registered
     from ptm_app.objectives import MaskedLMModule
+
+    table = module_classes()
+    assert len(set(table.values())) >= 30 and all(registered(name) is cls for name, cls in table.items())
 
     # the golden fixture's two names (tests/fixtures/checkpoints/classifier_800ed2c.ckpt)
     assert module_class("ptm_app.adaptation.SequenceClassificationModule", "x") is SequenceClassificationModule
