@@ -84,10 +84,6 @@ CASES = ([(a, c) for a in CHECKPOINT_ATTACKS for c in COMMANDS]
          + [("export_module_config", c) for c in EXPORT_COMMANDS]
          + [("export_auto_map", c) for c in AUTO_MAP_DIR_COMMANDS])
 assert {a for a, _ in CASES} == {*CHECKPOINT_ATTACKS, *SHARDED_ATTACKS, *EXPORT_ATTACKS}
-# the default suite: one attack through every command, every attack through a few commands (each path that reads
-# a checkpoint: LightningCLI, ptm_app's own loader, export, a teacher); the whole matrix with make test-slow
-DEFAULT = {(a, c) for a, c in CASES
-           if a == "tokenizer_absolute" or c in ("test", "predict_text", "export", "fit_teacher")}
 
 
 class Sandbox:
@@ -130,8 +126,7 @@ def one_line(capsys) -> str:
     return errors[0]
 
 
-@pytest.mark.parametrize("kind, command", [pytest.param(a, c, id=f"{a}-{c}", marks=() if (a, c) in DEFAULT
-                                                        else pytest.mark.slow) for a, c in CASES])
+@pytest.mark.parametrize("kind, command", CASES, ids=[f"{a}-{c}" for a, c in CASES])
 def test_every_loading_command_refuses_the_attack_in_one_line(kind, command, sandbox, marker, isolated_cache, capsys):
     attack = make_attack(kind, sandbox.victim, marker, sandbox.root)
     argv = COMMANDS[command](attack, sandbox)
