@@ -8,7 +8,13 @@ Loading never executes code from a file (docs/design.md principle 11):
   (``torch.distributed.checkpoint`` unpickles ``.metadata`` with plain ``pickle``, DeepSpeed loads with
   ``weights_only=False``), so what they later unpickle is known to be plain data;
 - a file that needs more is refused in one line; ``trust=True`` (``--trust_checkpoint``) reads files you made
-  yourself with the full unpickler.
+  yourself with the full unpickler.  A command's ``--trust_checkpoint`` holds for every checkpoint it reads
+  (``trusting``): the one named, and the teachers, ``init_from`` and ``backbone`` checkpoints its model loads.
+
+What is read stays data (``check_record``): tokenizer files are restored by a fixed list of names into the target
+directory only (``write_tokenizer_files``); module classes are looked up among ptm_app's own
+(``ptm_app.module_classes``), never imported by a stored name unless trusted; a sharded directory holds no
+symlinks, and DeepSpeed's ``latest`` must name a directory inside it.
 
 Integrity: ``.ckpt`` files are zip archives with a CRC-32 per record, so truncation and flipped bytes anywhere
 are found (``zipfile.testzip``) before a run starts; ``last`` falls back to ``last-1.ckpt`` (the previous last
@@ -16,11 +22,14 @@ checkpoint, kept by every save) when the newest is unreadable.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import io
+import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -39,7 +48,27 @@ class CheckpointCorrupt(PtmError):
 
 
 class CheckpointUnsafe(PtmError):
-    """A checkpoint whose unpickling would build objects other than plain data (it could run code)."""
+    """A checkpoint whose unpickling would build objects other than plain data (it could run code), or whose data
+    would choose a path, a module or code (a tokenizer file name, a module class, a DeepSpeed ``latest``)."""
+
+
+_TRUST: contextvars.ContextVar[bool] = contextvars.ContextVar("ptm_app_trust_checkpoint", default=False)
+
+
+def trusted(trust: Optional[bool] = None) -> bool:
+    """``trust`` when given, else the running command's ``--trust_checkpoint`` (``trusting``)."""
+    return _TRUST.get() if trust is None else bool(trust)
+
+
+@contextlib.contextmanager
+def trusting(trust: Optional[bool]) -> Iterator[None]:
+    """Within the block, every checkpoint read without an explicit ``trust`` takes this one: a command's
+    ``--trust_checkpoint`` then covers the teachers, ``init_from`` and ``backbone`` checkpoints its model loads."""
+    token = _TRUST.set(trusted(trust))
+    try:
+        yield
+    finally:
+        _TRUST.reset(token)
 
 
 def _safe_types() -> list:
@@ -91,10 +120,10 @@ def _corrupt(path: Path, exc: BaseException) -> CheckpointCorrupt:
                              f"use another checkpoint (e.g. --ckpt_path last falls back to {PREVIOUS}) or re-run")
 
 
-def load_file(path: str | Path, map_location: Any = "cpu", trust: bool = False, mmap: bool = False) -> Any:
+def load_file(path: str | Path, map_location: Any = "cpu", trust: Optional[bool] = None, mmap: bool = False) -> Any:
     """``torch.load`` of one file, weights-only unless ``trust``; bad files raise one-line errors."""
     _register_safe_globals()
-    path = Path(path)
+    path, trust = Path(path), trusted(trust)
     try:
         return torch.load(path, map_location=map_location, weights_only=not trust, mmap=mmap)
     except pickle.UnpicklingError as exc:
@@ -151,14 +180,16 @@ _VERIFIED: set[tuple] = set()  # (path, trust, size, mtime) checked in this proc
 
 
 def _stamp(path: Path, trust: bool) -> tuple:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return (str(path.resolve()), trust, *((f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    """What ``verify`` remembers of a file or a directory's entries (a symlink inside stays in: it is refused)."""
+    stats = [path.stat()] if path.is_file() else [p.lstat() for p in sorted(path.rglob("*"))
+                                                  if p.is_file() or p.is_symlink()]
+    return (str(path.resolve()), trust, *((s.st_size, s.st_mtime_ns) for s in stats))
 
 
-def verify(path: str | Path, trust: bool = False) -> Path:
+def verify(path: str | Path, trust: Optional[bool] = None) -> Path:
     """Check a checkpoint file or sharded directory before anything loads it: intact, and plain data unless
     ``trust``.  Returns the path."""
-    path = Path(path)
+    path, trust = Path(path), trusted(trust)
     stamp = _stamp(path, trust) if path.exists() else None
     if stamp in _VERIFIED:
         return path
@@ -167,12 +198,50 @@ def verify(path: str | Path, trust: bool = False) -> Path:
     return path
 
 
+def mark_verified(path: str | Path) -> None:
+    """Record a checkpoint this process has just written and flushed to disk as checked (``verify`` then does
+    not read it again: the next save keeps it as the fallback without re-reading it)."""
+    _VERIFIED.add(_stamp(Path(path), trusted()))
+
+
+def _sharded_files(path: Path) -> list[Path]:
+    """Every file of a sharded checkpoint directory; a symlink anywhere inside is refused (``rglob`` would not
+    follow a linked directory, but the library that reads the format would)."""
+    files = []
+    for folder, dirs, names in os.walk(path):
+        for name in [*dirs, *names]:
+            entry = Path(folder) / name
+            if entry.is_symlink():
+                raise CheckpointUnsafe(f"{path}: refusing the sharded checkpoint: {entry.relative_to(path)} is a "
+                                       f"symlink (to {os.readlink(entry)}), and a checkpoint directory holds only "
+                                       f"its own files; copy the real files in instead")
+        files += [Path(folder) / name for name in names]
+    return sorted(files)
+
+
+def deepspeed_tag(path: Path) -> str:
+    """The checkpoint tag DeepSpeed's ``latest`` names, refused unless it is a directory inside ``path`` (DeepSpeed
+    would follow an absolute path or ``..`` and unpickle what is there with ``weights_only=False``)."""
+    try:
+        tag = (path / "latest").read_bytes()[:256].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _corrupt(path / "latest", exc) from None
+    target = path / tag
+    inside = (tag not in ("", ".", "..") and "/" not in tag and "\\" not in tag and "\0" not in tag
+              and target.is_dir() and target.resolve().parent == path.resolve())
+    if not inside:
+        raise CheckpointUnsafe(f"{path / 'latest'} names {tag[:300]!r}, not a directory inside {path}; refusing the "
+                               f"DeepSpeed checkpoint (DeepSpeed would load files from there)")
+    return tag
+
+
 def _check(path: Path, trust: bool) -> None:
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+        files = _sharded_files(path)
         if not files:
             raise CheckpointCorrupt(f"{path}: the sharded checkpoint directory is empty; use another checkpoint")
-        if (path / "latest").is_file():  # DeepSpeed's layout
+        if (path / "latest").is_file():  # DeepSpeed's layout: it unpickles the *.pt files of the tag's directory
+            deepspeed_tag(path)
             require_deepspeed("a DeepSpeed checkpoint")
             _register_deepspeed_globals()
         for file in files:
@@ -193,7 +262,7 @@ def _check(path: Path, trust: bool) -> None:
     load_file(path, trust=trust, mmap=True)  # the pickle only: storages are mapped, not read
 
 
-def resolve_last(ckpt_dir: Path, trust: bool = False) -> Path:
+def resolve_last(ckpt_dir: Path, trust: Optional[bool] = None) -> Path:
     """``last.ckpt`` in ``ckpt_dir`` if it is readable, else the previous one (``last-1.ckpt``), said in one line."""
     newest, previous = restore_replaced(ckpt_dir / LAST), restore_replaced(ckpt_dir / PREVIOUS)
     if not newest.exists() and not previous.exists():
@@ -221,7 +290,7 @@ def _global_step(path: Path) -> int | None:
         return None
 
 
-def checkpoint_path(ckpt_path: str | Path, trust: bool = False) -> Path:
+def checkpoint_path(ckpt_path: str | Path, trust: Optional[bool] = None) -> Path:
     """A checked checkpoint file or sharded directory; a run directory stands for its ``checkpoints/last.ckpt``
     (or ``last-1.ckpt`` when the newest is unreadable)."""
     path = restore_replaced(ckpt_path)  # a sharded save that crashed swapping directories: its previous one
@@ -233,7 +302,7 @@ def checkpoint_path(ckpt_path: str | Path, trust: bool = False) -> Path:
     return verify(path, trust)
 
 
-def consolidate_sharded(path: Path, trust: bool = False) -> dict:
+def consolidate_sharded(path: Path, trust: Optional[bool] = None) -> dict:
     """One full, ordinary checkpoint dict from a sharded ``.ckpt`` directory, in this process, on the CPU.
 
     FSDP (``torch.distributed.checkpoint``): Lightning's ``_load_distributed_checkpoint`` reads every shard into
@@ -249,8 +318,9 @@ def consolidate_sharded(path: Path, trust: bool = False) -> dict:
         require_deepspeed("a DeepSpeed checkpoint")
         from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
+        tag = deepspeed_tag(path)  # the checked tag, passed on: DeepSpeed does not read ``latest`` again
         with tempfile.TemporaryDirectory() as tmp:
-            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "full.ckpt")
+            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "full.ckpt", tag=tag)
     if (path / ".metadata").is_file():
         from lightning.fabric.utilities.load import _load_distributed_checkpoint
 
@@ -258,13 +328,75 @@ def consolidate_sharded(path: Path, trust: bool = False) -> dict:
     raise PtmError(f"{path} is a directory but not a sharded checkpoint (FSDP or DeepSpeed); pass a .ckpt or run dir")
 
 
-def read_checkpoint(ckpt_path: str | Path, trust: bool = False) -> dict:
-    """The whole checkpoint dict of a ptm_app run (file, sharded directory or run directory), loaded safely."""
+def read_checkpoint(ckpt_path: str | Path, trust: Optional[bool] = None) -> dict:
+    """The whole checkpoint dict of a ptm_app run (file, sharded directory or run directory), loaded safely and
+    its ptm_app record checked (``check_record``)."""
+    trust = trusted(trust)
     path = checkpoint_path(ckpt_path, trust)
     ckpt = consolidate_sharded(path, trust) if path.is_dir() else load_file(path, trust=trust)
     if not isinstance(ckpt, dict) or CKPT_KEY not in ckpt or "state_dict" not in ckpt:
         raise PtmError(f"{path} is not a ptm_app checkpoint (no backbone config inside)")
+    check_record(ckpt, path, trust)
     return ckpt
+
+
+# the names ``save_pretrained`` gives a tokenizer's text files (transformers 4 and 5, fast and slow tokenizers)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.txt", "vocab.json", "merges.txt")
+
+
+def check_tokenizer_files(files: Any, source: Any) -> dict[str, str]:
+    """The tokenizer files a checkpoint keeps (name -> text), refused in one line naming the entry unless every
+    name is one of ``TOKENIZER_FILES`` (a name is never a path: no directory, no ``..``) and the tokenizer names no
+    code of its own (``auto_map``: transformers would offer to run a ``.py`` shipped with it)."""
+    if not isinstance(files, dict):
+        raise CheckpointUnsafe(f"{source}: its tokenizer record is a {type(files).__name__}, not file name -> text; "
+                               f"refusing the checkpoint (it was altered or is not ptm_app's)")
+    for name, text in files.items():
+        if not isinstance(name, str) or name not in TOKENIZER_FILES:
+            raise CheckpointUnsafe(f"{source}: its tokenizer entry {repr(name)[:200]} is not a tokenizer file name "
+                                   f"({', '.join(TOKENIZER_FILES)}); refusing the checkpoint (it was altered or is "
+                                   f"not ptm_app's): nothing is written outside the tokenizer's directory")
+        if not isinstance(text, str):
+            raise CheckpointUnsafe(f"{source}: its tokenizer entry {name!r} holds a {type(text).__name__}, not "
+                                   f"text; refusing the checkpoint (it was altered or is not ptm_app's)")
+    config = files.get("tokenizer_config.json")
+    if config is not None:
+        from ptm_app.data.sources.references import config_json, refuse_remote_code
+
+        refuse_remote_code(config_json(config), f"{source}: its tokenizer_config.json")
+    return files
+
+
+def write_tokenizer_files(files: Any, directory: str | Path, source: Any) -> Path:
+    """Restore a checkpoint's tokenizer files into ``directory`` only (``check_tokenizer_files`` first)."""
+    directory = Path(directory)
+    for name, text in check_tokenizer_files(files, source).items():
+        (directory / name).write_text(text, encoding="utf-8")
+    return directory
+
+
+def check_record(ckpt: dict, source: Any, trust: Optional[bool] = None, own: Optional[type] = None) -> None:
+    """A checkpoint's ptm_app record is data: its tokenizer files by allowed names only, no code named by its
+    tokenizer or backbone config (``auto_map``), and its module class (``ptm_app.module`` and Lightning's
+    ``_class_path``) one of ptm_app's (``module_classes``) or ``own`` (the class the caller chose), unless ``trust``.
+    Refused in one line naming the entry."""
+    from ptm_app.data.sources.references import refuse_remote_code
+    from ptm_app.module_classes import check_module_name
+
+    record = ckpt.get(CKPT_KEY) if isinstance(ckpt, dict) else None
+    if record is None:
+        return
+    if not isinstance(record, dict):
+        raise CheckpointUnsafe(f"{source}: its {CKPT_KEY} record is a {type(record).__name__}, not a dict; "
+                               f"refusing the checkpoint (it was altered or is not ptm_app's)")
+    check_tokenizer_files(record.get("tokenizer") or {}, source)
+    hparams = ckpt.get("hyper_parameters")
+    hparams = hparams if isinstance(hparams, dict) else {}
+    refuse_remote_code(hparams.get("backbone_config"), f"{source}: its backbone_config")
+    for name in (record.get("module"), hparams.get("_class_path")):
+        if name is not None:
+            check_module_name(name, source, trusted(trust), own)
 
 
 def backbone_state(ckpt: dict) -> dict[str, torch.Tensor]:

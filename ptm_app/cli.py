@@ -5,6 +5,7 @@ Every run writes to ``checkpoints/<run_name>/`` (``$PTM_RUNS_DIR`` moves it): th
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 from pathlib import Path
@@ -32,8 +33,10 @@ import ptm_app.training.unfreezing  # noqa: F401
 from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
-from ptm_app.checkpoints import checkpoint_path, load_file, resolve_last, verify
-from ptm_app.paths import RunLock, atomic_dir, is_first_process, restore_replaced, run_name_for, runs_root
+from ptm_app.checkpoints import (CKPT_KEY, CheckpointUnsafe, check_record, checkpoint_path, load_file, resolve_last,
+                                 trusted, trusting, verify)
+from ptm_app.paths import (RunLock, atomic_dir, is_first_process, remove_interrupted_writes, restore_replaced,
+                           run_name_for, runs_root)
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
 from ptm_app.training.checkpoint_io import AtomicCheckpointIO
 from ptm_app.training.console import RunConsole, close_console_log, open_console_log, quiet_third_party
@@ -44,6 +47,7 @@ from ptm_app.training.strategies import check_checkpoint_layout, is_sharded
 from ptm_app.training.loggers import RunCSVLogger
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+MODEL_FROM_CONFIG = ("fit", "validate", "test")  # a checkpoint of another family is refused (predict takes its own)
 
 
 class RunConfigSaver(SaveConfigCallback):
@@ -80,7 +84,9 @@ class PtmCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {"exit_on_error": False, "default_env": False})
         self.run_lock = run_lock or RunLock()
         self.console_log = console_log  # copy the console to <run>/logs/console.log (closed by run_lightning)
-        super().__init__(args=args, **kwargs)
+        self._trust = contextlib.ExitStack()  # --trust_checkpoint, for every checkpoint this run reads
+        with self._trust:
+            super().__init__(args=args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_name", type=Optional[str], default=None,
@@ -90,31 +96,84 @@ class PtmCLI(LightningCLI):
         parser.add_argument("--stop_at_step", type=int, default=0,
                             help="Pause after this global step (with last.ckpt), keeping the full run's LR schedule.")
         parser.add_argument("--trust_checkpoint", type=bool, default=False,
-                            help="Read --ckpt_path even if it holds more than plain data (its unpickling can run "
-                                 "code): only for checkpoints you made yourself.")
+                            help="Read --ckpt_path, and the teacher, init_from and backbone checkpoints, even if they "
+                                 "hold more than plain data or name a module class outside ptm_app (their loading "
+                                 "can run code): only for checkpoints you made yourself.")
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
         argv = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:]
         type_dict_overrides(self.config, argv)
         count_validation_in_global_steps(self.config, argv)
+        subcommand = self.config.get("subcommand")
+        sub = self.config[subcommand] if subcommand else self.config
+        self._trust.enter_context(trusting(bool(sub.get("trust_checkpoint"))))
 
     def _parse_ckpt_path(self) -> None:
         """Lightning's step that reads an explicit ``--ckpt_path`` file's hyper-parameters into the model config,
         through the checkpoint layer: the file is checked (intact; plain data unless ``--trust_checkpoint``) and
-        only its pickle is read (tensors memory-mapped), so a damaged or crafted file is one line, not a traceback."""
+        only its pickle is read (tensors memory-mapped), so a damaged or crafted file is one line, not a traceback.
+        Its record is checked (``checkpoints.check_record``) and its module class looked up among ptm_app's
+        (``module_classes``: a stored name is never imported unless trusted); fit, validate and test refuse a
+        checkpoint of another model family than the config's (``_check_family``)."""
         subcommand = self.config.get("subcommand")
         cfg = self.config[subcommand] if subcommand else None
         if cfg is None or not cfg.get("ckpt_path") or not Path(cfg.ckpt_path).is_file():
             return
-        trust = bool(cfg.get("trust_checkpoint"))
-        hparams = dict(load_file(verify(cfg.ckpt_path, trust), trust=trust, mmap=True).get("hyper_parameters", {}))
+        ckpt = self._read_pickle(cfg.ckpt_path)
+        self._check_family(ckpt, cfg.ckpt_path, subcommand)
+        hparams = dict(ckpt.get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         if not hparams:
             return
         if "_class_path" in hparams:
-            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+            from ptm_app.module_classes import module_class
+
+            cls = module_class(hparams.pop("_class_path"), cfg.ckpt_path, trusted())
+            hparams = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "dict_kwargs": hparams}
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+
+    @staticmethod
+    def _read_pickle(path) -> dict:
+        """A checkpoint file's pickle (checked; tensors memory-mapped) with its record checked."""
+        ckpt = load_file(verify(path), mmap=True)
+        if not isinstance(ckpt, dict) or not isinstance(ckpt.get("hyper_parameters") or {}, dict):
+            raise CheckpointUnsafe(f"{path}: not a checkpoint dict with a hyper_parameters dict; refusing it")
+        check_record(ckpt, path)
+        return ckpt
+
+    def _check_family(self, ckpt: dict, path, subcommand: Optional[str]) -> None:
+        """fit, validate and test take their model from the config: a checkpoint of another module class is refused
+        in one line naming both, unless one class derives from the other with the same head and task kind (a
+        checkpoint's class replaces the config's, as Lightning does; predict and export take the checkpoint's)."""
+        if subcommand not in MODEL_FROM_CONFIG:
+            return
+        from ptm_app.module_classes import module_class
+
+        stored = (ckpt.get("hyper_parameters") or {}).get("_class_path") or (ckpt.get(CKPT_KEY) or {}).get("module")
+        configured = self._configured_model_class(subcommand)
+        if stored is None or configured is None:
+            return
+        theirs = module_class(stored, path, trusted())
+        if theirs is configured:
+            return
+        related = issubclass(theirs, configured) or issubclass(configured, theirs)
+        same = all(getattr(theirs, a, None) == getattr(configured, a, None) for a in ("head", "task_kind"))
+        if not (related and same):
+            raise PtmError(f"--ckpt_path {path} holds a {_family(theirs)}, but the config's model is a "
+                           f"{_family(configured)}; {subcommand} takes its model from the config: give the config "
+                           f"that trained the checkpoint (its run's config.yaml), or use predict / export, which "
+                           f"take the model from the checkpoint")
+
+    def _configured_model_class(self, subcommand: str) -> Optional[type]:
+        """The model class the parsed config names (jsonargparse imported it while parsing the user's config)."""
+        model = self.config[subcommand].get("model")
+        name = model.get("class_path") if model is not None and hasattr(model, "get") else None
+        if not isinstance(name, str):
+            return None
+        module_path, _, attr = name.rpartition(".")
+        found = getattr(sys.modules.get(module_path), attr, None)
+        return found if isinstance(found, type) else None
 
     # -- run directory ----------------------------------------------------------------------
     def _sub(self):
@@ -137,13 +196,21 @@ class PtmCLI(LightningCLI):
             if self.console_log:  # <run>/logs/console.log: the console and the third-party noise
                 open_console_log(self.run_dir)
             print(f"run directory: {self.run_dir}", flush=True)
+            for where in (self.run_dir, self.run_dir / "checkpoints"):
+                removed = remove_interrupted_writes(where)
+                if removed:
+                    print(f"note: removed {len(removed)} temp file(s) left in {where} by an interrupted save: "
+                          f"{', '.join(removed[:5])}{' ...' if len(removed) > 5 else ''}", flush=True)
             if self.subcommand == "fit" and not cfg.get("ckpt_path") and any((self.run_dir / "checkpoints").glob("*")):
                 print(f"note: {self.run_dir / 'checkpoints'} holds an earlier fit's checkpoints; this fit starts "
                       f"afresh and replaces them (to continue that fit, pass --ckpt_path last)", flush=True)
         if cfg.get("ckpt_path"):
-            trust = bool(cfg.get("trust_checkpoint"))
+            trust = trusted()
+            named_file = Path(cfg.ckpt_path).is_file()
             cfg.ckpt_path = str(self._checkpoint(cfg.ckpt_path, trust))
             cfg.weights_only = not trust  # Lightning's own loaders: torch's weights-only unpickler
+            if not named_file and Path(cfg.ckpt_path).is_file():  # last, best or a run directory: checked here
+                self._check_family(self._read_pickle(cfg.ckpt_path), cfg.ckpt_path, self.subcommand)
 
     def _checkpoint(self, ckpt_path: str, trust: bool) -> Path:
         """``last`` (falling back to ``last-1`` if the newest is unreadable), ``best`` or a path, checked to be
@@ -194,6 +261,12 @@ class PtmCLI(LightningCLI):
         user_callbacks = trainer_cfg.get("callbacks") or []
         kwargs["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
         return super().instantiate_trainer(**kwargs)
+
+
+def _family(cls: type) -> str:
+    """A module class with its head and task kind, for messages."""
+    kind = getattr(cls, "task_kind", None)
+    return f"{cls.__name__} ({getattr(cls, 'head', '?')} head" + (f", {kind} task)" if kind else ")")
 
 
 def type_dict_overrides(config, argv: list[str]) -> None:

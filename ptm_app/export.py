@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import yaml
 
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone
-from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint
+from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint, trusted, trusting, write_tokenizer_files
 from ptm_app.errors import PtmError
 from ptm_app.model_card import model_card, run_directory
 from ptm_app.paths import atomic_dir
@@ -20,7 +20,7 @@ from ptm_app.paths import atomic_dir
 EXPORT_INFO = "ptm_app_export.json"  # the head and module class of the run, its data settings and precision
 
 
-def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool = False,
+def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: Optional[bool] = None,
                       also: Optional[Callable[[Path], object]] = None) -> Path:
     """Write ``output_dir`` atomically: model weights + config, tokenizer files, provenance, a model card
     (``README.md``, ``model_card.model_card``).
@@ -31,10 +31,15 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
     Weights the module keeps outside the transformers model (a scalar mix and feature head, multitask heads,
     K-Adapter's switchable adapters and head) go to ``module_weights.safetensors`` with ``module_config.json``;
     ``load_exported_module`` rebuilds the whole module from the directory.  ``also(directory)`` adds more files
-    before the directory appears (``--format onnx``: ``inference.onnx_export.write_onnx``)."""
-    ckpt = read_checkpoint(ckpt_path, trust)
+    before the directory appears (``--format onnx``: ``inference.onnx_export.write_onnx``).  ``trust``
+    (``--trust_checkpoint``) covers every checkpoint the export reads (``checkpoints.trusting``)."""
+    with trusting(trust):
+        return _export(ckpt_path, Path(output_dir), also)
+
+
+def _export(ckpt_path: str | Path, output_dir: Path, also: Optional[Callable[[Path], object]]) -> Path:
+    ckpt = read_checkpoint(ckpt_path)
     model, delta = checkpoint_backbone(ckpt)
-    output_dir = Path(output_dir)
     with atomic_dir(output_dir) as tmp:
         if delta is not None:
             from ptm_app.backbones.delta import save_delta, save_base
@@ -48,8 +53,7 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: bool
             save_base(tuned, tmp)  # adapters the module owns (K-Adapter) go to its module weights
         else:
             model.save_pretrained(tmp)
-        for name, text in ckpt[CKPT_KEY].get("tokenizer", {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
+        write_tokenizer_files(ckpt[CKPT_KEY].get("tokenizer") or {}, tmp, ckpt_path)
         save_module_weights(ckpt, tmp)
         provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt[CKPT_KEY]["head"],
                       "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
@@ -126,32 +130,37 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
     return True
 
 
-def load_exported_module(directory: str | Path):
+def load_exported_module(directory: str | Path, trust: Optional[bool] = None):
     """The LightningModule of an exported run, rebuilt from the directory alone: its backbone from the saved
     transformers model (+ an unmerged delta: adapters, a soft prompt), its own weights (heads, a scalar mix ...) from
-    ``module_weights.safetensors``."""
-    import importlib
+    ``module_weights.safetensors``.  The module class is one of ptm_app's (``module_classes``) unless ``trust``."""
     import inspect
 
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
+
+    from ptm_app.data.sources.references import load_tokenizer_dir
+    from ptm_app.module_classes import module_class
 
     directory = Path(directory)
     if not (directory / MODULE_CONFIG).is_file():
         raise PtmError(f"{directory} has no {MODULE_CONFIG}: this export is a plain transformers model; "
                        f"load it with AutoModel*.from_pretrained")
-    spec = json.loads((directory / MODULE_CONFIG).read_text())
-    module_path, _, name = spec["module"].rpartition(".")
-    cls = getattr(importlib.import_module(module_path), name)
+    try:
+        spec = json.loads((directory / MODULE_CONFIG).read_text())
+        name, hparams = spec["module"], dict(spec["hparams"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PtmError(f"{directory / MODULE_CONFIG} is damaged ({type(exc).__name__}: {exc}); export the run "
+                       f"again") from None
+    cls = module_class(name, directory / MODULE_CONFIG, trusted(trust))
     accepted = set(inspect.signature(cls).parameters)  # drops CLI bookkeeping such as _class_path
-    hparams = {k: v for k, v in spec["hparams"].items() if k in accepted}
+    hparams = {k: v for k, v in hparams.items() if k in accepted}
     from ptm_app.backbones.delta import CONFIG_FILE, DELTA_FILE, load_delta_state_dict
 
     unmerged = (directory / CONFIG_FILE).is_file()  # adapters / prompts: base + delta.safetensors
     if not unmerged:
         hparams.pop("delta", None)  # LoRA / IA3 / BitFit are already in the saved weights
     module = cls(backbone=str(directory), **hparams)
-    module.tokenizer = AutoTokenizer.from_pretrained(directory)
+    module.tokenizer = load_tokenizer_dir(directory)
     module.build()
     if unmerged and getattr(module, "delta", None) is not None:  # the module re-applied the same spec
         load_delta_state_dict(module.backbone, load_file(str(directory / DELTA_FILE)))
@@ -160,7 +169,8 @@ def load_exported_module(directory: str | Path):
     missing, unexpected = module.load_state_dict(weights, strict=False)
     own = [k for k in missing if not k.startswith(BACKBONE_PREFIX)]
     if own or unexpected:
-        raise PtmError(f"{directory}: module weights do not fit {name} (missing {own[:3]}, unexpected {unexpected[:3]})")
+        raise PtmError(f"{directory}: module weights do not fit {cls.__name__} (missing {own[:3]}, "
+                       f"unexpected {unexpected[:3]})")
     return module.eval()
 
 

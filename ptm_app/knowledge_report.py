@@ -30,7 +30,7 @@ from unittest import mock
 
 from ptm_app.config_errors import read_yaml
 from ptm_app.errors import PtmError
-from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
+from ptm_app.paths import check_run_name, require_markers, run_path, runs_root, write_between_markers, write_json
 
 PROBE_KEYS = {"relation", "facts", "seed", "held_out"}
 PLAN_KEYS = {"name", "pretrain_args", "task_args", "probe", "link_prediction", "tasks", "models"}
@@ -47,6 +47,7 @@ def load_knowledge_plan(path: str | Path) -> dict:
     if unknown or not plan.get("name") or not plan.get("models") or not plan.get("tasks"):
         raise PtmError(f"knowledge plan {path}: needs 'name', 'tasks' and 'models' (optional 'pretrain_args', "
                        f"'task_args', 'probe', 'link_prediction'); unknown keys: {sorted(unknown) or 'none'}")
+    check_run_name(plan["name"], f"knowledge plan {path}: name")
     if not isinstance(plan["tasks"], dict) or not isinstance(plan["models"], list) \
             or not all(isinstance(m, dict) for m in plan["models"]):
         raise PtmError(f"knowledge plan {path}: 'tasks' maps task names to settings and 'models' is a list of "
@@ -85,7 +86,7 @@ def load_knowledge_plan(path: str | Path) -> dict:
 
 
 def run_dir(plan: dict, model: dict, cell: str) -> Path:
-    return runs_root() / f"{plan['name']}-{model['id']}-{cell}"
+    return run_path(f"{plan['name']}-{model['id']}-{cell}", "the knowledge plan's name, model id and cell give")
 
 
 def cells(plan: dict, model: dict) -> list[tuple[dict, list[str]]]:
@@ -114,14 +115,14 @@ def cells(plan: dict, model: dict) -> list[tuple[dict, list[str]]]:
 def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
     """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
     probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
-    from ptm_app.sweep import cell_fingerprint, is_done, record_cell, run_cell
+    from ptm_app.sweep import cell_fingerprint, is_done, record_cell, run_cell, run_name
 
     failed = []
     models = [m for m in plan["models"] if not only or m["id"] in only]
     todo = [(m, cell, common) for m in models for cell, common in cells(plan, m)]
     upstream: dict[str, list[str]] = {}  # per model: the fingerprints of its pre-training or adapters
     for i, (model, cell, common) in enumerate(todo, 1):
-        where = runs_root() / f"{plan['name']}-{cell['name'].replace('/', '-')}"  # sweep.run_name's directory
+        where = runs_root() / run_name(plan, cell)
         if any(f.startswith(f"{model['id']}/") for f in failed):
             continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
         cell_plan = {"name": plan["name"], "common": common, "test": True}

@@ -5,10 +5,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+from ptm_app.errors import PtmError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,9 +31,46 @@ def runs_root() -> Path:
     return Path(os.environ.get("PTM_RUNS_DIR") or "checkpoints").expanduser().resolve()
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_run_name(name: Any, what: str = "--run_name") -> str:
+    """``name`` if it is one directory name (letters, digits, ``.``, ``_``, ``-``; not ``.`` or ``..``), so a run
+    directory stays inside the runs directory; else one line."""
+    if isinstance(name, str) and RUN_NAME.fullmatch(name) and name not in (".", ".."):
+        return name
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("._") or "my_run"
+    raise PtmError(f"{what} {str(name)[:120]!r}: a run name is one directory name of letters, digits, '.', '_' and '-' "
+                 f"(not '.' or '..'), so the run stays inside the runs directory; use e.g. --run_name {safe}")
+
+
 def run_name_for(name: Optional[str], configs: list) -> Optional[str]:
-    """A run's name: ``name`` (``--run_name`` or the config's ``run_name``), else the last config file's stem."""
-    return name or (Path(str(configs[-1])).stem if configs else None)
+    """A run's name: ``name`` (``--run_name`` or the config's ``run_name``), else the last config file's stem;
+    either is checked to be one directory name (``check_run_name``)."""
+    if name:
+        return check_run_name(name)
+    if not configs:
+        return None
+    return check_run_name(Path(str(configs[-1])).stem, f"the run name from the config file {configs[-1]}")
+
+
+def run_path(name: str, what: str = "run_name") -> Path:
+    """The directory of the run ``name`` under the runs directory (``check_run_name``)."""
+    return runs_root() / check_run_name(name, what)
+
+
+def remove_interrupted_writes(directory: str | os.PathLike) -> list[str]:
+    """Delete the temp files and directories that ``atomic_file``, ``atomic_dir`` and ``keep_copy`` leave in
+    ``directory`` when a process is killed mid-write (``.<name>.tmp-*``); returns their names.  Only for a directory
+    no other process writes (a run directory under its ``RunLock``)."""
+    removed = []
+    for entry in sorted(Path(directory).glob(".*.tmp-*")) if Path(directory).is_dir() else []:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+    return removed
 
 
 @contextlib.contextmanager
@@ -187,8 +227,6 @@ def _marker_split(text: str, name: str) -> Optional[tuple[str, str, str, str]]:
 def require_markers(path: str | os.PathLike, name: str) -> None:
     """Refuse, in one line, a document that is missing or has no ``<!-- name:start/end -->`` section (checked
     before a long report runs, not after)."""
-    from ptm_app.errors import PtmError
-
     path = Path(path)
     if not path.is_file():
         raise PtmError(f"readme {path} not found; give an existing file with the lines '<!-- {name}:start -->' and "
@@ -256,8 +294,6 @@ class RunLock:
             fh.seek(0)
             owner = fh.read().strip() or "another process"
             fh.close()
-            from ptm_app.errors import PtmError
-
             raise PtmError(f"run directory {self.path.parent} is in use by {owner}; wait for it to finish, "
                            f"or give this run another --run_name") from None
         fh.seek(0)

@@ -25,7 +25,7 @@ import yaml
 
 from ptm_app.config_errors import read_yaml
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root, write_json
+from ptm_app.paths import check_run_name, runs_root, write_json
 
 CELL_KEYS = {"name", "config", "args", "fit", "test_ckpt"}
 CELL_FILE = "cell.json"
@@ -47,11 +47,14 @@ def load_plan(path: str | Path) -> dict:
                            f"(optional 'args', 'fit', 'test_ckpt'); unknown keys: {sorted(bad) or 'none'}")
         if not Path(cell["config"]).is_file():
             raise PtmError(f"sweep plan {path}: cell {cell['name']}: config {cell['config']} not found")
+        run_name(plan, cell, path)
     return plan
 
 
-def run_name(plan: dict, cell: dict) -> str:
-    return f"{plan['name']}-{cell['name'].replace('/', '-')}"
+def run_name(plan: dict, cell: dict, path: str | Path = "sweep plan") -> str:
+    """The cell's run directory name (one directory name: ``paths.check_run_name``)."""
+    return check_run_name(f"{plan['name']}-{str(cell['name']).replace('/', '-')}",
+                          f"{path}: the name and cell name give the run name")
 
 
 def is_done(run_dir: Path, fingerprint: Optional[str] = None) -> bool:

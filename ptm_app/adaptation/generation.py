@@ -112,7 +112,7 @@ def backbone_model_type(backbone: Optional[str], backbone_config: Optional[dict]
 
         where = model_dir(backbone)
         try:
-            return transformers.AutoConfig.from_pretrained(where).model_type
+            return transformers.AutoConfig.from_pretrained(where, trust_remote_code=False).model_type
         except (OSError, ValueError) as exc:
             raise load_error(backbone, exc) from None
     model_type = (backbone_config or {}).get("model_type")
@@ -206,12 +206,15 @@ class GenerationModule(PtmModule):
         if self.architecture != "bert2bert" or not self.hparams.backbone:
             return build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config,
                                   **self.config_updates())
+        import transformers
         from transformers import EncoderDecoderModel
 
         where = model_dir(self.hparams.backbone)
         overrides = {f"{side}_{k}": v for k, v in (self.hparams.backbone_config or {}).items() for side in
                      ("encoder", "decoder") if k != "model_type"}
         try:
+            if getattr(transformers.AutoConfig.from_pretrained(where, trust_remote_code=False), "auto_map", None):
+                raise ValueError("its config names custom code (auto_map; trust_remote_code is off)")
             model = EncoderDecoderModel.from_encoder_decoder_pretrained(where, where, **overrides)
         except (OSError, ValueError) as exc:
             raise load_error(self.hparams.backbone, exc) from None
@@ -219,7 +222,7 @@ class GenerationModule(PtmModule):
         if tok is None:  # built before the data module: the encoder's own tokenizer has its special ids
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(where)
+            tok = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
         if tok.cls_token_id is None or tok.sep_token_id is None:
             raise PtmError("architecture=bert2bert needs a BERT-style tokenizer ([CLS]/[SEP]); use the encoder's own "
                            "(data.init_args.tokenizer.pretrained: the same as model.init_args.backbone)")

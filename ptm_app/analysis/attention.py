@@ -22,7 +22,7 @@ from ptm_app.analysis.probe_tasks import PROBE_TASKS, load_examples
 from ptm_app.analysis.representations import Encoder, load_encoder, token_words, word_spans
 from ptm_app.data.sources import prepared_dir
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root, write_json
+from ptm_app.paths import run_path, write_json
 
 COLUMNS = ["model", "layer", "head", *MEASURES, *RELATIONS]
 TITLES = {"entropy": "entropy (nats)", "to_cls": "attention to [CLS]", "to_sep": "attention to [SEP]",
@@ -135,7 +135,7 @@ def attention(models: list[str] = ["minilm"], split: Literal["train", "validatio
 
     task = PROBE_TASKS["brown_pos"]
     prepared_dir(task.name)
-    out = Path(output_dir) if output_dir else runs_root() / run_name
+    out = Path(output_dir) if output_dir else run_path(run_name)
     examples = load_examples(task, split, sentences, seed)
     rows, best = [], []
     for ref in models:

@@ -20,7 +20,7 @@ from ptm_app.analysis.probes import word_type
 from ptm_app.analysis.representations import Examples, Features, cached_layers, load_encoder
 from ptm_app.data.sources import prepared_dir
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root, write_json
+from ptm_app.paths import run_path, write_json
 
 COLUMNS = ["model", "layer", "self_similarity", "intra_sentence", "mev", "anisotropy", "baseline_mev",
            "self_similarity_adjusted", "intra_sentence_adjusted", "mev_adjusted", "words", "sentences"]
@@ -119,7 +119,7 @@ def contextuality(models: list[str] = ["minilm"], split: Literal["train", "valid
 
     task = PROBE_TASKS["brown_pos"]
     prepared_dir(task.name)  # one line saying how to prepare it, before any model is loaded
-    out = Path(output_dir) if output_dir else runs_root() / run_name
+    out = Path(output_dir) if output_dir else run_path(run_name)
     rows = []
     for ref in models:
         encoder = load_encoder(ref)

@@ -33,7 +33,7 @@ from ptm_app.analysis.knowledge_facts import (SLOT, SUBJECT, WORDNET_RELATIONS, 
                                              valid_objects)
 from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import logits_at
-from ptm_app.paths import atomic_file, runs_root, write_json
+from ptm_app.paths import atomic_file, run_path, write_json
 
 COLUMNS = ["model", "relation", "ranking", "facts", "multi_token", "p_at_1", "p_at_10", "mrr"]
 TOP = 10
@@ -53,7 +53,7 @@ def is_masked_lm(where: str) -> bool:
     """Masked when transformers has a masked-LM class for the config (BERT, RoBERTa ...), else causal."""
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(where)
+    config = transformers.AutoConfig.from_pretrained(where, trust_remote_code=False)
     return type(config) in transformers.MODEL_FOR_MASKED_LM_MAPPING
 
 
@@ -69,7 +69,7 @@ def load_language_model(ref: str) -> LanguageModel:
     name = Path(ref).name if Path(ref).exists() else ref
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(where)
+            tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
             masked = is_masked_lm(where)
     except (OSError, ValueError) as exc:
         raise load_error(ref, exc) from None
@@ -344,7 +344,7 @@ def knowledge_probe(models: list[str] = ["smollm2"],
     for name, path in files.items():
         facts = read_facts(path, templates.get(keys[name]))
         loaded[name] = (facts, valid_objects(facts), sample_facts(facts, facts_per_relation, seed))
-    out = Path(output_dir) if output_dir else runs_root() / run_name
+    out = Path(output_dir) if output_dir else run_path(run_name)
     rows, predictions = [], []
     for ref in models:
         lm = load_language_model(ref)

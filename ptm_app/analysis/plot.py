@@ -123,6 +123,6 @@ def plot(runs: list[str], metrics: Optional[list[str]] = None, output: Optional[
 def plot_command(argv: list[str]) -> int:
     from ptm_app.analysis.settings import run_command
 
-    path = run_command(plot, argv, "plot", positional="runs")
+    path = run_command(plot, argv, "plot", positional="runs", loads_checkpoints=False)
     print(f"wrote {path}")
     return 0

@@ -22,7 +22,7 @@ from ptm_app.analysis.probes import (ProbeSettings, Standardizer, accuracy, cent
                                      word_type)
 from ptm_app.analysis.representations import Encoder, Examples, Features, cached_layers, load_encoder
 from ptm_app.data.sources import prepared_dir
-from ptm_app.paths import runs_root, write_json
+from ptm_app.paths import run_path, write_json
 
 TaskName = Literal["brown_pos", "bbc", "wordnet_pairs"]
 LAYER_COLUMNS = ["model", "task", "layer", "accuracy", "control", "selectivity", "mix_weight"]
@@ -204,7 +204,7 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
         prepared_dir(task.name)  # one line saying how to prepare it, before any model is loaded
     settings = ProbeSettings(kind=probe, hidden_size=hidden_size, optimizer=optimizer, steps=steps, lr=lr,
                              weight_decay=weight_decay, batch_size=batch_size, seed=seed)
-    out = Path(output_dir) if output_dir else runs_root() / run_name
+    out = Path(output_dir) if output_dir else run_path(run_name)
     rows, gravity = [], []
     for ref in models:
         encoder = load_encoder(ref)

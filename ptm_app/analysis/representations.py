@@ -109,7 +109,7 @@ def load_encoder(ref: str, attention: bool = False) -> Encoder:
     where = model_dir(ref)
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(where)
+            tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise load_error(ref, exc) from None
     if not getattr(tokenizer, "is_fast", False):

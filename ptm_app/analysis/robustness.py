@@ -18,7 +18,7 @@ import torch
 
 from ptm_app.analysis.perturbations import PERTURBATIONS, count_words, perturb
 from ptm_app.errors import PtmError
-from ptm_app.paths import runs_root, write_json
+from ptm_app.paths import run_path, write_json
 
 COLUMNS = ["model", "perturbation", "rate", "words_changed", "accuracy", "f1_macro", "accuracy_drop", "f1_drop",
            "examples"]
@@ -184,7 +184,7 @@ def robustness(runs: list[str], checkpoint: Literal["best", "last"] = "best",
         from ptm_app.analysis.perturbations import wordnet_synonyms
 
         synonyms = wordnet_synonyms()
-    out = Path(output_dir) if output_dir else runs_root() / run_name
+    out = Path(output_dir) if output_dir else run_path(run_name)
     rows = []
     for run in runs:
         ckpt, config = run_files(run, checkpoint)

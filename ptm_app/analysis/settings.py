@@ -10,23 +10,33 @@ from ptm_app.config_errors import one_line
 from ptm_app.errors import PtmError
 
 
-def run_command(function: Callable[..., Any], argv: list[str], prog: str, positional: str | None = None) -> Any:
+def run_command(function: Callable[..., Any], argv: list[str], prog: str, positional: str | None = None,
+                loads_checkpoints: bool = True) -> Any:
     """Parse ``argv`` (``--config FILE.yaml``, ``--key value``, ``--key v1 v2 ...`` for list settings, and the
-    leading values for the list setting ``positional``) into ``function``'s arguments and call it."""
+    leading values for the list setting ``positional``) into ``function``'s arguments and call it.  A command that
+    loads models also takes ``--trust_checkpoint``, which holds for every checkpoint it reads
+    (``checkpoints.trusting``)."""
+    from ptm_app.checkpoints import trusting
     from ptm_app.training.console import quiet_third_party
 
-    settings = parse_settings(function, argv, prog, positional)
+    settings = parse_settings(function, argv, prog, positional, loads_checkpoints)
+    trust = settings.pop("trust_checkpoint", False)
     quiet_third_party()  # the known third-party notices stay off the console, as in a training run
-    return function(**settings)
+    with trusting(trust):
+        return function(**settings)
 
 
 def parse_settings(function: Callable[..., Any], argv: list[str], prog: str,
-                   positional: str | None = None) -> dict[str, Any]:
+                   positional: str | None = None, loads_checkpoints: bool = False) -> dict[str, Any]:
     from jsonargparse import ArgumentError, ArgumentParser
 
     parser = ArgumentParser(prog=f"main.py {prog}", description=(function.__doc__ or "").splitlines()[0],
                             exit_on_error=False)
     parser.add_argument("--config", action="config", help="a YAML file with any of the settings below")
+    if loads_checkpoints:
+        parser.add_argument("--trust_checkpoint", type=bool, default=False,
+                            help="read checkpoints you made yourself even if they hold more than plain data or name "
+                                 "a module class outside ptm_app (their loading can run code)")
     parser.add_function_arguments(function, as_positional=positional is not None)
     list_keys = {name for name, kind in function.__annotations__.items() if _is_list(kind)}
     try:

@@ -23,7 +23,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone_dir, is_checkpoint
 from ptm_app.backbones.heads import HEADS, auto_class, from_config  # noqa: F401  (the builder's vocabulary)
-from ptm_app.data.sources.references import load_error, resolve_pretrained
+from ptm_app.data.sources.references import REMOTE_CODE, load_error, resolve_pretrained
 from ptm_app.errors import PtmError
 
 def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict], **updates: Any):
@@ -35,7 +35,8 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         where = model_dir(pretrained)
         overrides.pop("model_type", None)
         if attention is not None:
-            check_attention(attention, model_class(auto, lambda: transformers.AutoConfig.from_pretrained(where)))
+            check_attention(attention, model_class(
+                auto, lambda: transformers.AutoConfig.from_pretrained(where, **REMOTE_CODE)))
         from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
 
         if is_head_pruned(where):  # heads sliced out (backbones.pruned_heads): built to its shapes, then loaded
@@ -43,7 +44,7 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
             model.ptm_missing_keys = ()
             return model
         try:
-            model, info = auto.from_pretrained(where, output_loading_info=True, **overrides)
+            model, info = auto.from_pretrained(where, output_loading_info=True, **REMOTE_CODE, **overrides)
         except ImportError as exc:  # a declared implementation this machine cannot run (flash-attn)
             raise attention_error(attention, exc) from None
         except (OSError, ValueError) as exc:

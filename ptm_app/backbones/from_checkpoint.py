@@ -3,8 +3,9 @@
 
 A full checkpoint holds the resolved backbone config and every weight, so the model is rebuilt from them alone.
 A delta-tuned or frozen-feature checkpoint holds only what trained (its frozen base is rebuilt from its source):
-the module class named in the checkpoint rebuilds it, and LoRA / IA3 are then merged into plain weights;
-adapters and soft prompts cannot be, and come back as ``(spec, tuned model)`` for ``export`` to save apart.
+the module class named in the checkpoint (one of ptm_app's: ``module_classes``) rebuilds it, and LoRA / IA3 are then
+merged into plain weights; adapters and soft prompts cannot be, and come back as ``(spec, tuned model)`` for
+``export`` to save apart.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from ptm_app.backbones.heads import from_config
 from ptm_app.backbones.sense_input import fold_sense_input
-from ptm_app.checkpoints import CKPT_KEY, as_file, backbone_state, read_checkpoint
+from ptm_app.checkpoints import CKPT_KEY, as_file, backbone_state, read_checkpoint, trusted, write_tokenizer_files
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root
 
@@ -48,13 +49,14 @@ def rebuild_backbone(ckpt: dict) -> nn.Module:
     return model.eval()
 
 
-def module_from_checkpoint(ckpt: dict, trust: bool = False) -> nn.Module:
-    """The module class named in the checkpoint rebuilds its frozen base from the source and loads what trained
-    (the dict was read and checked once: Lightning gets it as an in-memory file, consolidated shards included)."""
-    import importlib
+def module_from_checkpoint(ckpt: dict, trust: Optional[bool] = None, source: object = "the checkpoint") -> nn.Module:
+    """The module class named in the checkpoint (looked up among ptm_app's: ``module_classes.module_class``)
+    rebuilds its frozen base from the source and loads what trained (the dict was read and checked once: Lightning
+    gets it as an in-memory file, consolidated shards included)."""
+    from ptm_app.module_classes import module_class
 
-    module_path, _, name = ckpt[CKPT_KEY]["module"].rpartition(".")
-    cls = getattr(importlib.import_module(module_path), name)
+    trust = trusted(trust)
+    cls = module_class(ckpt[CKPT_KEY].get("module"), source, trust)
     return cls.load_from_checkpoint(as_file(ckpt), map_location="cpu", weights_only=not trust)
 
 
@@ -95,6 +97,5 @@ def checkpoint_backbone_dir(ckpt_path: str | Path) -> Path:
                        f"start from it with init_from (or export it and use backbones.delta.load_delta)")
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp)
-        for name, text in ckpt[CKPT_KEY].get("tokenizer", {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
+        write_tokenizer_files(ckpt[CKPT_KEY].get("tokenizer") or {}, tmp, ckpt_path)
     return target

@@ -25,10 +25,14 @@ def auto_class(head: str):
     return getattr(transformers, HEADS[head])
 
 
-def from_config(head: str, config):
-    """Instantiate a head class from a config (Auto classes and concrete classes alike)."""
-    cls = auto_class(head)
-    model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+def from_config(head, config):
+    """Instantiate a head class (a head name or the class) from a config (Auto classes and concrete classes alike;
+    never the code a config's ``auto_map`` names)."""
+    cls = auto_class(head) if isinstance(head, str) else head
+    if hasattr(cls, "from_config"):  # an Auto class
+        model = cls.from_config(config, trust_remote_code=False)
+    else:
+        model = cls._from_config(config)
     if getattr(config, "pruned_heads", None):  # a head-pruned model (backbones.pruned_heads): its smaller shapes
         from ptm_app.backbones.pruned_heads import restructure
 

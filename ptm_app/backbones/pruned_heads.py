@@ -153,8 +153,11 @@ def load_pruned(auto, directory, **kwargs) -> nn.Module:
     from safetensors.torch import load_file
     from pathlib import Path
 
-    config = transformers.AutoConfig.from_pretrained(directory, **kwargs)
-    model = restructure(auto.from_config(config) if hasattr(auto, "from_config") else auto._from_config(config))
+    from ptm_app.backbones.heads import from_config
+    from ptm_app.data.sources.references import REMOTE_CODE
+
+    config = transformers.AutoConfig.from_pretrained(directory, **REMOTE_CODE, **kwargs)
+    model = restructure(from_config(auto, config))
     state = {}
     for file in sorted(Path(directory).glob("*.safetensors")):
         if file.name.startswith("model"):

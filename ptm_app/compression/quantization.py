@@ -389,7 +389,7 @@ def load_quantized(directory, head: Optional[str] = None) -> nn.Module:
 
     directory = Path(directory)
     info = json.loads((directory / QUANT_CONFIG).read_text())
-    config = transformers.AutoConfig.from_pretrained(directory)
+    config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False)
     state = load_file(str(directory / QUANT_WEIGHTS))
     linears = set(info["modules"])
     int8 = {name: (state.pop(f"{name}.weight_int8"), float(state.pop(f"{name}.weight_scale")),

@@ -60,7 +60,7 @@ def run_teacher(where: str, head: str):
         return None  # another head (an MLM run ...): its encoder, through the export cache
     model, unmerged = checkpoint_backbone(ckpt)
     files = ckpt[CKPT_KEY].get("tokenizer")
-    return (model if model is not None else unmerged[1]), (tokenizer_from_files(files) if files else None)
+    return (model if model is not None else unmerged[1]), (tokenizer_from_files(files, where) if files else None)
 
 
 def teacher_tokenizer(directory: str):
@@ -68,7 +68,7 @@ def teacher_tokenizer(directory: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(directory)
+        return AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
     except (OSError, ValueError, TypeError):
         return None
 

@@ -53,7 +53,7 @@ def load_tokenizer(spec: TokenizerSpec, corpus: Callable[[], Iterable[str]] | No
     if spec.pretrained is not None:
         where = resolve_pretrained(spec.pretrained)
         try:
-            return AutoTokenizer.from_pretrained(where)
+            return AutoTokenizer.from_pretrained(where, trust_remote_code=False)
         except (OSError, ValueError) as exc:
             raise load_error(spec.pretrained, exc) from None
     if corpus is None:
@@ -64,7 +64,7 @@ def load_tokenizer(spec: TokenizerSpec, corpus: Callable[[], Iterable[str]] | No
         tok = _train(spec, corpus())
         with atomic_dir(target) as tmp:
             tok.save_pretrained(tmp)
-    return AutoTokenizer.from_pretrained(str(target))
+    return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
 
 
 def _train(spec: TokenizerSpec, texts: Iterable[str]):

@@ -34,7 +34,7 @@ from typing import Literal, Optional
 import torch
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import require_markers, run_name_for, runs_root, write_between_markers, write_json
+from ptm_app.paths import require_markers, run_name_for, run_path, runs_root, write_between_markers, write_json
 
 COLUMNS = ["model", "params", "nonzero_params", "block_sparsity", "size_mb", "latency_b1_ms", "latency_b32_ms",
            "speedup_b1",
@@ -388,7 +388,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         raise PtmError(f"repeats: {repeats}; time at least 1 round")
     everything = [teacher, *rows]
     check_targets(targets, [row.name for row in everything])
-    out = Path(output_dir) if output_dir else runs_root() / run_name
+    out = Path(output_dir) if output_dir else run_path(run_name)
     if readme:
         require_markers(readme, out.name)
     for row in everything:

@@ -19,8 +19,8 @@ from torch import nn
 from ptm_app.backbones.build import quiet_transformers
 from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
 from ptm_app.backbones.heads import auto_class
-from ptm_app.checkpoints import read_checkpoint
-from ptm_app.data.sources.references import load_error, resolve_pretrained
+from ptm_app.checkpoints import read_checkpoint, trusting
+from ptm_app.data.sources.references import REMOTE_CODE, load_error, load_tokenizer_dir, resolve_pretrained
 from ptm_app.errors import PtmError
 from ptm_app.export import EXPORT_INFO, MODULE_CONFIG, load_exported_module
 
@@ -58,17 +58,18 @@ class LoadedModel:
         return type(self.module).__name__ if self.module is not None else type(self.model).__name__
 
 
-def load_for_inference(ref: str, trust: bool = False) -> LoadedModel:
+def load_for_inference(ref: str, trust: Optional[bool] = None) -> LoadedModel:
     """The model behind ``ref`` (see the module docstring); unknown or unreadable references raise one line.
-    transformers' weight-loading bars and notices stay off the console (the command prints only its results)."""
-    with quiet_transformers():
-        return _load(ref, trust)
+    transformers' weight-loading bars and notices stay off the console (the command prints only its results).
+    ``trust`` (``--trust_checkpoint``) covers every checkpoint the model loads (``checkpoints.trusting``)."""
+    with quiet_transformers(), trusting(trust):
+        return _load(ref)
 
 
-def _load(ref: str, trust: bool) -> LoadedModel:
+def _load(ref: str) -> LoadedModel:
     where = resolve_pretrained(ref)
     if is_checkpoint(where):
-        module = module_from_checkpoint(read_checkpoint(where, trust), trust).eval()
+        module = module_from_checkpoint(read_checkpoint(where), source=where).eval()
         return _from_module(ref, module, None)
     directory = Path(where)
     if not directory.is_dir():
@@ -102,16 +103,17 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
         head = json.loads((directory / QUANT_CONFIG).read_text())["head"]
         model = load_quantized(directory)
         model.requires_grad_(False)
-        return LoadedModel(ref, model, transformers.AutoTokenizer.from_pretrained(directory), head, None, directory)
+        return LoadedModel(ref, model, load_tokenizer_dir(directory, ref), head, None, directory)
     info = directory / EXPORT_INFO
     try:
-        config = transformers.AutoConfig.from_pretrained(directory)
+        config = transformers.AutoConfig.from_pretrained(directory, **REMOTE_CODE)
         head = json.loads(info.read_text())["head"] if info.is_file() else head_of(config)
         from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
 
         pruned = is_head_pruned(directory)  # heads sliced out (backbones.pruned_heads): built to its shapes
-        model = load_pruned(auto_class(head), directory) if pruned else auto_class(head).from_pretrained(directory)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+        model = (load_pruned(auto_class(head), directory) if pruned
+                 else auto_class(head).from_pretrained(directory, **REMOTE_CODE))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **REMOTE_CODE)
     except (OSError, ValueError) as exc:
         raise load_error(str(directory), exc) from None
     if (directory / CONFIG_FILE).is_file():  # adapters / prompts saved beside the base they were trained on

@@ -14,7 +14,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from ptm_app.backbones.build import build_backbone, max_positions
 from ptm_app.backbones.delta import as_delta_spec
-from ptm_app.checkpoints import CKPT_KEY, checkpoint_path as checkpoint_file
+from ptm_app.checkpoints import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, load_file, trusted,
+                                 trusting, write_tokenizer_files)
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
@@ -60,13 +61,19 @@ class PtmModule(pl.LightningModule):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
-                             weights_only: bool = True, **kwargs):
+                             weights_only: Optional[bool] = None, **kwargs):
         """Lightning's loader, made safe: a checkpoint file is checked first (intact; plain data unless
-        ``weights_only=False``, for files you made yourself) and unpickled weights-only."""
-        if isinstance(checkpoint_path, (str, os.PathLike)):
-            checkpoint_path = checkpoint_file(checkpoint_path, trust=not weights_only)
-        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
-                                            weights_only=weights_only, **kwargs)
+        ``weights_only=False``, for files you made yourself), unpickled weights-only, and its ptm_app record checked
+        (``checkpoints.check_record``: tokenizer file names, module class).  ``weights_only`` defaults to the
+        running command's ``--trust_checkpoint`` (``checkpoints.trusting``): weights-only unless it was given."""
+        weights_only = not trusted() if weights_only is None else weights_only
+        with trusting(not weights_only):
+            if isinstance(checkpoint_path, (str, os.PathLike)):
+                checkpoint_path = checkpoint_file(checkpoint_path)
+                if checkpoint_path.is_file():  # before Lightning reads its class names (a BytesIO was read checked)
+                    check_record(load_file(checkpoint_path, mmap=True), checkpoint_path, own=cls)
+            return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
+                                                weights_only=weights_only, **kwargs)
 
     # -- building -----------------------------------------------------------------------------
     def build(self) -> "PtmModule":
@@ -254,6 +261,7 @@ class PtmModule(pl.LightningModule):
             policy.save(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_record(checkpoint, "the checkpoint", own=own_class(self))  # its tokenizer is used or not
         files = checkpoint.get(CKPT_KEY, {}).get("tokenizer")
         if files and self.tokenizer is None:
             self.tokenizer = tokenizer_from_files(files)
@@ -286,13 +294,18 @@ def tokenizer_files(tokenizer) -> dict[str, str]:
         return {p.name: p.read_text(encoding="utf-8") for p in Path(tmp).iterdir() if p.is_file()}
 
 
-def tokenizer_from_files(files: dict[str, str]):
+def tokenizer_from_files(files: dict[str, str], source: Any = "the checkpoint"):
+    """The tokenizer of a checkpoint's files (``checkpoints.write_tokenizer_files``: allowed names only, into a
+    temporary directory; no code of its own)."""
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in files.items():
-            (Path(tmp) / name).write_text(text, encoding="utf-8")
-        return AutoTokenizer.from_pretrained(tmp)
+        write_tokenizer_files(files, tmp, source)
+        try:
+            return AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        except (OSError, ValueError) as exc:
+            reason = " ".join(str(exc).split())[:200]
+            raise PtmError(f"{source}: its tokenizer files do not load ({reason}); use another checkpoint") from None
 
 
 def weighted_mean_update(metric, value: torch.Tensor, weight: int | torch.Tensor) -> None:

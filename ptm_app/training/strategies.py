@@ -115,15 +115,18 @@ class AtomicShardedSave:
     Every rank writes its shards into ``.<name>.tmp-<step>/`` next to the target (``write_shards``: the
     strategy's own save), a barrier, then global rank 0 flushes the files to disk and swaps the complete
     directory into place (``paths.replace_dir``: the old one renamed away, the new one in, the old one deleted),
-    and a barrier after.  ``--ckpt_path last`` and ``export`` therefore see the previous complete directory or the
-    new complete one, never a mix (``paths.restore_replaced`` undoes a crash between the two renames).  Temp
-    directories left by a crashed save are deleted by the next save to the same target.  This covers every
-    ``trainer.save_checkpoint``: ``LastCheckpoint``'s ``last.ckpt`` and ``ModelCheckpoint``'s ``best.ckpt``.
+    and a barrier after (the previous ``last.ckpt`` becomes ``last-1.ckpt`` only if it passes verification:
+    ``checkpoint_io.worth_keeping``).  ``--ckpt_path last`` and ``export`` therefore see the previous complete
+    directory or the new complete one, never a mix (``paths.restore_replaced`` undoes a crash between the two
+    renames).  Temp directories left by a crashed save are deleted by the next save to the same target.  This
+    covers every ``trainer.save_checkpoint``: ``LastCheckpoint``'s ``last.ckpt`` and ``ModelCheckpoint``'s
+    ``best.ckpt``.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any = None) -> None:
-        from ptm_app.checkpoints import LAST, PREVIOUS
+        from ptm_app.checkpoints import LAST, PREVIOUS, mark_verified
         from ptm_app.paths import fsync_tree, replace_dir
+        from ptm_app.training.checkpoint_io import worth_keeping
 
         target = Path(self.broadcast(str(filepath)))
         tmp = target.with_name(f".{target.name}.tmp-{checkpoint.get('global_step', 0)}")
@@ -135,7 +138,9 @@ class AtomicShardedSave:
         self.barrier("ptm_app_save_written")
         if self.is_global_zero:
             fsync_tree(tmp)
-            replace_dir(tmp, target, keep=target.with_name(PREVIOUS) if target.name == LAST else None)
+            keep = target.name == LAST and worth_keeping(target)  # a damaged last.ckpt never replaces last-1
+            replace_dir(tmp, target, keep=target.with_name(PREVIOUS) if keep else None)
+            mark_verified(target)
         self.barrier("ptm_app_save_committed")
 
     def write_shards(self, checkpoint: dict[str, Any], directory: Path, storage_options: Any = None) -> None:

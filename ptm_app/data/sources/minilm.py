@@ -52,8 +52,8 @@ def install(archive: Path, out: Path) -> dict:
     from transformers import AutoConfig, AutoTokenizer  # slow import: only when needed
 
     try:
-        cfg = AutoConfig.from_pretrained(out, local_files_only=True)
-        tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+        cfg = AutoConfig.from_pretrained(out, local_files_only=True, trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(out, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise PtmError(f"{archive}: the extracted model folder does not load ({exc}); delete the file and "
                        "re-run `python main.py data prepare minilm`") from exc

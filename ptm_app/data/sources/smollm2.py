@@ -120,8 +120,9 @@ def load_gguf(path: Path):
     _requirements()
     try:
         with _quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                         trust_remote_code=False)
     except (OSError, ValueError, KeyError, IndexError, RuntimeError) as exc:
         raise _unreadable(path, exc) from None
     return tokenizer, model.eval()
@@ -199,8 +200,8 @@ def convert(gguf_path: Path, out: Path) -> dict:
     gc.collect()
 
     with _quiet_transformers():
-        reloaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
-        tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+        reloaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, trust_remote_code=False).eval()
+        tok = AutoTokenizer.from_pretrained(out, local_files_only=True, trust_remote_code=False)
     got = _logits(reloaded, ids)
     diff = float((got - expected).abs().max())
     sample = "Héllo wörld 🙂 a  2 in 1999,\n  x = 1;"

@@ -1,0 +1,84 @@
+"""The module classes a checkpoint or an export may name: ptm_app's own, looked up here and never imported by a
+name read from a file (docs/design.md principles 10 and 11).
+
+The registry is the ``__all__`` of the packages that hold one LightningModule per kind: pre-training objectives,
+adaptation styles (one per task kind), compression and knowledge modules.  Each class is found under the names
+checkpoints give it: its defining module's path (``ptm_app.module``), its package's path (Lightning's
+``_class_path`` as a config wrote it) and its bare name.  A class outside the registry is imported only with
+``--trust_checkpoint`` (python: ``trust=True``).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any, Optional
+
+from ptm_app.errors import PtmError
+
+PACKAGES = ("ptm_app.objectives", "ptm_app.adaptation", "ptm_app.compression", "ptm_app.knowledge")
+
+
+@functools.cache
+def package_classes(package: str) -> dict[str, type]:
+    """Every name a module class of ``package`` (one of ``PACKAGES``) goes by -> the class."""
+    from ptm_app.training.module import PtmModule
+
+    table: dict[str, type] = {}
+    exported = importlib.import_module(package)
+    for name in exported.__all__:
+        cls = getattr(exported, name)
+        if isinstance(cls, type) and issubclass(cls, PtmModule):
+            for key in (f"{cls.__module__}.{cls.__qualname__}", f"{package}.{name}", name):
+                table[key] = cls
+    return table
+
+
+def module_classes() -> dict[str, type]:
+    """The whole registry: every name a ptm_app module class goes by -> the class."""
+    return {k: v for package in PACKAGES for k, v in package_classes(package).items()}
+
+
+def registered(name: Any) -> Optional[type]:
+    """The registry's class for ``name``, or None.  Only the package the name lies in is imported (ptm_app's own
+    code, chosen among ``PACKAGES``; a bare class name needs them all); a name elsewhere imports nothing."""
+    if not isinstance(name, str):
+        return None
+    if "." not in name:
+        return module_classes().get(name)
+    package = next((p for p in PACKAGES if name.startswith(f"{p}.")), None)
+    return package_classes(package).get(name) if package is not None else None
+
+
+def _names(cls: Optional[type]) -> set[str]:
+    return set() if cls is None else {f"{cls.__module__}.{cls.__qualname__}", cls.__qualname__}
+
+
+def check_module_name(name: Any, source: Any, trust: bool = False, own: Optional[type] = None) -> None:
+    """Refuse, in one line, a stored module class name that is not ptm_app's (nor ``own``, the class the caller
+    chose), unless ``trust``; nothing is imported."""
+    if trust or (isinstance(name, str) and name in _names(own)) or registered(name) is not None:
+        return
+    from ptm_app.checkpoints import TRUST_HINT, CheckpointUnsafe
+
+    raise CheckpointUnsafe(f"{source}: it names the module class {repr(name)[:120]}, which is not one of ptm_app's "
+                           f"(objectives, adaptation, compression, knowledge); refusing to import it (importing runs "
+                           f"its code); {TRUST_HINT}")
+
+
+def module_class(name: Any, source: Any, trust: bool = False) -> type:
+    """The class a checkpoint or export names: from the registry, or (``trust`` only) imported by its name."""
+    check_module_name(name, source, trust)
+    found = registered(name)
+    if found is not None:
+        return found
+    from lightning.pytorch import LightningModule
+
+    module_path, _, attr = str(name).rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_path), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise PtmError(f"{source}: its module class {name!r} cannot be imported ({exc}); install the package that "
+                       f"defines it") from None
+    if not (isinstance(found, type) and issubclass(found, LightningModule)):
+        raise PtmError(f"{source}: {name!r} is not a LightningModule class")
+    return found
