@@ -36,6 +36,19 @@ def runs_dir(tmp_path, monkeypatch) -> Path:
     return runs
 
 
+def native_bf16_cpu() -> bool:
+    """Does this CPU run bf16 natively (its own answer, not the suite's ``PTM_CPU_BF16=0``)?  Tests that run in bf16
+    skip where it is only emulated, about 70x slower (``training.precision``)."""
+    from ptm_app.training import precision
+
+    saved = os.environ.pop(precision.SEAM, None)
+    try:
+        return precision.cpu_has_native_bf16()
+    finally:
+        if saved is not None:
+            os.environ[precision.SEAM] = saved
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

@@ -14,8 +14,8 @@ QUICK = ["--trainer.max_steps", "6", "--trainer.val_check_interval", "6", "--tra
          "false", "--trainer.enable_model_summary", "false"]
 
 
-@pytest.mark.parametrize("method", ["houlsby", "lora", *(pytest.param(m, marks=pytest.mark.slow)
-                                                          for m in ("prefix", "prompt", "bitfit"))])
+@pytest.mark.parametrize("method", ["lora", *(pytest.param(m, marks=pytest.mark.slow)
+                                              for m in ("houlsby", "prefix", "prompt", "bitfit"))])
 def test_delta_config_trains_resumes_and_exports(method, tmp_path):
     cfg = str(ROOT / "configs" / "adapt" / f"{method}_tweets.yaml")
     runs = tmp_path / "runs"

@@ -451,6 +451,7 @@ def test_in_context_learning_runs_test_and_refuses_fit(icl, corpus, tmp_path, ca
 # -- MiniLM on the real BBC topics through main.py -------------------------------------------------------
 FAST = ["--trainer.enable_progress_bar", "false", "--data.init_args.max_length", "64"]
 
+@pytest.mark.slow  # ~45 s on MiniLM and BBC; the PET configs run as shipped in make test-slow too
 def test_pet_zero_shot_then_few_shot_on_bbc(tmp_path):
     prepared_dir("bbc"), prepared_dir("minilm")  # fail loudly (with the fix) if `make data` was not run
     zero, few = ADAPT / "pet_zero_shot_bbc.yaml", ADAPT / "pet_few_shot_bbc.yaml"

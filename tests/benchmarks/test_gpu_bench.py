@@ -14,6 +14,7 @@ from benchmarks import gpu_bench
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~30 s: three candidates in subprocesses
 def test_smoke_on_the_cpu_measures_every_candidate(tmp_path):
     """``--device cpu --smoke`` at one batch size: ptm_app, the Trainer and the bare loop, each in its own process
     (about a minute on 2 cores)."""

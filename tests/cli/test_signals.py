@@ -16,7 +16,8 @@ from tests.conftest import tiny_mlm_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 0)], ids=["sigterm", "ctrl-c"])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 0, marks=pytest.mark.slow)],
+                         ids=["sigterm", "ctrl-c"])
 def test_signal_writes_last_checkpoint_then_resume_continues(tiny_corpus, tmp_path, sig, code):
     cfg = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=100000, val_check_interval=3)
     env = {**os.environ, "PTM_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from ptm_app.main import main
-from tests.conftest import TINY_BERT, TINY_GPT2, WORDS, make_docs, run_main, write_jsonl
+from tests.conftest import TINY_BERT, TINY_GPT2, WORDS, make_docs, native_bf16_cpu, run_main, write_jsonl
 from tests.inference.conftest import QUIET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -185,6 +185,7 @@ def test_too_long_inputs_are_refused_in_one_line_or_truncated_with_a_warning(cla
     assert len(out.out.strip().splitlines()) == 2
 
 
+@pytest.mark.skipif(not native_bf16_cpu(), reason="bf16 is emulated on this CPU (minutes, not seconds)")
 def test_a_bf16_run_predicts_under_bf16_autocast_as_predict_config_does(tiny_corpus, tmp_path):
     model = {"class_path": "SequenceClassificationModule", "init_args": {"backbone_config": TINY_BERT,
                                                                          "optim": {"lr": 1e-2, "warmup": 0}}}

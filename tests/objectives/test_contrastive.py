@@ -156,7 +156,7 @@ def test_infoword_loss_falls_on_a_fixed_batch():
 
 
 # -- recipes through main.py -------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["simcse", "infoword"])
+@pytest.mark.parametrize("name", ["simcse", pytest.param("infoword", marks=pytest.mark.slow)])
 def test_recipe_runs_and_exports_a_plain_transformers_model(name, tmp_path):
     from transformers import AutoModel
 

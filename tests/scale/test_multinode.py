@@ -25,7 +25,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("streaming", [False, True])  # in memory; litdata chunks (data.litcorpus)
+@pytest.mark.parametrize("streaming", [pytest.param(False, marks=pytest.mark.slow), True])  # in-memory: make test-slow  # in memory; litdata chunks (data.litcorpus)
 def test_two_nodes_see_disjoint_shards_and_tokenize_once(mlm_config, tmp_path, streaming):
     probe, markers = tmp_path / "probe", tmp_path / "markers"
     args = [sys.executable, "main.py", "fit", "--config", str(mlm_config), "--run_name", "two_nodes",
