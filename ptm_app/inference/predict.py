@@ -11,10 +11,9 @@ LightningCLI's (``predict --config ...``: the data's test split).
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 
@@ -59,14 +58,41 @@ def read_examples(loaded: LoadedModel, texts, input, questions, contexts, text_f
     return found, ids, found
 
 
-def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[str] = None, text_field: str = "text",
+def predict(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[str] = None, text_field: str = "text",
             id_field: str = "id", output: Optional[str] = None, batch_size: int = 32,
-            max_length: Optional[int] = None, trust_checkpoint: bool = False, questions: Optional[list[str]] = None,
-            contexts: Optional[list[str]] = None, words_field: str = "words", question_field: str = "question",
-            context_field: str = "context", too_long: str = "truncate", backend: str = "torch",
-            precision: str = "run") -> list[dict]:
-    """Predict for the examples; write the rows as JSONL to ``output``, or print them.  ``backend="onnxruntime"``
-    runs the export's ``model.onnx`` (``inference.onnx_export``) instead of PyTorch."""
+            max_length: Optional[int] = None, trust_checkpoint: bool = False, question: Optional[list[str]] = None,
+            context: Optional[list[str]] = None, words_field: str = "words", question_field: str = "question",
+            context_field: str = "context", too_long: Literal[TOO_LONG] = "truncate",
+            backend: Literal["torch", "onnxruntime"] = "torch",
+            precision: Literal[PRECISIONS] = "run") -> list[dict]:
+    """Labels with probabilities, values, word tags, answer spans or generated text for given inputs, from a
+    fine-tuned run or export (with --config instead: LightningCLI's predict over the data's test split).
+
+    Writes the rows as JSONL to ``output``, or prints them; ``backend="onnxruntime"`` runs the export's
+    ``model.onnx`` (``inference.onnx_export``) instead of PyTorch.
+
+    Args:
+        ckpt_path: a classification, regression, tagging, extractive QA or generation run directory, .ckpt or
+            export directory.
+        text: a text to label (repeatable, or several after one --text).
+        input: a .txt (one text per line), .jsonl or .csv file; - reads standard input.
+        text_field: the text field of .jsonl / .csv records.
+        id_field: the id field of .jsonl / .csv records (kept in the rows).
+        output: write the rows to this .jsonl file (default: print them).
+        batch_size: inputs per forward.
+        max_length: truncate texts to this many tokens (default: the run's data.max_length, else the model's limit).
+        trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
+        question: extractive QA: a question (repeatable) about --context.
+        context: extractive QA: the passage the answer is cut from (one, or one per --question).
+        words_field: tagging: the word-list field of .jsonl records (else the text field is split on whitespace).
+        question_field: extractive QA: the question field of records.
+        context_field: extractive QA: the context field of records.
+        too_long: inputs longer than the run's limit: truncate them (with a warning) or refuse.
+        backend: onnxruntime: run the export directory's model.onnx (export --format onnx).
+        precision: run: bf16 autocast when the run predicted in bf16 (precision auto on a CPU with native bf16, or
+            bf16-mixed), else fp32; 32 / bf16: force one.
+    """
+    texts, questions, contexts = text, question, context
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
     if backend == "onnxruntime":
         from ptm_app.inference.onnx_export import open_session
@@ -84,37 +110,3 @@ def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[s
         fh.write("".join(line + "\n" for line in lines))
     print(f"wrote {len(rows)} predictions to {output}")
     return rows
-
-
-def predict_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py predict", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True, help="a classification, regression, tagging, extractive QA "
-                        "or generation run directory, .ckpt or export directory")
-    parser.add_argument("--text", action="append", dest="texts", help="a text to label (repeatable)")
-    parser.add_argument("--input", help="a .txt (one text per line), .jsonl or .csv file; - reads standard input")
-    parser.add_argument("--text_field", default="text", help="the text field of .jsonl / .csv records")
-    parser.add_argument("--id_field", default="id", help="the id field of .jsonl / .csv records (kept in the rows)")
-    parser.add_argument("--output", help="write the rows to this .jsonl file (default: print them)")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--max_length", type=int, help="truncate texts to this many tokens (default: the run's "
-                        "data.max_length, else the model's limit)")
-    parser.add_argument("--question", action="append", dest="questions",
-                        help="extractive QA: a question (repeatable) about --context")
-    parser.add_argument("--context", action="append", dest="contexts",
-                        help="extractive QA: the passage the answer is cut from (one, or one per --question)")
-    parser.add_argument("--words_field", default="words", help="tagging: the word-list field of .jsonl records "
-                        "(else the text field is split on whitespace)")
-    parser.add_argument("--question_field", default="question", help="extractive QA: the question field of records")
-    parser.add_argument("--context_field", default="context", help="extractive QA: the context field of records")
-    parser.add_argument("--too_long", choices=TOO_LONG, default="truncate",
-                        help="inputs longer than the run's limit: truncate them (with a warning) or refuse")
-    parser.add_argument("--precision", choices=PRECISIONS, default="run",
-                        help="run: bf16 autocast when the run predicted in bf16 (precision auto on a CPU with native "
-                             "bf16, or bf16-mixed), else fp32; 32 / bf16: force one")
-    parser.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
-                        help="onnxruntime: run the export directory's model.onnx (export --format onnx)")
-    parser.add_argument("--trust_checkpoint", action="store_true",
-                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
-    args = parser.parse_args(argv)
-    predict(**vars(args))
-    return 0

@@ -20,7 +20,6 @@ serving.  SIGTERM (and SIGINT) stop the server and every process it started; on 
 process is killed.
 """
 # no ``from __future__ import annotations``: LitServe reads decode_request's annotation as the request model
-import argparse
 import errno
 import json
 import os
@@ -28,7 +27,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import litserve as ls
 from pydantic import BaseModel
@@ -391,11 +390,34 @@ def end_children() -> None:
             child.join(timeout=5)
 
 
-def serve(ckpt_path: str, task: Optional[str] = None, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-          max_batch_size: int = 8, batch_timeout: float = 0.01, timeout: float = 60.0, too_long: str = "truncate",
-          max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: bool = False,
-          backend: str = "torch", trust_checkpoint: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
-    """Check the port and the model, then serve until SIGTERM or SIGINT, which end every process it started."""
+def serve(ckpt_path: str, task: Optional[Literal[TASKS]] = None,
+          host: Literal["127.0.0.1", "0.0.0.0", "::"] = "127.0.0.1", port: int = 8000, workers: int = 1,
+          max_batch_size: int = 8, batch_timeout: float = 0.01, timeout: float = 60.0,
+          too_long: Literal["truncate", "refuse"] = "truncate", max_length: Optional[int] = None,
+          pooling: Optional[Literal["cls", "mean", "scalar_mix"]] = None, normalize: bool = False,
+          backend: Literal["torch", "onnxruntime"] = "torch", trust_checkpoint: bool = False,
+          max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+    """An HTTP endpoint (LitServe): POST /predict with JSON, GET /health.
+
+    Checks the port and the model, then serves until SIGTERM or SIGINT, which end every process it started.
+
+    Args:
+        ckpt_path: a run directory, .ckpt, export directory or prepared model.
+        task: default: predict for fine-tuned heads, generate for language models, embed otherwise.
+        host: 127.0.0.1: this machine only; 0.0.0.0: every interface.
+        port: the TCP port.
+        workers: inference processes, each with its own copy of the model.
+        max_batch_size: requests run together as one batch.
+        batch_timeout: seconds a worker waits to fill a batch.
+        timeout: seconds a request may wait for its answer.
+        too_long: texts over the run's limit: truncate them, or answer 413.
+        max_length: the input limit in tokens (default: the run's).
+        pooling: embed: as embed --pooling.
+        normalize: embed: unit-length vectors.
+        backend: predict: run the export directory's model.onnx.
+        trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
+        max_request_bytes: larger request bodies are answered 413 unread.
+    """
     from ptm_app.inference.loading import load_for_inference
 
     if workers < 1 or max_batch_size < 1 or batch_timeout < 0 or timeout <= 0 or max_request_bytes < 1:
@@ -430,32 +452,3 @@ def serve(ckpt_path: str, task: Optional[str] = None, host: str = "127.0.0.1", p
         end_children()
         signal.signal(signal.SIGTERM, previous)
     print("serve stopped", flush=True)
-
-
-def serve_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True, help="a run directory, .ckpt, export directory or prepared model")
-    parser.add_argument("--task", choices=TASKS, help="default: predict for fine-tuned heads, generate for language "
-                        "models, embed otherwise")
-    parser.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"),
-                        help="127.0.0.1: this machine only (default); 0.0.0.0: every interface")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=1, help="inference processes, each with its own copy")
-    parser.add_argument("--max_batch_size", type=int, default=8, help="requests run together as one batch")
-    parser.add_argument("--batch_timeout", type=float, default=0.01,
-                        help="seconds a worker waits to fill a batch")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait for its answer")
-    parser.add_argument("--max_request_bytes", type=int, default=MAX_REQUEST_BYTES,
-                        help=f"larger request bodies are answered 413 unread (default {MAX_REQUEST_BYTES})")
-    parser.add_argument("--too_long", choices=("truncate", "refuse"), default="truncate",
-                        help="texts over the run's limit: truncate them, or answer 413")
-    parser.add_argument("--max_length", type=int, help="the input limit in tokens (default: the run's)")
-    parser.add_argument("--pooling", choices=("cls", "mean", "scalar_mix"), help="embed: as embed --pooling")
-    parser.add_argument("--normalize", action="store_true", help="embed: unit-length vectors")
-    parser.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
-                        help="predict: run the export directory's model.onnx")
-    parser.add_argument("--trust_checkpoint", action="store_true",
-                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
-    args = parser.parse_args(argv)
-    serve(**vars(args))
-    return 0

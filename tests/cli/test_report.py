@@ -129,7 +129,7 @@ def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
 
 
 def test_a_cells_fingerprint_ignores_comments_but_not_settings(tmp_path):
-    from ptm_app.sweep import cell_fingerprint
+    from ptm_app.experiments.sweep import cell_fingerprint
 
     config = tmp_path / "c.yaml"
     config.write_text("trainer: {max_steps: 2}\n")

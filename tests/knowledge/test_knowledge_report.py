@@ -23,7 +23,7 @@ def write_summary(run: Path, metrics: dict) -> None:
 def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypatch):
     """Hand-written summaries for the shipped plan's runs: KEPLER's test link prediction fills its link columns,
     the probe file its P@1, the task runs their test metrics; MLM has no link metrics (empty), K-Adapter no POS."""
-    from ptm_app.knowledge_report import collect, load_knowledge_plan, write_knowledge_report
+    from ptm_app.experiments.knowledge_report import collect, load_knowledge_plan, write_knowledge_report
 
     monkeypatch.chdir(ROOT)
     plan = load_knowledge_plan(PLAN)
@@ -70,7 +70,7 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
 
 def test_the_figure_draws_each_number_of_the_table_once():
     """One panel per metric column; its bars are the models that have that number, with the table's values."""
-    from ptm_app.knowledge_report import draw
+    from ptm_app.experiments.knowledge_report import draw
 
     columns = ["model", "link MRR", "hypernym P@1"]
     rows = [{"model": "a", "hypernym P@1": 0.1}, {"model": "b", "link MRR": 0.03, "hypernym P@1": 0.2},
@@ -89,7 +89,7 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
     """Each cell of the shipped plan is a config that tests/cli/test_configs.py runs as shipped, in the plan's order
     (pre-training or adapters before the runs that start from them); the full plan is hours of CPU (make knowledge),
     its machinery runs end to end at tiny size below."""
-    from ptm_app.knowledge_report import cells, load_knowledge_plan
+    from ptm_app.experiments.knowledge_report import cells, load_knowledge_plan
     from tests.cli.test_configs import ALL
 
     monkeypatch.chdir(ROOT)
@@ -239,7 +239,7 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
 def test_numbers_from_an_earlier_pretraining_are_left_out(runs_dir, monkeypatch):
     """Every run records what made it (cell.json); a task run or a probe made from another pre-training than the
     row's current one (its recipe changed and it ran again) is stale and shows nothing."""
-    from ptm_app.knowledge_report import collect, load_knowledge_plan
+    from ptm_app.experiments.knowledge_report import collect, load_knowledge_plan
 
     monkeypatch.chdir(ROOT)
     plan = load_knowledge_plan(PLAN)

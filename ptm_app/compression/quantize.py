@@ -4,18 +4,20 @@ written as a directory ``predict`` loads, with ``summary.json``: size on disk, C
 both on that prepared set's test split."""
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
 import time
 from pathlib import Path
+from typing import Literal, Optional
 
 import torch
 
+from ptm_app.compression.quantization import BACKENDS, STATIC
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_file, check_output_dir
 
+COMMAND_BACKENDS = (*BACKENDS, STATIC)
 SENTENCE = "Shares in the bank fell sharply after it warned that profits would be lower than expected this year."
 
 
@@ -108,65 +110,70 @@ def qat_input_ranges(loaded, where) -> dict[str, float]:
     return {name: float(value) for name, value in found.items() if value is not None}  # a gap: refused later
 
 
-def quantize_command(argv: list[str]) -> int:
+def quantize(ckpt_path: str, output_dir: str,
+             backend: Literal[COMMAND_BACKENDS] = "torch_ao",
+             eval_source: Optional[str] = None, eval_split: str = "test", eval_limit: int = 0, max_length: int = 128,
+             repeats: int = 20, overwrite: bool = False, trust_checkpoint: bool = False) -> int:
+    """Int8 of a run, export or QAT run, written as a directory predict loads.
+
+    summary.json: size, CPU latency at batch 1 / 32, accuracy before and after.
+
+    Args:
+        ckpt_path: a run directory, .ckpt, export directory or prepared model.
+        output_dir: where to write the int8 model.
+        backend: torch_ao: dynamic int8 kernels; weight_only: int8 storage, fp32 compute (fallback); q8bert_static:
+            Q8BERT's static int8 with a QAT run's learned input ranges.
+        eval_source: a prepared classification set (e.g. bbc): accuracy before and after.
+        eval_split: the split of --eval_source scored.
+        eval_limit: only the first N examples (0: all).
+        max_length: tokens per text.
+        repeats: timed forwards per model and batch size.
+        overwrite: replace an existing non-empty --output_dir (never one holding checkpoints or a run).
+        trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
+    """
     from ptm_app.backbones.delta import transformers_model
     from ptm_app.compression.pruning import on_disk_mb
-    from ptm_app.compression.quantization import (BACKENDS, QUANT_WEIGHTS, STATIC, disable_fake_quant,
-                                                  load_quantized, quantize_dynamic_int8, save_quantized)
+    from ptm_app.compression.quantization import (QUANT_WEIGHTS, disable_fake_quant, load_quantized,
+                                                  quantize_dynamic_int8, save_quantized)
     from ptm_app.inference.loading import LoadedModel, load_for_inference
 
-    parser = argparse.ArgumentParser(prog="main.py quantize", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True, help="a run directory, .ckpt, export directory or prepared model")
-    parser.add_argument("--output_dir", required=True, help="where to write the int8 model")
-    parser.add_argument("--backend", default="torch_ao", choices=[*BACKENDS, STATIC],
-                        help="torch_ao: dynamic int8 kernels; weight_only: int8 storage, fp32 compute (fallback); "
-                             f"{STATIC}: Q8BERT's static int8 with a QAT run's learned input ranges")
-    parser.add_argument("--eval_source", help="a prepared classification set (e.g. bbc): accuracy before and after")
-    parser.add_argument("--eval_split", default="test")
-    parser.add_argument("--eval_limit", type=int, default=0, help="only the first N examples (0: all)")
-    parser.add_argument("--max_length", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=20, help="timed forwards per model and batch size")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing non-empty --output_dir (never one holding checkpoints or a run)")
-    parser.add_argument("--trust_checkpoint", action="store_true")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
+    if repeats < 1:
         raise PtmError("--repeats must be at least 1")
-    check_output_dir(args.output_dir, args.overwrite, (args.ckpt_path,))
-    loaded = load_for_inference(args.ckpt_path, args.trust_checkpoint)
-    input_max = qat_input_ranges(loaded, args.ckpt_path) if args.backend == STATIC else None
+    check_output_dir(output_dir, overwrite, (ckpt_path,))
+    loaded = load_for_inference(ckpt_path, trust_checkpoint)
+    input_max = qat_input_ranges(loaded, ckpt_path) if backend == STATIC else None
     fp32 = disable_fake_quant(transformers_model(loaded.model)).float().eval()  # a QAT run: its plain weights
     if input_max is not None:
         from ptm_app.compression.quantization import quantize_static_q8bert
 
         int8 = quantize_static_q8bert(fp32, input_max)
     else:
-        int8 = quantize_dynamic_int8(fp32, args.backend)
-    out = save_quantized(int8, args.backend, Path(args.output_dir), loaded.head, loaded.tokenizer,
-                         {"source": str(args.ckpt_path)})
+        int8 = quantize_dynamic_int8(fp32, backend)
+    out = save_quantized(int8, backend, Path(output_dir), loaded.head, loaded.tokenizer,
+                         {"source": str(ckpt_path)})
     reloaded = load_quantized(out)
-    records = eval_records(args.eval_source, args.eval_split, args.eval_limit) if args.eval_source else []
+    records = eval_records(eval_source, eval_split, eval_limit) if eval_source else []
     texts = [r["text"] for r in records[:32]] or [SENTENCE]
-    summary = {"source": str(args.ckpt_path), "backend": args.backend, "threads": torch.get_num_threads(),
+    summary = {"source": str(ckpt_path), "backend": backend, "threads": torch.get_num_threads(),
                "params": sum(p.numel() for p in fp32.parameters()),
                "fp32_mb": on_disk_mb(fp32), "int8_mb": round((out / QUANT_WEIGHTS).stat().st_size / 2**20, 3),
-               "latency_ms": latencies({"fp32": fp32, "int8": reloaded}, loaded.tokenizer, texts, args.max_length,
-                                       args.repeats)}
+               "latency_ms": latencies({"fp32": fp32, "int8": reloaded}, loaded.tokenizer, texts, max_length,
+                                       repeats)}
     lat = summary["latency_ms"]
     summary["speedup"] = {b: round(lat["fp32"][b] / lat["int8"][b], 3) for b in lat["fp32"]}
     if records:
         if loaded.head != "sequence_classification":
-            raise PtmError(f"--eval_source measures accuracy of a sequence classifier; {args.ckpt_path} is a "
+            raise PtmError(f"--eval_source measures accuracy of a sequence classifier; {ckpt_path} is a "
                            f"{loaded.head} model: leave --eval_source out")
         plain = LoadedModel(loaded.ref, fp32, loaded.tokenizer, loaded.head)
         quant = LoadedModel(str(out), reloaded, loaded.tokenizer, loaded.head)
-        summary["metric"] = {"name": f"{args.eval_split}_acc", "examples": len(records),
-                             "fp32": accuracy(plain, records, args.max_length),
-                             "int8": accuracy(quant, records, args.max_length)}
+        summary["metric"] = {"name": f"{eval_split}_acc", "examples": len(records),
+                             "fp32": accuracy(plain, records, max_length),
+                             "int8": accuracy(quant, records, max_length)}
     with atomic_file(out / "summary.json", "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
     metric = summary.get("metric")
-    print(f"quantized {args.ckpt_path} -> {out}: {summary['fp32_mb']} MB -> {summary['int8_mb']} MB, batch 1 "
+    print(f"quantized {ckpt_path} -> {out}: {summary['fp32_mb']} MB -> {summary['int8_mb']} MB, batch 1 "
           f"{lat['fp32']['batch_1']} -> {lat['int8']['batch_1']} ms" +
           (f", {metric['name']} {metric['fp32']:.4f} -> {metric['int8']:.4f}" if metric else ""))
     return 0
