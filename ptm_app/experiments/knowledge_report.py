@@ -58,7 +58,7 @@ def load_knowledge_plan(path: str | Path) -> dict:
                        f"'task_set', 'probe', 'link_prediction'); unknown keys: {sorted(unknown) or 'none'}")
     check_run_name(plan["name"], f"knowledge plan {path}: name")
     for key in ("pretrain_set", "task_set"):
-        plan[key] = overrides(plan.get(key), f"knowledge plan {path}: {key}")
+        plan[key] = overrides(plan.get(key), f"knowledge plan {path}", key)
     if not isinstance(plan["tasks"], dict) or not isinstance(plan["models"], list) \
             or not all(isinstance(m, dict) for m in plan["models"]):
         raise PtmError(f"knowledge plan {path}: 'tasks' maps task names to settings and 'models' is a list of "

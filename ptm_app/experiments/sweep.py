@@ -32,7 +32,7 @@ CELL_KEYS = {"name", "config", "set", "fit", "test_ckpt"}
 PLAN_KEYS = {"name", "set", "test", "cells"}
 OLD_KEYS = {"common": "set", "args": "set"}  # plans from before overrides were mappings: lists of argv words
 CELL_FILE = "cell.json"
-EXAMPLE = "set: {model.init_args.optim.lr: 1.0e-4, trainer.max_steps: 250}"
+EXAMPLE = "{model.init_args.optim.lr: 1.0e-4, trainer.max_steps: 250}"
 
 
 def load_plan(path: str | Path) -> dict:
@@ -76,29 +76,30 @@ def upgrade(entry: dict, where: str) -> dict:
     return {("set" if k == old[0] else k): v for k, v in entry.items()}
 
 
-def overrides(value: Any, where: str) -> dict[str, Any]:
+def overrides(value: Any, where: str, key: str = "set") -> dict[str, Any]:
     """Config overrides as a mapping ``{dotted.key: value}``; an old list of argv words (``[--key, value, ...]``) is
     read into one.  Anything else is one line naming the plan and the form."""
     if value is None:
         return {}
     if isinstance(value, list):
-        return _from_argv([str(v) for v in value], where)
+        return _from_argv([str(v) for v in value], where, key)
     if not isinstance(value, dict) or not all(isinstance(k, str) and k and not k.startswith("-") for k in value):
-        raise PtmError(f"{where}: 'set' maps config keys (without --) to values, e.g. {EXAMPLE}; got {value!r:.80}")
+        raise PtmError(f"{where}: '{key}' maps config keys (without --) to values, e.g. {key}: {EXAMPLE}; "
+                       f"got {value!r:.80}")
     return dict(value)
 
 
-def _from_argv(words: list[str], where: str) -> dict[str, Any]:
+def _from_argv(words: list[str], where: str, key: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     i = 0
     while i < len(words):
-        key, eq, value = words[i].partition("=")
-        if not key.startswith("--") or len(key) < 3 or (not eq and i + 1 >= len(words)):
+        option, eq, value = words[i].partition("=")
+        if not option.startswith("--") or len(option) < 3 or (not eq and i + 1 >= len(words)):
             raise PtmError(f"{where}: {words[i]!r} is not '--key value'; write the overrides as a mapping, e.g. "
-                           f"{EXAMPLE}")
+                           f"{key}: {EXAMPLE}")
         if not eq:
             value, i = words[i + 1], i + 1
-        found[key[2:]] = value
+        found[option[2:]] = value
         i += 1
     return found
 

@@ -102,7 +102,7 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
                                                          "mlm/wordnet_pairs", "mlm/brown_pos"]
     assert names[-4:] == ["minilm_k_adapter/adapter_factual", "minilm_k_adapter/adapter_linguistic",
                           "minilm_k_adapter/wordnet_supersense", "minilm_k_adapter/wordnet_pairs"]
-    assert all("--trainer.max_steps" in plan[k] for k in ("pretrain_args", "task_args"))  # equal steps per kind
+    assert all("trainer.max_steps" in plan[k] for k in ("pretrain_set", "task_set"))  # equal steps per kind
 
 
 @pytest.mark.parametrize("change, message", [
@@ -117,6 +117,12 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
                                                            "['heldout']"),
     ({"probe": {"held_out": "false"}}, "probe.held_out must be true or false (got 'false')"),
     ({"probe": {"facts": 1.5}}, "probe.facts must be int (got 1.5)"),
+    ({"task_set": {"--trainer.max_steps": 3}}, "'task_set' maps config keys (without --) to values"),
+    ({"task_set": 250}, "'task_set' maps config keys (without --) to values, e.g. task_set: {"),
+    ({"pretrain_set": ["--trainer.max_steps"]}, "'--trainer.max_steps' is not '--key value'; write the overrides as "
+                                                "a mapping, e.g. pretrain_set: {"),
+    ({"pretrain_args": ["--trainer.max_steps", "9"]}, "give pretrain_set (a mapping of overrides), not also "
+                                                      "pretrain_args"),
 ])
 def test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
@@ -190,18 +196,18 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     monkeypatch.chdir(ROOT)
     corpus = span_corpus(tmp_path / "corpus", n=48)
     (corpus / "test.jsonl").write_text((corpus / "validation.jsonl").read_text())  # pre-training runs are tested
-    tiny_pretrain = ["--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.source",
-                     str(corpus), "--data.init_args.max_length", "32", "--data.init_args.batch_size", "4",
-                     "--data.init_args.tokenizer", json.dumps({"train": "wordpiece", "vocab_size": 300,
-                                                                "min_frequency": 1, "lowercase": True}),
-                     "--trainer.precision", "32-true", "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
-                     "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
-                     "--trainer.enable_progress_bar", "false"]
-    plan = {"name": "kb_tiny", "pretrain_args": tiny_pretrain,
-            "task_args": ["--trainer.precision", "32-true", "--trainer.max_steps", "3", "--trainer.val_check_interval",
-                          "3", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "2",
-                          "--data.init_args.limit_train", "24", "--data.init_args.batch_size", "8",
-                          "--trainer.enable_progress_bar", "false"],
+    tiny_pretrain = {"model.init_args.backbone_config": TINY_BERT, "data.init_args.source": str(corpus),
+                     "data.init_args.max_length": 32, "data.init_args.batch_size": 4,
+                     "data.init_args.tokenizer": {"train": "wordpiece", "vocab_size": 300, "min_frequency": 1,
+                                                  "lowercase": True},
+                     "trainer.precision": "32-true", "trainer.max_steps": 4, "trainer.val_check_interval": 4,
+                     "trainer.limit_val_batches": 1, "trainer.limit_test_batches": 1,
+                     "trainer.enable_progress_bar": False}
+    plan = {"name": "kb_tiny", "pretrain_set": tiny_pretrain,
+            "task_set": {"trainer.precision": "32-true", "trainer.max_steps": 3, "trainer.val_check_interval": 3,
+                         "trainer.limit_val_batches": 1, "trainer.limit_test_batches": 2,
+                         "data.init_args.limit_train": 24, "data.init_args.batch_size": 8,
+                         "trainer.enable_progress_bar": False},
             "probe": {"relation": "hypernym", "facts": 40, "seed": 0},
             "tasks": {"wordnet_supersense": {"config": "configs/finetune/wordnet_supersense_minilm.yaml",
                                              "metric": "acc", "column": "supersense acc"}},
