@@ -1,11 +1,10 @@
-"""``python main.py quantize``: post-training dynamic int8 of a run, export or QAT run (``compression.quantization``),
-written as a directory ``predict`` loads, with ``summary.json``: size on disk, CPU latency at batch 1 and 32
-(median of repeats, fp32 and int8 timed alternately in one process) and, given ``--eval_source``, the accuracy of
-both on that prepared set's test split."""
+"""Post-training int8 of a trained model (``compression.quantization``: dynamic int8, or Q8BERT's static int8 with a
+QAT run's learned input ranges), and the measurements ``quantize``, ``prune`` and ``compress-report`` report: CPU
+latency at batch 1 and 32 (median of repeats, the models timed alternately in one process) on a prepared set's texts.
+The command (``python main.py quantize``) is ``inference.compress_commands.quantize``: it loads and scores models."""
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import time
 from pathlib import Path
@@ -15,7 +14,6 @@ import torch
 
 from ptm_app.compression.quantization import BACKENDS, STATIC
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_file, check_output_dir
 
 COMMAND_BACKENDS = (*BACKENDS, STATIC)
 SENTENCE = "Shares in the bank fell sharply after it warned that profits would be lower than expected this year."
@@ -31,13 +29,6 @@ def eval_records(source: str, split: str, limit: int) -> list[dict]:
         raise PtmError(f"--eval_source {source}: no {path}; prepare it with: python main.py data prepare {source}")
     records = [r for _, r in read_records(path, ("text", "label"))]
     return records[:limit] if limit else records
-
-
-def accuracy(loaded, records: list[dict], max_length: int) -> float:
-    from ptm_app.inference.predict import predict_rows
-
-    rows = predict_rows(loaded, [r["text"] for r in records], batch_size=32, max_length=max_length)
-    return sum(row["label"] == r["label"] for row, r in zip(rows, records)) / max(len(records), 1)
 
 
 def latency_batches(tokenizer, texts: list[str], max_length: int) -> dict:
@@ -110,70 +101,15 @@ def qat_input_ranges(loaded, where) -> dict[str, float]:
     return {name: float(value) for name, value in found.items() if value is not None}  # a gap: refused later
 
 
-def quantize(ckpt_path: str, output_dir: str,
-             backend: Literal[COMMAND_BACKENDS] = "torch_ao",
-             eval_source: Optional[str] = None, eval_split: str = "test", eval_limit: int = 0, max_length: int = 128,
-             repeats: int = 20, overwrite: bool = False, trust_checkpoint: bool = False) -> int:
-    """Int8 of a run, export or QAT run, written as a directory predict loads.
-
-    summary.json: size, CPU latency at batch 1 / 32, accuracy before and after.
-
-    Args:
-        ckpt_path: a run directory, .ckpt, export directory or prepared model.
-        output_dir: where to write the int8 model.
-        backend: torch_ao: dynamic int8 kernels; weight_only: int8 storage, fp32 compute (fallback); q8bert_static:
-            Q8BERT's static int8 with a QAT run's learned input ranges.
-        eval_source: a prepared classification set (e.g. bbc): accuracy before and after.
-        eval_split: the split of --eval_source scored.
-        eval_limit: only the first N examples (0: all).
-        max_length: tokens per text.
-        repeats: timed forwards per model and batch size.
-        overwrite: replace an existing non-empty --output_dir (never one holding checkpoints or a run).
-        trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
-    """
+def to_int8(loaded, backend: str, where: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``(fp32, int8)`` of a loaded model (``inference.loading.LoadedModel``: its transformers model and module): a
+    QAT run's plain weights, then dynamic int8 (``backend`` of ``BACKENDS``) or, for ``STATIC``, Q8BERT's static
+    int8 with the run's learned input ranges."""
     from ptm_app.backbones.delta import transformers_model
-    from ptm_app.compression.pruning import on_disk_mb
-    from ptm_app.compression.quantization import (QUANT_WEIGHTS, disable_fake_quant, load_quantized,
-                                                  quantize_dynamic_int8, save_quantized)
-    from ptm_app.inference.loading import LoadedModel, load_for_inference
+    from ptm_app.compression.quantization import disable_fake_quant, quantize_dynamic_int8, quantize_static_q8bert
 
-    if repeats < 1:
-        raise PtmError("--repeats must be at least 1")
-    check_output_dir(output_dir, overwrite, (ckpt_path,))
-    loaded = load_for_inference(ckpt_path, trust_checkpoint)
-    input_max = qat_input_ranges(loaded, ckpt_path) if backend == STATIC else None
+    input_max = qat_input_ranges(loaded, where) if backend == STATIC else None
     fp32 = disable_fake_quant(transformers_model(loaded.model)).float().eval()  # a QAT run: its plain weights
     if input_max is not None:
-        from ptm_app.compression.quantization import quantize_static_q8bert
-
-        int8 = quantize_static_q8bert(fp32, input_max)
-    else:
-        int8 = quantize_dynamic_int8(fp32, backend)
-    out = save_quantized(int8, backend, Path(output_dir), loaded.head, loaded.tokenizer,
-                         {"source": str(ckpt_path)})
-    reloaded = load_quantized(out)
-    records = eval_records(eval_source, eval_split, eval_limit) if eval_source else []
-    texts = [r["text"] for r in records[:32]] or [SENTENCE]
-    summary = {"source": str(ckpt_path), "backend": backend, "threads": torch.get_num_threads(),
-               "params": sum(p.numel() for p in fp32.parameters()),
-               "fp32_mb": on_disk_mb(fp32), "int8_mb": round((out / QUANT_WEIGHTS).stat().st_size / 2**20, 3),
-               "latency_ms": latencies({"fp32": fp32, "int8": reloaded}, loaded.tokenizer, texts, max_length,
-                                       repeats)}
-    lat = summary["latency_ms"]
-    summary["speedup"] = {b: round(lat["fp32"][b] / lat["int8"][b], 3) for b in lat["fp32"]}
-    if records:
-        if loaded.head != "sequence_classification":
-            raise PtmError(f"--eval_source measures accuracy of a sequence classifier; {ckpt_path} is a "
-                           f"{loaded.head} model: leave --eval_source out")
-        plain = LoadedModel(loaded.ref, fp32, loaded.tokenizer, loaded.head)
-        quant = LoadedModel(str(out), reloaded, loaded.tokenizer, loaded.head)
-        summary["metric"] = {"name": f"{eval_split}_acc", "examples": len(records),
-                             "fp32": accuracy(plain, records, max_length),
-                             "int8": accuracy(quant, records, max_length)}
-    with atomic_file(out / "summary.json", "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2)
-    metric = summary.get("metric")
-    print(f"quantized {ckpt_path} -> {out}: {summary['fp32_mb']} MB -> {summary['int8_mb']} MB, batch 1 "
-          f"{lat['fp32']['batch_1']} -> {lat['int8']['batch_1']} ms" +
-          (f", {metric['name']} {metric['fp32']:.4f} -> {metric['int8']:.4f}" if metric else ""))
-    return 0
+        return fp32, quantize_static_q8bert(fp32, input_max)
+    return fp32, quantize_dynamic_int8(fp32, backend)

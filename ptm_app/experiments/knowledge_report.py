@@ -2,7 +2,7 @@
 side by side (issue 16; Qiu et al. 2020 §4.1, Han et al. 2021 on knowledge), from the runs, never typed.
 
 A plan (``configs/sweeps/knowledge_brown.yaml``) names the rows (``models``) and the downstream ``tasks``.  A model
-with ``pretrain`` is pre-trained by that config with the plan's ``pretrain_set`` overrides (the same steps for every row), tested
+with ``pretrain`` is pre-trained by that config with the plan's ``pretrain_set`` (the same steps for every row), tested
 (KEPLER's test is WordNet link prediction: filtered MRR, Hits@k), exported to ``<run>/export``, probed on a LAMA
 cloze of one WordNet relation (``analysis.knowledge_probe``: P@1 over the vocabulary) and fine-tuned on every task
 from that export.  A model without ``pretrain`` is fine-tuned from the tasks' configs as they are (MiniLM); one with

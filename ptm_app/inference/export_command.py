@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from ptm_app.backbones.build import quiet_transformers
-from ptm_app import export as exporting
+from ptm_app.export import check_online, export_checkpoint
+from ptm_app.export import push_to_hub as upload_to_hub  # the parameter is named push_to_hub
 from ptm_app.inference.loading import load_for_inference
 from ptm_app.paths import check_output_dir
 
@@ -28,7 +29,7 @@ def export_command(ckpt_path: str, output_dir: str, overwrite: bool = False, tru
     """
     check_output_dir(output_dir, overwrite, (ckpt_path,))
     if push_to_hub:
-        exporting.check_online(push_to_hub)
+        check_online(push_to_hub)
     also = None
     if format == "onnx":
         from ptm_app.inference.onnx_export import write_onnx
@@ -36,8 +37,8 @@ def export_command(ckpt_path: str, output_dir: str, overwrite: bool = False, tru
         loaded = load_for_inference(ckpt_path, trust_checkpoint)
         also = lambda directory: write_onnx(loaded, directory)  # noqa: E731
     with quiet_transformers():  # no "Writing model shards" bar: the command prints its one result line
-        out = exporting.export_checkpoint(ckpt_path, output_dir, trust=trust_checkpoint, also=also)
+        out = export_checkpoint(ckpt_path, output_dir, trust=trust_checkpoint, also=also)
     print(f"exported {ckpt_path} -> {out}" + (f" (with {out / 'model.onnx'})" if also else ""))
     if push_to_hub:
-        exporting.push_to_hub(out, push_to_hub)
+        upload_to_hub(out, push_to_hub)
     return 0

@@ -96,7 +96,7 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path, capfd):
     texts longer than max_length are named once, not once per row."""
     from ptm_app.compression.quantization import QUANT_WEIGHTS
     from ptm_app.inference.loading import load_for_inference
-    from ptm_app.compression.quantize import accuracy
+    from ptm_app.inference.compress_commands import accuracy
 
     runs = tmp_path / "runs"
     teacher = plain_teacher(tmp_path)
@@ -140,7 +140,7 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path, capfd):
 def test_report_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, capsys, monkeypatch):
     from ptm_app.compression.early_exit import EarlyExitModule
     from ptm_app.inference.loading import load_for_inference
-    from ptm_app.compression.quantize import accuracy
+    from ptm_app.inference.compress_commands import accuracy
 
     runs = tmp_path / "runs"
     teacher = plain_teacher(tmp_path)
