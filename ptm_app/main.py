@@ -162,9 +162,9 @@ def command_parser(name: str, entry: Command, function: Optional[Callable[..., A
     from jsonargparse import ArgumentParser
 
     function = function or entry.function()
-    doc = (function.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     lead = f" [{entry.positional.upper()} ...]" if entry.positional else ""
-    parser = ArgumentParser(prog=f"main.py {name}", description=doc, exit_on_error=False, default_env=False,
+    parser = ArgumentParser(prog=f"main.py {name}", description=f"{_summary(function)}.", exit_on_error=False,
+                            default_env=False,
                             usage=f"python main.py {name}{lead} [--config FILE.yaml] [--option value ...]")
     parser.add_argument("--config", action="config", help="a YAML file with any of the options below")
     if entry.trust:
@@ -230,7 +230,8 @@ def _print_parser(parser) -> int:
 
 
 def _summary(function: Callable[..., Any]) -> str:
-    return ((function.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ").strip()).rstrip(".")
+    """The first paragraph of the function's docstring, on one line, without its final full stop."""
+    return " ".join((function.__doc__ or "").strip().split("\n\n")[0].split()).rstrip(".")
 
 
 def _unknown(name: str, known: dict, what: str, hint: str) -> None:

@@ -48,21 +48,31 @@ def classification_loss(model, batch: dict) -> torch.Tensor:
     return F.cross_entropy(model(**inputs).logits.float(), batch["labels"])
 
 
-def prune_model(model, drop_layers: Optional[str] = None, heads: float = 0.0, rounds: int = 5,
-                batches: Optional[list[dict]] = None, sparsity: float = 0.0, scope: str = "global") -> None:
+def pruning_specs(heads: float = 0.0, rounds: int = 5, score_batches: int = 8, sparsity: float = 0.0,
+                  scope: str = "global"):
+    """The checked settings ``(HeadPruningSpec, MagnitudeSpec)``: a value out of range is one line, before anything
+    is loaded."""
+    from ptm_app.compression.magnitude import MagnitudeSpec
+    from ptm_app.compression.pruning import HeadPruningSpec
+
+    return (HeadPruningSpec(target=heads, rounds=rounds, every=1, score_batches=score_batches),
+            MagnitudeSpec(sparsity=sparsity, scope=scope))
+
+
+def prune_model(model, specs, drop_layers: Optional[str] = None, batches: Optional[list[dict]] = None) -> None:
     """Prune a transformers sequence classifier in place, without training: drop layers (``top:K``, ``alternate:K``
-    or a list), remove the fraction ``heads`` of all attention heads over ``rounds`` rounds, each scoring the heads
-    left on ``batches`` (Michel et al. 2019 §4.3), then zero the ``sparsity`` smallest block weights (Zhu & Gupta)."""
+    or a list), remove the fraction ``specs[0].target`` of all attention heads over its rounds, each scoring the
+    heads left on ``batches`` (Michel et al. 2019 §4.3), then zero the ``specs[1].sparsity`` smallest block weights
+    (Zhu & Gupta).  ``specs``: ``pruning_specs``."""
     from ptm_app.compression import heads as head_pruning
-    from ptm_app.compression.magnitude import MagnitudeSpec, magnitude_masks, prunable_weights
-    from ptm_app.compression.pruning import HeadPruningSpec, layers_to_drop
+    from ptm_app.compression.magnitude import magnitude_masks, prunable_weights
+    from ptm_app.compression.pruning import layers_to_drop
     from ptm_app.compression.pruning import drop_layers as remove_layers  # the parameter is named drop_layers
 
-    heads_spec = HeadPruningSpec(target=heads, rounds=rounds, every=1, score_batches=len(batches or []) or 1)
-    magnitude = MagnitudeSpec(sparsity=sparsity, scope=scope)
+    heads_spec, magnitude = specs
     if drop_layers:
         remove_layers(model, layers_to_drop(parse_layers(drop_layers), model.config.num_hidden_layers))
-    if heads > 0:
+    if heads_spec.target > 0:
         total = sum(head_pruning.heads_per_layer(model))
         for r in range(1, heads_spec.rounds + 1):
             gone = total - sum(head_pruning.heads_per_layer(model))
@@ -70,7 +80,7 @@ def prune_model(model, drop_layers: Optional[str] = None, heads: float = 0.0, ro
             if wanted > gone:
                 scores = head_pruning.michel_scores(model, batches, classification_loss)
                 head_pruning.prune_heads(model, head_pruning.heads_to_prune(scores, wanted - gone))
-    if sparsity > 0:
+    if magnitude.sparsity > 0:
         weights = prunable_weights(model)
         with torch.no_grad():
             for name, mask in magnitude_masks(weights, magnitude.sparsity, magnitude.scope).items():

@@ -12,7 +12,7 @@ from typing import Literal, Optional
 import torch
 
 from ptm_app.backbones.build import quiet_transformers
-from ptm_app.compression.prune import labelled_batches, prune_model, pruning_summary
+from ptm_app.compression.prune import labelled_batches, prune_model, pruning_specs, pruning_summary
 from ptm_app.compression.quantize import COMMAND_BACKENDS, SENTENCE, eval_records, latencies, to_int8
 from ptm_app.errors import PtmError
 from ptm_app.inference.loading import EXPORT_INFO, LoadedModel, load_for_inference
@@ -117,6 +117,7 @@ def prune(ckpt_path: str, output_dir: str, drop_layers: Optional[str] = None, he
     """
     from ptm_app.backbones.delta import transformers_model
 
+    specs = pruning_specs(heads, rounds, score_batches, sparsity, scope)
     if heads > 0 and not eval_source:
         raise PtmError("--heads scores heads on held-out data: give --eval_source (the prepared set the model was "
                        "fine-tuned on, e.g. bbc)")
@@ -130,7 +131,7 @@ def prune(ckpt_path: str, output_dir: str, drop_layers: Optional[str] = None, he
     if heads > 0:
         valid = eval_records(eval_source, "validation", score_batches * batch_size)
         batches = labelled_batches(loaded, valid, batch_size, max_length)
-    prune_model(model, drop_layers, heads, rounds, batches, sparsity, scope)
+    prune_model(model, specs, drop_layers, batches)
     out = Path(output_dir)
     with atomic_dir(out) as tmp, quiet_transformers():  # no "Writing model shards" bar
         model.save_pretrained(tmp)
