@@ -25,6 +25,14 @@ def accuracy(loaded: LoadedModel, records: list[dict], max_length: int) -> float
     return sum(row["label"] == r["label"] for row, r in zip(rows, records)) / max(len(records), 1)
 
 
+def before_after(loaded: LoadedModel, name: str, records: list[dict], max_length: int, **models) -> dict:
+    """The accuracy of each of ``models`` (``label=(reference, transformers model)``, with ``loaded``'s tokenizer
+    and head) on the same records."""
+    scores = {label: accuracy(LoadedModel(ref, model, loaded.tokenizer, loaded.head), records, max_length)
+              for label, (ref, model) in models.items()}
+    return {"name": name, "examples": len(records), **scores}
+
+
 def write_summary(out: Path, summary: dict) -> None:
     with atomic_file(out / "summary.json", "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
@@ -75,11 +83,8 @@ def quantize(ckpt_path: str, output_dir: str,
         if loaded.head != "sequence_classification":
             raise PtmError(f"--eval_source measures accuracy of a sequence classifier; {ckpt_path} is a "
                            f"{loaded.head} model: leave --eval_source out")
-        plain = LoadedModel(loaded.ref, fp32, loaded.tokenizer, loaded.head)
-        quant = LoadedModel(str(out), reloaded, loaded.tokenizer, loaded.head)
-        summary["metric"] = {"name": f"{eval_split}_acc", "examples": len(records),
-                             "fp32": accuracy(plain, records, max_length),
-                             "int8": accuracy(quant, records, max_length)}
+        summary["metric"] = before_after(loaded, f"{eval_split}_acc", records, max_length,
+                                         fp32=(loaded.ref, fp32), int8=(str(out), reloaded))
     write_summary(out, summary)
     metric = summary.get("metric")
     print(f"quantized {ckpt_path} -> {out}: {summary['fp32_mb']} MB -> {summary['int8_mb']} MB, batch 1 "
@@ -144,11 +149,8 @@ def prune(ckpt_path: str, output_dir: str, drop_layers: Optional[str] = None, he
                "latency_ms": latencies({"before": before, "after": model}, loaded.tokenizer, texts, max_length,
                                        repeats)}
     if records:
-        summary["metric"] = {"name": "test_acc", "examples": len(records),
-                             "before": accuracy(LoadedModel(loaded.ref, before, loaded.tokenizer, loaded.head),
-                                                records, max_length),
-                             "after": accuracy(LoadedModel(str(out), model, loaded.tokenizer, loaded.head),
-                                               records, max_length)}
+        summary["metric"] = before_after(loaded, "test_acc", records, max_length, before=(loaded.ref, before),
+                                         after=(str(out), model))
     write_summary(out, summary)
     metric = summary.get("metric")
     print(f"pruned {ckpt_path} -> {out}: {summary['params']['before']} -> {summary['params']['after']} "
