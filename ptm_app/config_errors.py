@@ -34,7 +34,7 @@ def one_line(exc: Exception, help_hint: str = _HELP) -> str:
     klass = re.search(r"import path string: ([\w.]+)", text) or re.search(r"[Ii]mport path '([\w.]+)'", text)
     if klass:
         where = group.group(1) if group else "config"
-        return f"unknown class '{klass.group(1)}' for '{where}'; use one of ptm_app's modules (README: Config catalogue)"
+        return f"unknown class '{klass.group(1)}' for '{where}'; use one of ptm_app's modules (configs/README.md lists the shipped recipes)"
     lines = [ln.strip(" -") for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("Parser key")]
     detail = [ln for ln in lines if not ln.startswith(("Subtypes", "Given value", "Errors", "Expected a"))] or lines
     message = " ".join(detail[:3]).replace("typing.", "")[:400]
