@@ -43,13 +43,13 @@ PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: data
 	$(PYTEST)
 
-# The adaptation results table (README): every style x task cell of the plan, fit + test, then the table.
+# The adaptation results table (docs/results/adaptation.md): every style x task cell of the plan, fit + test, then the table.
 # Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
 results: data
 	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml
 
-# The README's "What the models learned" tables and figures: every configs/analysis recipe as shipped, into
-# checkpoints/<recipe>/ (the README's tables are pasted from their .md files).  The robustness recipe evaluates
+# The tables and figures of docs/analyse.md: every configs/analysis recipe as shipped, into
+# checkpoints/<recipe>/ (the tables there are pasted from their .md files).  The robustness recipe evaluates
 # the tweet and BBC classifiers, and the probe of ptm_app's own recipe the small BERT run, each made
 # first when it is not there.  Slow (about two hours on 2 CPU cores); not part of `make test`.
 analysis: data
@@ -67,19 +67,19 @@ analysis: data
 	test -f checkpoints/bert_mlm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm.yaml
 	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml
 
-# The compression tables (README, issue 14): every configs/compress recipe for the BBC and the tweets teachers
+# The compression tables (docs/results/compression.md, issue 14): every configs/compress recipe for the BBC and the tweets teachers
 # (each report config names the command of each row; --make_missing true runs the ones not yet made, in order),
 # then the tables, latencies measured in one process.  Hours on 2 CPU cores; not part of `make test`.
 compress: data
-	$(PY) main.py compress-report --config configs/compress/report_bbc.yaml --make_missing true --readme README.md
-	$(PY) main.py compress-report --config configs/compress/report_tweets.yaml --make_missing true --readme README.md
+	$(PY) main.py compress-report --config configs/compress/report_bbc.yaml --make_missing true --readme docs/results/compression.md
+	$(PY) main.py compress-report --config configs/compress/report_tweets.yaml --make_missing true --readme docs/results/compression.md
 
-# The knowledge table (README "Knowledge-enriched pre-training"): five pre-trainings of the same small BERT on Brown
+# The knowledge table (docs/results/knowledge.md): five pre-trainings of the same small BERT on Brown
 # (MLM, ERNIE, SenseBERT, LIBERT, KEPLER) at equal steps, each exported, probed and fine-tuned on three tasks, and
 # MiniLM with and without K-Adapter; resumable (finished runs are skipped).  Many hours on 2 CPU cores (KEPLER's
 # link prediction embeds every WordNet synset); not part of `make test`.  Writes checkpoints/knowledge_brown/.
 knowledge: data
-	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme README.md
+	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme docs/results/knowledge.md
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).

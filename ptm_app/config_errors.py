@@ -34,7 +34,14 @@ def one_line(exc: Exception, help_hint: str = _HELP) -> str:
     klass = re.search(r"import path string: ([\w.]+)", text) or re.search(r"[Ii]mport path '([\w.]+)'", text)
     if klass:
         where = group.group(1) if group else "config"
-        return f"unknown class '{klass.group(1)}' for '{where}'; use one of ptm_app's modules (README: Config catalogue)"
+        return f"unknown class '{klass.group(1)}' for '{where}'; use one of ptm_app's modules (configs/README.md lists the shipped recipes)"
+    keys = re.findall(r'Parser key "([^"]+)"', text)
+    wrong = re.search(r"Expected an? (.+?)\. Got value: (.+)", text)
+    if len(keys) > 1 and wrong:  # a bad value of a nested setting: name the full key and what it accepts
+        wanted = re.sub(r"<class '([\w.]+)'>", r"\1", wrong.group(1).replace("typing.", ""))
+        choices = re.fullmatch(r"Literal\[(.*)\]", wanted)
+        wanted = f"one of {choices.group(1)}" if choices else wanted
+        return f"{prefix}{keys[-1]}: expected {wanted}, got {wrong.group(2).strip()}; {help_hint}"
     lines = [ln.strip(" -") for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("Parser key")]
     detail = [ln for ln in lines if not ln.startswith(("Subtypes", "Given value", "Errors", "Expected a"))] or lines
     message = " ".join(detail[:3]).replace("typing.", "")[:400]

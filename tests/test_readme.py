@@ -1,12 +1,17 @@
-"""The README's config catalogue lists exactly the shipped configs, and shows the two set-up commands."""
+"""The README and its pages under docs/ say what is true: the config catalogue (configs/README.md) lists exactly the
+shipped configs, the README shows the two set-up commands and stays short, every link and figure resolves, and the
+tables the pages name are checked against the code."""
 from pathlib import Path
 import re
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+DOC_PAGES = [ROOT / "README.md", ROOT / "configs" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def test_catalogue_matches_configs():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "configs" / "README.md").read_text()
     listed = set(re.findall(r"`(configs/[\w/.-]+\.yaml)`", readme))
     shipped = {str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml")}
     assert listed == shipped
@@ -20,7 +25,7 @@ def test_quickstart_has_the_two_commands():
 def test_taxonomy_rows_match_their_configs():
     import yaml
 
-    section = (ROOT / "README.md").read_text().split("## Pre-training taxonomy")[1].split("\n## ")[0]
+    section = (ROOT / "docs" / "pretrain.md").read_text().split("## Pre-training taxonomy")[1].split("\n## ")[0]
     rows = [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in section.splitlines()
             if line.startswith("| ") and "configs/" in line]
     listed = {row[5] for row in rows}
@@ -40,16 +45,47 @@ def test_architecture_names_only_paths_that_exist():
     assert not missing, missing
 
 
-def test_every_figure_the_readme_shows_is_in_the_repo():
-    """The README's pictures (docs/figures/, copied from the runs that made its tables) exist."""
-    import re
-
+def test_the_readme_is_short_and_links_its_pages():
     text = (ROOT / "README.md").read_text()
-    figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert len(figures) >= 5
-    for figure in figures:
-        path = ROOT / figure
-        assert path.is_file() and path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG", figure
+    assert len(text.splitlines()) < 300
+    linked = set(re.findall(r"\]\((docs/[\w/.-]+\.md)\)", text))
+    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")} - {"docs/design.md", "docs/data_engine_plan.md"}
+    assert pages <= linked, pages - linked  # every tutorial page is reachable from the README
+
+
+def test_every_relative_link_resolves():
+    """Links between the README, configs/README.md and docs/ (relative to the page that holds them) name files that
+    exist, so a moved page or figure fails here."""
+    checked = 0
+    for page in DOC_PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            assert (page.parent / target).resolve().exists(), f"{page.relative_to(ROOT)}: {target}"
+            checked += 1
+    assert checked > 20
+
+
+def test_every_figure_the_pages_show_is_in_the_repo():
+    """The pictures (docs/figures/, copied from the runs that made their tables) exist and are PNGs."""
+    figures = [(page.parent / f).resolve() for page in DOC_PAGES
+               for f in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())]
+    assert len(figures) >= 6
+    for path in figures:
+        assert path.is_file() and path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG", path
+
+
+def test_generated_tables_sit_between_their_commands_markers():
+    """The results pages hold the tables their commands write (``--readme PAGE``, between ``<!-- name:start -->``
+    and ``<!-- name:end -->``), and the Makefile target that regenerates each page names that page."""
+    makefile = (ROOT / "Makefile").read_text()
+    for page, markers in {"docs/results/compression.md": ["compress_report_bbc", "compress_report_tweets"],
+                          "docs/results/knowledge.md": ["knowledge_brown"]}.items():
+        text = (ROOT / page).read_text()
+        for name in markers:
+            block = text.split(f"<!-- {name}:start -->")[1].split(f"<!-- {name}:end -->")[0]
+            assert block.count("\n|") > 3, (page, name)
+        assert f"--readme {page}" in makefile, page
 
 
 def golden_tests_by_corruption_module() -> dict[str, set[str]]:
@@ -77,7 +113,7 @@ def golden_tests_by_corruption_module() -> dict[str, set[str]]:
 
 
 def test_every_corruption_module_the_readme_names_has_a_golden_test_on_the_canonical_example():
-    sentence = (ROOT / "README.md").read_text().split("Corruptions are pure, seeded functions in")[1].split("\n\n")[0]
+    sentence = (ROOT / "docs" / "pretrain.md").read_text().split("Corruptions are pure, seeded functions in")[1].split("\n\n")[0]
     modules = re.split(r",\s+", re.search(r"\(([a-z0-9,\s]+)\)", sentence).group(1))
     assert len(modules) >= 8 and "canonical" in sentence
     found = golden_tests_by_corruption_module()

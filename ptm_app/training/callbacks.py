@@ -44,7 +44,7 @@ class LastCheckpoint(Callback):
     """Writes ``last.ckpt`` at the end of a training step, where Lightning's restart logic is exact.
 
     It saves every ``every_n_steps`` steps, at the last step of every epoch, and before stopping:
-    on ``max_steps``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
+    on ``max_steps``, on ``PtmTrainer``'s ``max_flops``, on ``stop_at_step`` (pause a run without changing its LR schedule), on
     Ctrl-C or on SIGTERM.  A second Ctrl-C aborts at once.
 
     SIGTERM: from the start of training this callback owns the signal (it still forwards it to the processes a
@@ -102,7 +102,9 @@ class LastCheckpoint(Callback):
             return
         step = trainer.global_step
         sigterm = self.sigterm
-        stop = self.requested or sigterm or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step
+        budget = getattr(trainer, "training_flops", None)  # PtmTrainer's max_flops rule (decided before this callback)
+        stop = (self.requested or sigterm or 0 < trainer.max_steps <= step or 0 < self.stop_at_step <= step
+                or (budget is not None and budget.spent))
         if trainer.world_size > 1:  # every rank must save (sharded checkpoints) and stop together
             flags = trainer.strategy.reduce(torch.tensor([float(stop), float(sigterm)],
                                                          device=trainer.strategy.root_device), reduce_op="max")
@@ -242,6 +244,9 @@ class RunSummary(Callback):
         summary.setdefault("metrics", {}).update(metrics)
         facts = getattr(pl_module, "summary_facts", None)  # a module's own facts (a student's and teacher's sizes ...)
         summary.update(facts() if facts is not None else {})
+        flops = getattr(trainer, "training_flops", None)  # PtmTrainer's count (throughput.TrainingFlops)
+        if flops is not None and flops.totals()["tokens"]:
+            summary.update({f"train_{k}": v for k, v in flops.totals().items()})
         summary.update(updates)
         with atomic_file(self.path, "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2, sort_keys=True)

@@ -1,6 +1,10 @@
 """AdamW with linear warm-up, then linear / cosine decay (BERT: Devlin et al. 2019 App. A.2;
 RoBERTa: Liu et al. 2019 §3.1).  Weight decay skips biases and normalisation weights.
 
+The optimisers of large-batch pre-training are settings of the same config (``name``): LAMB (You et al. 2020,
+``training/lamb.py``) and Adafactor (Shazeer & Stern 2018, torch's ``torch.optim.Adafactor``: factored second
+moments, relative step size ``min(lr, 1/√t)·max(ε2, RMS(x))``, update clipping at ``clip_threshold``).
+
 ULMFiT (Howard & Ruder 2018 §3.2): discriminative fine-tuning (``layer_decay``: each layer's LR is the
 next higher layer's divided by the decay) and slanted triangular learning rates (``schedule: stlr``)."""
 from __future__ import annotations
@@ -19,6 +23,10 @@ class OptimConfig:
     """Optimiser and learning-rate schedule.
 
     Args:
+        name: ``adamw`` (default), ``lamb`` (layer-wise trust ratio ‖x‖/‖u‖ on every matrix; biases and norm
+            weights take a plain step, as the reference BERT LAMB) or ``adafactor`` (T5's optimiser: ``lr`` caps the
+            relative step ``min(lr, 1/√t)``, so T5's schedule is ``lr: 0.01, schedule: constant, warmup: 0``;
+            ``betas`` and ``eps`` do not apply).
         lr: peak learning rate.
         weight_decay: decoupled weight decay for matrices (biases and norm weights get none).
         betas / eps: AdamW moments.
@@ -30,11 +38,14 @@ class OptimConfig:
             head get ``lr``, every layer below gets the LR of the one above divided by ``layer_decay``,
             so the embeddings get ``lr / layer_decay**L``.  1.0 = one LR for all.
         cut_frac / ratio: STLR's rising fraction of all steps and its lowest/peak LR ratio (0.1 and 32).
+        beta2_decay / clip_threshold: Adafactor's τ in ``β2_t = 1 - t^τ`` (-0.8, paper §7.2) and update clipping
+            threshold d (1.0, §6; torch requires d >= 1); adafactor only.
         fused: torch's fused AdamW (one kernel over all parameters: ``fused_if_possible``).  None (default): fused
             wherever it can run, on a CPU and on a GPU; true: fused or a one-line error saying why it cannot be;
             false: torch's default (``foreach`` on a GPU, a loop over the tensors on a CPU).
     """
 
+    name: Literal["adamw", "lamb", "adafactor"] = "adamw"
     lr: float = 5e-5
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -46,8 +57,20 @@ class OptimConfig:
     cut_frac: float = 0.1
     ratio: float = 32.0
     fused: Optional[bool] = None
+    beta2_decay: float = -0.8
+    clip_threshold: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.name not in ("adamw", "lamb", "adafactor"):
+            raise PtmError(f"optim.name '{self.name}' is not an optimiser here; use adamw, lamb or adafactor")
+        if self.fused and self.name != "adamw":
+            raise PtmError(f"optim.fused applies to adamw only (name: {self.name}); remove it")
+        if self.name != "adafactor" and (self.beta2_decay != -0.8 or self.clip_threshold != 1.0):
+            raise PtmError(f"optim.beta2_decay and optim.clip_threshold are Adafactor's (name: {self.name}); "
+                           f"remove them or set name: adafactor")
+        if not self.beta2_decay <= 0 or self.clip_threshold < 1:
+            raise PtmError(f"optim.beta2_decay must be <= 0 and optim.clip_threshold >= 1 (got {self.beta2_decay}, "
+                           f"{self.clip_threshold})")
         if self.layer_decay <= 0:
             raise PtmError(f"optim.layer_decay must be > 0 (got {self.layer_decay}); 1.0 turns it off")
         if not 0 < self.cut_frac < 1 or self.ratio < 1:
@@ -157,16 +180,29 @@ def _unfused_reason(model: torch.nn.Module, groups: list[dict]) -> Optional[str]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int) -> dict:
-    """Lightning ``configure_optimizers`` return value: AdamW + a per-step LambdaLR."""
+    """Lightning ``configure_optimizers`` return value: the optimiser ``cfg.name`` + a per-step LambdaLR."""
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     for group in groups:
         if "lr_scale" in group:
             group["lr"] = cfg.lr * group["lr_scale"]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                                  **fused_if_possible(model, groups, cfg.fused))
+    optimizer = make_optimizer(model, groups, cfg)
     total = max(1, int(total_steps))
     warmup = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, total, warmup, cfg.schedule, cfg.min_lr_ratio, cfg.cut_frac, cfg.ratio)
     )
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+
+def make_optimizer(model: torch.nn.Module, groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimiser named by ``cfg.name`` over ``groups`` (``param_groups``)."""
+    if cfg.name == "lamb":
+        from ptm_app.training.lamb import Lamb
+
+        for group in groups:  # the trust ratio on matrices; biases and norm weights take a plain step
+            group["adapt"] = all(p.ndim > 1 for p in group["params"])
+        return Lamb(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    if cfg.name == "adafactor":
+        return torch.optim.Adafactor(groups, lr=cfg.lr, beta2_decay=cfg.beta2_decay, d=cfg.clip_threshold)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                             **fused_if_possible(model, groups, cfg.fused))

@@ -334,3 +334,68 @@ def _writes_logs_now(trainer) -> bool:
         return trainer._logger_connector.should_update_logs and not trainer.fit_loop._should_accumulate()
     except AttributeError:  # another Lightning layout: every ``log_every_n_steps`` optimizer steps
         return trainer.log_every_n_steps > 0 and (trainer.global_step + 1) % trainer.log_every_n_steps == 0
+
+
+class TrainingFlops(Callback):
+    """Counts the training FLOPs of a run (``training_flops_per_token`` × each batch's non-padding tokens, ELECTRA's
+    generator and every objective's extra layers included: they are parameters of the module) and, with
+    ``max_flops``, stops it at the first optimizer step at or past that budget (the compute-equal comparisons of
+    Clark et al. 2020 Figure 1; ``PtmTrainer(max_flops=...)``, ``trainer.max_flops`` in a config).
+
+    The count is this process's tokens × world size (the ranks train equal batches; with dynamic padding their real
+    tokens differ a little), kept on the device between optimizer steps.  With a budget it is read at every optimizer
+    step (one host sync), and the ranks stop together (one boolean reduce).  It is saved in checkpoints, so a resumed
+    run keeps counting from where it stopped, and ``summary.json`` records ``train_flops`` and ``train_tokens``.
+    """
+
+    def __init__(self, max_flops: Optional[float] = None):
+        from ptm_app.errors import PtmError
+
+        if max_flops is not None and not max_flops > 0:
+            raise PtmError(f"trainer.max_flops must be a positive number of FLOPs (got {max_flops}), e.g. 1.0e15")
+        self.max_flops = max_flops
+        self.spent = False
+        self._before = {"flops": 0.0, "tokens": 0.0}  # from the checkpoint of a resumed run
+        self._local: Optional[torch.Tensor] = None  # [flops, tokens] of this process since the start or resume
+        self._per_token: dict[int, float] = {}
+        self._world = 1
+
+    def totals(self) -> dict[str, float]:
+        """``{"flops": ..., "tokens": ...}`` over the whole run (every rank, every resumed session)."""
+        local = self._local.tolist() if self._local is not None else [0.0, 0.0]
+        return {"flops": self._before["flops"] + local[0] * self._world,
+                "tokens": self._before["tokens"] + local[1] * self._world}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._world = trainer.world_size
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        from ptm_app.training.callbacks import optimizer_stepped
+
+        if not isinstance(batch, dict) or "input_ids" not in batch:
+            return
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        real = mask.sum() if mask is not None and mask.dim() == 2 else torch.tensor(ids.numel(), device=ids.device)
+        if ids.shape[1] not in self._per_token:
+            self._per_token[ids.shape[1]] = training_flops_per_token(pl_module, ids.shape[1])
+        step = torch.stack([real.double() * self._per_token[ids.shape[1]], real.double()])
+        self._local = step if self._local is None else self._local + step.to(self._local.device)
+        if self.max_flops is None or not optimizer_stepped(trainer):
+            return
+        flops = self.totals()["flops"]
+        if trainer.global_step == 1 and flops > self.max_flops and not self._before["flops"]:
+            from ptm_app.errors import PtmError
+
+            raise PtmError(f"trainer.max_flops={self.max_flops:.3g} is smaller than one optimizer step "
+                           f"({flops:.3g} FLOPs here); raise it or make the batch smaller")
+        spent = flops >= self.max_flops
+        if trainer.world_size > 1:
+            spent = trainer.strategy.reduce_boolean_decision(spent, all=False)
+        if spent:
+            self.spent = trainer.should_stop = True
+
+    def state_dict(self) -> dict:
+        return self.totals()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._before = {"flops": float(state_dict.get("flops", 0.0)), "tokens": float(state_dict.get("tokens", 0.0))}

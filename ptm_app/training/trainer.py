@@ -10,6 +10,7 @@ from lightning.pytorch.accelerators import Accelerator, CUDAAccelerator
 
 from ptm_app.data.contract import connect
 from ptm_app.training.precision import check_hardware, choose_precision, warn_emulated_bf16
+from ptm_app.training.throughput import TrainingFlops
 
 
 class PtmTrainer(Trainer):
@@ -19,11 +20,14 @@ class PtmTrainer(Trainer):
       precision the hardware runs natively (``training.precision``); ``precision_reason`` says why, and what the
       hardware cannot run (fp16 on a CPU, a GPU or devices that are not there) is one line;
     - ``fit`` / ``validate`` / ``test`` / ``predict`` first ``connect`` the module and the DataModule
-      (``data.contract``): the data's facts to the module, the module's collators to the data.
+      (``data.contract``): the data's facts to the module, the module's collators to the data;
+    - ``max_flops``: stop at the first optimizer step at or past this many training FLOPs (``TrainingFlops``, which
+      every run carries as ``training_flops``: its totals go to ``summary.json``).  The LR schedule still spans
+      ``max_steps``: set both, or a ``constant`` schedule.
     """
 
     def __init__(self, *args, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = "auto",
-                 accelerator: Union[str, Accelerator] = "auto", **kwargs):
+                 accelerator: Union[str, Accelerator] = "auto", max_flops: Optional[float] = None, **kwargs):
         name = accelerator if isinstance(accelerator, str) else ("gpu" if isinstance(accelerator, CUDAAccelerator)
                                                                  else "cpu")
         check_hardware(name, kwargs.get("devices", "auto"), precision)
@@ -33,6 +37,9 @@ class PtmTrainer(Trainer):
         else:
             self.precision_reason = "set by the config"
             warn_emulated_bf16(name, precision)
+        self.training_flops = TrainingFlops(max_flops)
+        given = kwargs.get("callbacks") or []  # (set in kwargs: jsonargparse reads this signature through the call)
+        kwargs["callbacks"] = [self.training_flops, *(given if isinstance(given, list) else [given])]
         super().__init__(*args, precision=precision, accelerator=accelerator, **kwargs)
 
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, **kwargs):

@@ -3,6 +3,7 @@ the real prepared data, and the demo chain works end to end.  Pre-training recip
 test_recipes.py (resume, export, overfitting); every config parses here."""
 import json
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -27,8 +28,8 @@ def test_catalogue_is_not_empty():
 def test_every_config_parses(config, capsys):
     from ptm_app.main import main
 
-    addition = config.parent.name in ("strategy", "memory")  # added to a run config
-    base = ["--config", str(ROOT / "configs" / "pretrain" / "bert_mlm.yaml")] if addition else []
+    addition = config.parent.name in OVERLAYS  # added to a run config
+    base = ["--config", str(overlay_base(config))] if addition else []
     with pytest.raises(SystemExit) as done:  # --print_config prints the resolved config and exits 0
         main(["fit", *base, "--config", str(config), "--print_config"])
     assert done.value.code in (0, None)
@@ -41,8 +42,15 @@ def test_every_config_parses(config, capsys):
 AS_SHIPPED = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
               "--trainer.limit_predict_batches", "1"]
 FEW_DOCUMENTS = ["--data.init_args.limit_documents", "64"]
-OVERLAYS = ("strategy", "memory")  # added to a run config: here to this recipe
+OVERLAYS = ("strategy", "memory", "optim")  # added to a run config: here to this recipe (or the one it names)
 OVERLAY_BASE = ROOT / "configs" / "pretrain" / "bert_mlm.yaml"
+OVERLAY_BASES = {"optim/lamb_8x_batch": "pretrain/bert", "optim/adafactor_t5": "pretrain/t5"}
+
+
+def overlay_base(config: Path) -> Path:
+    """The recipe an overlay is added to: for ``optim/`` the one its header comment shows it with, else bert_mlm."""
+    name = f"{config.parent.name}/{config.stem}"
+    return ROOT / "configs" / f"{OVERLAY_BASES[name]}.yaml" if name in OVERLAY_BASES else OVERLAY_BASE
 NOT_TRAINED = {"icl_tweets", "icl_tweets_smollm2", "icl_bbc_smollm2"}  # in-context evaluation: 'test', never 'fit'
 BEFORE = {  # configs that start from another run: those runs first, as shipped (then exported, for .../export)
     "adapt/ulmfit_2_classifier": ["adapt/ulmfit_1_lm"],
@@ -57,7 +65,8 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # (about 5-15 s each on 2 quiet cores); the rest are slow tests (make test-slow): 60 configs take ~35 min.
 # Left to make test-slow where the default suite runs the recipe another way: bbc_minilm (the demo chain fine-tunes
 # MiniLM on BBC), brown_pos_minilm and wordnet_qa_minilm (tests/adaptation/test_token_qa.py trains and predicts with
-# them), the features_* configs (tests/adaptation/test_features_strategies.py), xlm and roberta (test_recipes.py).
+# them), the features_* configs (tests/adaptation/test_features_strategies.py), xlm and roberta (test_recipes.py), the
+# optim/ overlays (tests/training/test_large_batch_optim.py runs them as shipped and checks the optimiser's state).
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
     "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm"} | {"pretrain/unilm", "adapt/prompt_tweets"}
 
@@ -70,14 +79,14 @@ def pretrains(config: Path) -> bool:
     return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule"))
 
 
-def shipped_args(config: Path, base: Path = OVERLAY_BASE) -> list[str]:
+def shipped_args(config: Path, base: Optional[Path] = None) -> list[str]:
     """``--config`` (after the recipe ``base``, for an overlay) and the run-length limits."""
-    configs = [base, config] if config.parent.name in OVERLAYS else [config]
+    configs = [base or overlay_base(config), config] if config.parent.name in OVERLAYS else [config]
     args = [a for c in configs for a in ("--config", str(c))] + AS_SHIPPED
     return args + (FEW_DOCUMENTS if pretrains(configs[0]) else [])
 
 
-def run_as_shipped(config: Path, root: Path, base: Path = OVERLAY_BASE) -> Path:
+def run_as_shipped(config: Path, root: Path, base: Optional[Path] = None) -> Path:
     """Run ``config`` (an overlay: added to the recipe ``base``) for 2 steps (``test`` for evaluation-only configs)
     with the working directory at ``root`` and its runs in ``root/checkpoints`` (the configs' relative paths:
     ``checkpoints/gpt_clm/export``, ``data/parallel/en-fr.tsv``); returns the run directory."""
@@ -91,6 +100,7 @@ def run_as_shipped(config: Path, root: Path, base: Path = OVERLAY_BASE) -> Path:
             assert run_main(["export", "--ckpt_path", str(run), "--output_dir", str(run / "export")], runs) == 0
         else:
             run_as_shipped(ROOT / "configs" / f"{step}.yaml", root)
+    base = base or overlay_base(config)
     recipe = base if config.parent.name in OVERLAYS else config
     if recipe.stem == "xlm":  # the user's parallel corpus, where the recipe expects it
         (root / "data" / "parallel").mkdir(parents=True, exist_ok=True)
