@@ -181,22 +181,26 @@ def _group_parser(name: str, group: dict[str, Command]):
     parser = ArgumentParser(prog=f"main.py {name}", exit_on_error=False)
     sub = parser.add_subcommands(required=True, dest="subcommand")
     for key, entry in group.items():
-        sub.add_subcommand(key, ArgumentParser(), help=_summary(entry.function()))
+        sub.add_subcommand(key, ArgumentParser(), help=_entry_summary(entry))
     return parser
 
 
+LIGHTNING_HELP = {"fit": "Train a model", "validate": "One evaluation epoch over the validation set",
+                  "test": "One evaluation epoch over the test set",
+                  "predict": "Predictions for the data's predict split"}
+
+
 def top_parser():
-    """The top-level parser: one subcommand per row of the table (help: the function's first docstring line)."""
+    """The top-level parser: one subcommand per row of the table, its help the function's first docstring line, read
+    from the source (``_entry_summary``) so that ``--help`` imports no command module."""
     from jsonargparse import ArgumentParser
-    from lightning.pytorch import Trainer
 
     parser = ArgumentParser(prog="main.py", description=DESCRIPTION, exit_on_error=False,
                             usage="python main.py COMMAND [--config FILE.yaml] [--option value ...]")
     sub = parser.add_subcommands(required=True, dest="command")
     for name in LIGHTNING:
-        first = _summary(getattr(Trainer, name)).split(". ")[0]
-        sub.add_subcommand(name, ArgumentParser(), help=f"{first} (LightningCLI: --config FILE.yaml [--key value "
-                                                        f"...] [--ckpt_path last|best|FILE])")
+        sub.add_subcommand(name, ArgumentParser(), help=f"{LIGHTNING_HELP[name]} (LightningCLI: --config FILE.yaml "
+                                                        f"[--key value ...] [--ckpt_path last|best|FILE])")
     for name, entry in COMMANDS.items():
         if name in LIGHTNING:
             continue
@@ -209,13 +213,14 @@ def top_parser():
 
 
 def _entry_summary(entry: Command) -> str:
-    """The function's first docstring line, or what it needs when its module cannot be imported here."""
-    from ptm_app.errors import PtmError
+    """The first paragraph of the function's docstring, read from its module's source without importing it."""
+    import ast
 
-    try:
-        return _summary(entry.function())
-    except PtmError as exc:
-        return f"(not installed: {exc})"
+    module, _, name = entry.target.partition(":")
+    source = Path(__file__).resolve().parents[1].joinpath(*module.split(".")).with_suffix(".py")
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    function = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name)
+    return _first_paragraph(ast.get_docstring(function) or "")
 
 
 def print_help() -> None:
@@ -231,7 +236,11 @@ def _print_parser(parser) -> int:
 
 def _summary(function: Callable[..., Any]) -> str:
     """The first paragraph of the function's docstring, on one line, without its final full stop."""
-    return " ".join((function.__doc__ or "").strip().split("\n\n")[0].split()).rstrip(".")
+    return _first_paragraph(function.__doc__ or "")
+
+
+def _first_paragraph(doc: str) -> str:
+    return " ".join(doc.strip().split("\n\n")[0].split()).rstrip(".")
 
 
 def _unknown(name: str, known: dict, what: str, hint: str) -> None:

@@ -127,3 +127,17 @@ def test_no_hand_written_parser_is_left():
     found = [str(p.relative_to(ROOT)) for p in (ROOT / "ptm_app").rglob("*.py")
              if "argparse.ArgumentParser" in p.read_text() or "USAGE = " in p.read_text()]
     assert found == []
+
+
+def test_top_level_help_imports_no_command_module():
+    """``python main.py --help`` reads the summaries from the sources: no command module (nor torch) is imported,
+    so it answers at once."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ptm_app.main import print_help; print_help(); "
+            "loaded = [m for m in sys.modules if m.startswith(('torch', 'lightning', 'ptm_app.inference', "
+            "'ptm_app.experiments', 'ptm_app.analysis'))]; print('LOADED', loaded)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "LOADED []" in out
+    assert "Export a ptm_app checkpoint" in out and "knowledge-report" in out
