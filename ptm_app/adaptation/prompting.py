@@ -50,6 +50,7 @@ class _LabelScoringModule(TaskModule):
 
     monitor = ("val/acc", "max")
     task_kind = "sequence"
+    predicts_rows = False  # its predict_step scores verbalizers: predict --config, not predict --text
 
     def __init__(self, backbone: Optional[str], backbone_config: Optional[dict], optim: OptimConfig = OptimConfig(),
                  gradient_checkpointing: bool = False):

@@ -51,7 +51,7 @@ def mixing_rates(sizes: list[int], mixing: Mixing = "proportional", temperature:
 
 
 def task_kind(module: pl.LightningDataModule) -> str:
-    """The task type a task's data needs (``tasks.types.TASK_TYPES``: head, loss, metrics): its ``kind``."""
+    """The task type a task's data needs (``task_kinds.registry.TASK_TYPES``: head, loss, metrics): its ``kind``."""
     return module.kind
 
 
