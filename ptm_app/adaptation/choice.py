@@ -29,7 +29,6 @@ class MultipleChoiceModule(TaskModule):
     """
 
     head = "multiple_choice"
-    monitor = ("val/acc", "max")
     task_kind = "choice"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

@@ -40,11 +40,11 @@ class SequenceClassificationModule(TaskModule):
             pfeiffer, pals), lora, ia3, prefix, prompt, ptuning or bitfit; only the delta (+ head) trains.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
         kind: the task kind (``task_kinds.registry``): ``sequence`` (one label per text, the default) or another
-            kind of this model class whose entry gives the loss, metrics and predictions; by default the data's.
+            kind of this model class (its entry gives the loss, metrics, best-checkpoint metric and predictions);
+            it must be the data's kind.
     """
 
     head = "sequence_classification"
-    monitor = ("val/acc", "max")
     task_kind = "sequence"
     needs_labels = True  # one logit per label (regression: one value)
 
@@ -69,7 +69,7 @@ class SequenceClassificationModule(TaskModule):
         if facts is not None and facts.task == "regression":
             raise PtmError(f"{type(self).__name__} classifies, and data.task is regression; "
                            f"use model.class_path: SequenceRegressionModule")
-        self.take_data_kind(facts)
+        self.check_data_kind(facts)
         labels = list(self.hparams.labels or [])
         if not labels:
             raise PtmError("SequenceClassificationModule needs labels: set model.init_args.labels or use a TaskDataModule")
@@ -77,16 +77,19 @@ class SequenceClassificationModule(TaskModule):
         return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
                 "label2id": {n: i for i, n in enumerate(labels)}, **problem}
 
-    def take_data_kind(self, facts) -> None:
-        """Train the data's task kind when it is another kind of this model class (``kind`` unset)."""
+    def check_data_kind(self, facts) -> None:
+        """The data's task kind must be the one this module trains (``kind``): one line naming the setting."""
+        if self.kind.model_class != self.head:
+            raise PtmError(f"model.init_args.kind {self.kind.name}: {type(self).__name__} trains the kinds of a "
+                           f"{self.head} model; for {self.kind.name} use the module of that kind")
         data_kind = getattr(facts, "kind", None)
-        if facts is None or self.hparams.get("kind") is not None or data_kind in (None, self.task_kind):
+        if facts is None or data_kind is None or task_kind(data_kind, "data").name == self.kind.name:
             return
         entry = task_kind(data_kind, "data")
-        if entry.model_class != self.head or "kind" not in self.hparams:
-            raise PtmError(f"{type(self).__name__} trains the {self.task_kind} kind, and the data is of kind "
-                           f"{data_kind}; use the module of that kind")
-        self.hparams.kind = entry.name
+        fix = (f"set model.init_args.kind: {entry.name}" if entry.model_class == self.head and "kind" in self.hparams
+               else "use the module of that kind")
+        raise PtmError(f"{type(self).__name__} trains the {self.kind.name} kind, and the data is of kind "
+                       f"{entry.name}; {fix}")
 
     def build_metrics(self):
         labels = self.task_labels()
@@ -110,7 +113,6 @@ class SequenceRegressionModule(SequenceClassificationModule):
     option but the label set (delta tuning, ``init_from``, L2-SP).
     """
 
-    monitor = ("val/pearson", "max")
     task_kind = "regression"
     needs_labels = False
 

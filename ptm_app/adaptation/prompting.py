@@ -48,7 +48,6 @@ class _LabelScoringModule(TaskModule):
     """Shared: the label set, ``val``/``test`` accuracy and macro-F1 over label scores (the ``sequence`` task type,
     as ``SequenceClassificationModule``), cross-entropy as ``*/loss``, predictions with label probabilities."""
 
-    monitor = ("val/acc", "max")
     task_kind = "sequence"
     predicts_rows = False  # its predict_step scores verbalizers: predict --config, not predict --text
 

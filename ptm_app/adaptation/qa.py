@@ -37,7 +37,6 @@ class QuestionAnsweringModule(TaskModule):
     """
 
     head = "question_answering"
-    monitor = ("val/f1", "max")
     task_kind = "qa"
     metric_stages = ("val", "test", "predict")  # predict collects spans too
 

@@ -43,6 +43,11 @@ class TaskModule(PtmModule):
     def kind(self) -> TaskKind:
         return task_kind(self.kind_name())
 
+    @property
+    def monitor(self) -> tuple[str, str]:
+        """The best checkpoint's metric: the kind's main one on validation (higher is better)."""
+        return f"val/{self.kind.main_metric}", "max"
+
     def task_labels(self) -> Optional[list[str]]:
         """The label names the metrics need (None for regression and QA)."""
         labels = self.hparams.get("labels")

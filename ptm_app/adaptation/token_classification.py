@@ -37,7 +37,6 @@ class TokenClassificationModule(TaskModule):
     """
 
     head = "token_classification"
-    monitor = ("val/acc", "max")
     task_kind = "token"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

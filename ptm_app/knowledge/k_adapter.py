@@ -76,7 +76,6 @@ class KAdapterModule(TaskModule):
     """
 
     head = "base"
-    monitor = ("val/acc", "max")
     task_kind = "sequence"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
