@@ -16,8 +16,9 @@ beside it) plus its data module.
 
 Kinds: ``sequence`` (classification, single sentences and pairs), ``regression``, ``token`` (tagging), ``qa``
 (extractive spans), ``choice`` (multiple choice: SWAG / RACE style, Devlin et al. 2019 §4.4; each (question, choice)
-pair is encoded on its own and a single score per pair is soft-maxed over the choices) and ``generation`` (a
-seq2seq or causal LM's decoding: its loss and metrics are the module's own).
+pair is encoded on its own and a single score per pair is soft-maxed over the choices), ``generation`` (a
+seq2seq or causal LM's decoding: its loss and metrics are the module's own) and ``multilabel`` (label sets:
+``task_kinds.multilabel``, an entry with its parts in a module of its own).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.errors import PtmError
 from ptm_app.inference import predictors
 from ptm_app.task_kinds.forms import CHOICES, QA, TEXT, WORDS
+from ptm_app.task_kinds import multilabel
 from ptm_app.task_kinds.kind import Prediction, TaskKind
 from ptm_app.task_kinds.parts import (ChoiceMetrics, Choices, CrossEntropy, LabelMetrics, MeanSquaredError, Pooled,
                                        RegressionMetrics, Softmax, SpanCrossEntropy, SpanMetrics, Spans,
@@ -62,6 +64,7 @@ TASK_KINDS: dict[str, TaskKind] = _kinds(
              scores=Softmax()),
     TaskKind("generation", "seq2seq_lm", None, None, Seq2SeqDataModule, None, None, None,
              Prediction(TEXT, predictors.generation_rows)),
+    multilabel.KIND,
 )
 
 # names used before the registry had one name per kind: read from old checkpoints, exports and configs

@@ -72,6 +72,11 @@ def copy_rows(n, seed):
     return rows
 
 
+def label_set_rows(n, seed):
+    return [{"id": d["id"], "text": d["text"], "labels": sorted({d["label"], "long" if len(d["text"]) > 60 else "short"})}
+            for d in make_docs(n, seed)]
+
+
 def text_input(record):
     return ["--text", record["text"]], {"text": record["text"]}
 
@@ -98,6 +103,8 @@ CASES = {
                    ("Seq2SeqDataModule", {"max_source_length": 16, "max_target_length": 4,
                                           "tokenizer": {"train": "bpe", "vocab_size": 300, "min_frequency": 1}}),
                    {"generated"}, text_input),
+    "multilabel": (label_set_rows, ("SequenceClassificationModule", {"kind": "multilabel"}),
+                   ("MultiLabelDataModule", {"max_length": 32}), {"labels", "probs"}, text_input),
 }
 
 
