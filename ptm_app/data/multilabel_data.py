@@ -13,7 +13,7 @@ from typing import Optional
 
 from ptm_app.data.datamodules import TaskDataModule
 from ptm_app.data.encoded import EncodedSplit, encoded_split, read_rows, record_ids
-from ptm_app.data.tasks import Overlong
+from ptm_app.data.tasks import Overlong, tokenize_texts
 from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
 from ptm_app.errors import DataFormatError
 from ptm_app.paths import sha256_file
@@ -47,17 +47,10 @@ def encode_label_sets(path: Path, tokenizer, *, text_field: str, labels_field: s
                                       'give e.g. "labels": ["a", "b"] (or [] for none)')
             texts.append(str(record[text_field]))
             label_lists.append(sorted(set(labels)))
-        enc = tokenizer(texts, truncation=(overlong == "truncate"), max_length=max_length, verbose=False)
-        if overlong == "error":
-            for (line, _), ids in zip(rows, enc["input_ids"]):
-                if len(ids) > max_length:
-                    raise DataFormatError(path, line, f"text is {len(ids)} tokens, longer than max_length={max_length}",
-                                          "raise data.max_length or set data.overlong: truncate")
-        columns = {"input_ids": enc["input_ids"]}
-        if enc.get("token_type_ids") is not None:
-            columns["token_type_ids"] = enc["token_type_ids"]
+        lines = [line for line, _ in rows]
+        columns = tokenize_texts(tokenizer, path, lines, texts, None, max_length, overlong)
         return EncodedSplit(columns=columns, fields={"text": texts, "label": label_lists},
-                            lines=[line for line, _ in rows], path=str(path), ids=record_ids(path, rows, id_field))
+                            lines=lines, path=str(path), ids=record_ids(path, rows, id_field))
 
     return encoded_split("multilabel", key, build)
 

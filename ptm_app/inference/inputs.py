@@ -191,9 +191,9 @@ def read_choices(texts: Optional[list[str]], input_path: Optional[str], question
     for line, record in read_records(path):
         pair = _question_choices(record, question_field, choices_field, text_field)
         if pair is None:
-            raise DataFormatError(path, line, f"'{question_field}' must be a string and '{choices_field}' a list of at "
-                                  f"least 2 strings", "fix the record, or name the fields with --question_field / "
-                                  "--choices_field")
+            raise DataFormatError(path, line, f"'{question_field}' (or '{text_field}') must be a string and "
+                                  f"'{choices_field}' a list of at least 2 strings",
+                                  "fix the record, or name the question field with --question_field")
         found.append(pair)
         ids.append(record.get(id_field))
     if not found:

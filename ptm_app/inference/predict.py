@@ -20,7 +20,6 @@ from typing import Optional
 
 import torch
 
-from ptm_app.errors import PtmError
 from ptm_app.inference.loading import LoadedModel, load_for_inference
 from ptm_app.inference.predictors import PRECISIONS, TOO_LONG, Settings, precision_context, refuse
 from ptm_app.paths import atomic_file
