@@ -11,8 +11,10 @@ A ``TaskKind`` bundles:
   ``predict --text/--input`` reads and the serve request body) with the rows ``predict`` prints.
 
 The single-task modules (``adaptation``), ``MultitaskModule``, ``predict``, ``serve`` and ``export``'s model card
-read the entry; nothing else lists kinds.  A new kind is one entry here (its loss, metrics and prediction classes
-beside it) plus its data module.
+read the entry; nothing else lists kinds.  A new kind is one entry (a ``TaskKind`` listed in ``TASK_KINDS``, with
+its own loss, metrics and score classes in a module beside this one, as ``task_kinds.multilabel``) plus its data
+module: ``git show --stat`` of the commit that added ``multilabel`` shows exactly that (and its data source, config
+and tests).
 
 Kinds: ``sequence`` (classification, single sentences and pairs), ``regression``, ``token`` (tagging), ``qa``
 (extractive spans), ``choice`` (multiple choice: SWAG / RACE style, Devlin et al. 2019 §4.4; each (question, choice)
@@ -32,8 +34,8 @@ from ptm_app.data.qa_data import QADataModule
 from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.errors import PtmError
 from ptm_app.inference import predictors
-from ptm_app.task_kinds.forms import CHOICES, QA, TEXT, WORDS
 from ptm_app.task_kinds import multilabel
+from ptm_app.task_kinds.forms import CHOICES, QA, TEXT, WORDS
 from ptm_app.task_kinds.kind import Prediction, TaskKind
 from ptm_app.task_kinds.parts import (ChoiceMetrics, Choices, CrossEntropy, LabelMetrics, MeanSquaredError, Pooled,
                                        RegressionMetrics, Softmax, SpanCrossEntropy, SpanMetrics, Spans,
