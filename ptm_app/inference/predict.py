@@ -24,16 +24,17 @@ from ptm_app.inference.loading import LoadedModel, load_for_inference
 from ptm_app.inference.predictors import PRECISIONS, TOO_LONG, Settings, precision_context, refuse
 from ptm_app.paths import atomic_file
 from ptm_app.task_kinds.forms import Inputs
-from ptm_app.task_kinds.registry import Prediction, kind_of
+from ptm_app.task_kinds.registry import TaskKind, kind_of
 
 
-def prediction_of(loaded: LoadedModel) -> Prediction:
-    """The prediction entry of the loaded model's task kind; a model without one is one line."""
+def predicting_kind(loaded: LoadedModel) -> TaskKind:
+    """The loaded model's task kind (its entry's ``prediction``: input form and rows); a model without one is one
+    line."""
     kind = kind_of(loaded)
     if kind is None:
         raise refuse(loaded, "labels texts (classification, regression), tags words, answers questions, picks "
                              "answers or generates with a fine-tuned run")
-    return kind.prediction
+    return kind
 
 
 @torch.no_grad()
@@ -44,7 +45,8 @@ def predict_rows(loaded: LoadedModel, examples: list, ids: Optional[list] = None
     fields (``inference.predictors``)."""
     settings = Settings(batch_size, max_length, too_long, progress, precision, warn_truncated)
     with precision_context(loaded, settings):
-        rows = prediction_of(loaded).rows(loaded, examples, settings)
+        kind = predicting_kind(loaded)
+        rows = kind.prediction.rows(loaded, examples, settings, kind)
     heads = [{} if ids is None else {"id": i} for i in (ids or [None] * len(rows))]
     if texts is not None:
         heads = [{**h, "text": t} for h, t in zip(heads, texts)]
@@ -53,7 +55,7 @@ def predict_rows(loaded: LoadedModel, examples: list, ids: Optional[list] = None
 
 def read_examples(loaded: LoadedModel, inputs: Inputs) -> tuple[list, Optional[list], Optional[list[str]]]:
     """``(examples, ids, texts)`` in the form the model's task kind takes (``task_kinds.forms``)."""
-    return prediction_of(loaded).form.read(inputs)
+    return predicting_kind(loaded).prediction.form.read(inputs)
 
 
 def predict(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[str] = None, text_field: str = "text",

@@ -163,16 +163,15 @@ def refuse(loaded: LoadedModel, what: str) -> PtmError:
 
 
 # -- classification and regression ---------------------------------------------------------------
-def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
-    """The label and every label's probability (softmax of the scores), or the value, and any per-example extras
-    (``score_rows`` of the run's own ``predict_step``; a plain export's or an ONNX graph's scores)."""
+def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind) -> list[dict]:
+    """The label and every label's probability, the chosen label set, or the value (the task ``kind``'s scores), and
+    any per-example extras (``score_rows`` of the run's own ``predict_step``; a plain export's or an ONNX graph's
+    scores)."""
     from ptm_app.data.collators import PadCollator
     from ptm_app.data.datasets import EncodedDataset
     from ptm_app.training.callbacks import score_rows
 
-    from ptm_app.task_kinds.registry import kind_of
-
-    module, kind = loaded.module, kind_of(loaded)
+    module = loaded.module
     regression = kind.problem_type == "regression"
     if module is not None:
         collate, labels = module.make_collator(loaded.tokenizer), list(module.hparams.get("labels") or [])
@@ -200,7 +199,7 @@ def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> lis
 
 
 # -- token tagging ------------------------------------------------------------------------------------
-def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings) -> list[dict]:
+def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings, kind=None) -> list[dict]:
     """One tag per word, from its first sub-token; ``None`` for words beyond the length limit."""
     from ptm_app.data.collators import TokenLabelCollator
     from ptm_app.data.tagging_data import TaggedDataset, TokenTaskDataModule, align_words
@@ -230,7 +229,7 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
 
 
 # -- extractive QA ------------------------------------------------------------------------------------
-def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Settings) -> list[dict]:
+def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Settings, kind=None) -> list[dict]:
     """Each question's best answer span in its context (``answer``, ``answer_start``, ``answer_end``, ``score``)."""
     from ptm_app.data.collators import QACollator
     from ptm_app.data.qa_data import QADataModule, QADataset, qa_windows
@@ -268,7 +267,8 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
 
 
 # -- multiple choice ----------------------------------------------------------------------------------
-def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], settings: Settings) -> list[dict]:
+def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], settings: Settings,
+                kind=None) -> list[dict]:
     """Each question's chosen answer (``choice``: its index, ``answer``: its text) and every choice's probability
     (the soft-max over the (question, choice) pairs' scores, BERT §4.4), the pairs encoded as the run's data encodes
     them (``data.choice_data.read_choices``: the longer of the two cut first)."""
@@ -312,7 +312,7 @@ def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], set
 
 
 # -- generation ---------------------------------------------------------------------------------------
-def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
+def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind=None) -> list[dict]:
     """The run's own decoding (greedy or its beam search) of each source text, laid out by its collator."""
     from ptm_app.data.generation_data import Seq2SeqDataModule
 

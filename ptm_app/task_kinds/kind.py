@@ -16,10 +16,10 @@ from ptm_app.task_kinds.parts import HeadShape, Metrics, Scores
 @dataclass(frozen=True)
 class Prediction:
     """What ``predict --text/--input`` and ``serve`` take (``form``) and the rows they give:
-    ``rows(loaded, examples, settings) -> one row per example`` (``inference.predictors``)."""
+    ``rows(loaded, examples, settings, kind) -> one row per example`` (``inference.predictors``)."""
 
     form: InputForm
-    rows: Callable[[Any, list, Any], list[dict]]
+    rows: Callable[[Any, list, Any, Any], list[dict]]
 
 
 @dataclass(frozen=True)
