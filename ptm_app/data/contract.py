@@ -34,6 +34,7 @@ class DataFacts:
     max_source_length: Optional[int] = None  # seq2seq pairs
     max_target_length: Optional[int] = None
     task: Optional[str] = None  # TaskDataModule: classification | regression
+    kind: Optional[str] = None  # labelled data: its task kind (task_kinds.registry)
     languages: Optional[list[str]] = None  # TLM: the two languages of the parallel text
     labels: Callable[[], Optional[list[str]]] = _no_labels  # the label set, from the training split
     records: Callable[[str], dict] = _no_records  # a split's examples (ids, texts, targets ...) for predictions

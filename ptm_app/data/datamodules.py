@@ -88,7 +88,7 @@ def check_batch_sizes(batch_size: int, eval_batch_size: Optional[int] = None) ->
 
 class _Base(pl.LightningDataModule):
     group_by_length = False  # labelled data modules take it as an argument (see ``EpochSampler``)
-    kind: Optional[str] = None  # the task type of labelled data (tasks.types.TASK_TYPES), for multitask heads
+    kind: Optional[str] = None  # the task kind of labelled data (task_kinds.registry.TASK_KINDS)
 
     def __init__(self, source: str, tokenizer: TokenizerSpec, batch_size: int, eval_batch_size: Optional[int],
                  num_workers: int, seed: int, holdout: float):
@@ -128,7 +128,8 @@ class _Base(pl.LightningDataModule):
         return DataFacts(tokenizer=self.load_tokenizer, max_length=getattr(self, "max_length", None),
                          max_source_length=getattr(self, "max_source_length", None),
                          max_target_length=getattr(self, "max_target_length", None),
-                         task=getattr(self, "task", None), languages=getattr(self, "languages", None),
+                         task=getattr(self, "task", None), kind=getattr(self, "kind", None),
+                         languages=getattr(self, "languages", None),
                          labels=getattr(self, "label_set", DataFacts.labels),
                          records=getattr(self, "records", DataFacts.records),
                          train_examples=lambda: self.datasets.get("train"))

@@ -2,8 +2,9 @@
 
 ``POST /predict`` with a JSON body does what the command of the same task does, for one input, and answers with
 the same row as JSON:
-- ``predict`` (a fine-tuned run): ``{"text": "..."}`` (``{"question": "...", "context": "..."}`` for extractive
-  QA) -> the row ``predict --text`` prints (``inference.predictors``);
+- ``predict`` (a fine-tuned run): the request body of its task kind's input form (``task_kinds.forms``:
+  ``{"text": "..."}``, ``{"question": "...", "context": "..."}`` for extractive QA, ``{"question": "...",
+  "choices": [...]}`` for multiple choice) -> the row ``predict`` prints (``inference.predictors``);
 - ``embed`` (any encoder): ``{"text": "..."}`` -> ``{"text", "embedding"}`` (``inference.embed``);
 - ``generate`` (a causal or seq2seq LM): ``{"prompt": "...", "max_new_tokens": 64, "do_sample": false, ...}``
   -> ``{"prompt", "generated"}`` (``inference.generate``; the request's decoding settings, seed included).
@@ -33,6 +34,7 @@ import litserve as ls
 from pydantic import BaseModel
 
 from ptm_app.errors import PtmError
+from ptm_app.task_kinds.registry import forms
 
 TASKS = ("predict", "embed", "generate")
 MAX_REQUEST_BYTES = 2 * 2**20  # a request holds one input: 2 MiB is far beyond any model's positions
@@ -40,11 +42,6 @@ MAX_REQUEST_BYTES = 2 * 2**20  # a request holds one input: 2 MiB is far beyond 
 
 class TextRequest(BaseModel):
     text: str
-
-
-class QuestionRequest(BaseModel):
-    question: str
-    context: str
 
 
 class PromptRequest(BaseModel):
@@ -79,7 +76,7 @@ class Refused:
 class ServeSettings:
     ckpt_path: str
     task: str
-    kind: str  # what one request holds: "text", "words", "qa" or "prompt"
+    kind: str  # what one request holds: a task kind's input form (task_kinds.forms: "text", "words", ...) or "prompt"
     too_long: str = "truncate"
     max_length: Optional[int] = None
     pooling: Optional[str] = None
@@ -153,7 +150,8 @@ class ModelAPI(ls.LitAPI):
         s = self.settings
         with torch.no_grad():
             if s.task == "predict":
-                shown = None if s.kind == "qa" else [item.shown for item in items]
+                shown = [item.shown for item in items]
+                shown = None if any(text is None for text in shown) else shown
                 return predict_rows(self.loaded, [item.example for item in items], None, len(items), s.max_length,
                                     s.too_long, shown)
             if s.task == "embed":
@@ -182,16 +180,10 @@ class ModelAPI(ls.LitAPI):
 
 
 class TextAPI(ModelAPI):
+    """Requests holding one text (``embed``; ``predict`` of a text kind takes the same, ``form_api``)."""
+
     def decode_request(self, request: TextRequest):
-        if self.settings.kind == "words":
-            return Item(request.text.split(), request.text) if request.text.split() else \
-                Refused(422, "'text' holds no words; send {\"text\": \"...\"} with at least one word")
         return Item(request.text, request.text)
-
-
-class QuestionAPI(ModelAPI):
-    def decode_request(self, request: QuestionRequest):
-        return Item((request.question, request.context))
 
 
 class PromptAPI(ModelAPI):
@@ -199,20 +191,43 @@ class PromptAPI(ModelAPI):
         return Item(request.model_dump())
 
 
-API_CLASSES = {"text": TextAPI, "words": TextAPI, "qa": QuestionAPI, "prompt": PromptAPI}
-EXAMPLES = {"text": '{"text": "..."}', "words": '{"text": "..."}', "qa": '{"question": "...", "context": "..."}',
-            "prompt": '{"prompt": "..."}'}
+def form_api(form) -> type:
+    """The API class of a task kind's input form (``task_kinds.forms.InputForm``): its request model built from the
+    form's fields, each request decoded by the form (a PtmError answers 422).  Defined at import, as module
+    attributes, so worker processes find them by name."""
+    from pydantic import create_model
+
+    model = create_model(f"{form.name.title()}FormRequest", **{name: (kind, ...) for name, kind in form.fields.items()})
+    model.__module__ = __name__
+
+    def decode_request(self, request):
+        try:
+            example, shown = form.decode(request.model_dump())
+        except PtmError as exc:
+            return Refused(422, str(exc))
+        return Item(example, shown)
+
+    decode_request.__annotations__ = {"request": model}
+    name = f"{form.name.title()}FormAPI"
+    api = type(name, (ModelAPI,), {"decode_request": decode_request, "__module__": __name__, "__qualname__": name})
+    globals()[model.__name__], globals()[name] = model, api
+    return api
+
+
+API_CLASSES = {**{name: form_api(form) for name, form in forms().items()}, "prompt": PromptAPI}
+EXAMPLES = {**{name: form.example for name, form in forms().items()}, "prompt": '{"prompt": "..."}'}
 
 
 def choose_task(loaded, task: Optional[str]) -> tuple[str, str]:
     """``(task, kind)`` for the loaded model; a task it cannot do is one line (checked before any worker starts)."""
     from ptm_app.inference.generate import GENERATING_HEADS, check_generator
-    from ptm_app.inference.predictors import predictor_for, predictor_key
+    from ptm_app.inference.predict import predicting_kind
+    from ptm_app.task_kinds.registry import kind_of
 
     if task is None:
-        task = "predict" if predictor_key(loaded) else "generate" if loaded.head in GENERATING_HEADS else "embed"
+        task = "predict" if kind_of(loaded) else "generate" if loaded.head in GENERATING_HEADS else "embed"
     if task == "predict":
-        return task, predictor_for(loaded).inputs
+        return task, predicting_kind(loaded).prediction.form.name
     if task == "generate":
         check_generator(loaded)
         return task, "prompt"

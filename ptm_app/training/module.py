@@ -24,7 +24,7 @@ from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
 class PtmModule(pl.LightningModule):
     """Shared by every objective and adaptation style.
 
-    Subclasses set ``head`` (see ``backbones.build.HEADS``), ``monitor`` (metric, mode) for the
+    Subclasses set ``head`` (see ``backbones.heads.MODEL_CLASSES``), ``monitor`` (metric, mode) for the
     best checkpoint, implement ``make_collator`` and the steps, and may extend ``config_updates``.
 
     Args:
