@@ -62,7 +62,12 @@ class TaskModule(PtmModule):
         return self.kind.build_metrics(self.task_labels())
 
     def configure_model(self) -> None:
+        fresh = self.backbone is None
         super().configure_model()
+        if fresh and self.kind.initial_bias is not None and self.data_facts is not None:
+            bias = self.kind.initial_bias(self.data_facts)  # a checkpoint's weights replace it on load / resume
+            if bias is not None:
+                output_layer(self.backbone, bias.numel()).bias.data.copy_(bias)
         if getattr(self, "stage_metrics", None) is None:
             self.stage_metrics = nn.ModuleDict({stage: self.build_metrics() for stage in self.metric_stages})
 
@@ -102,3 +107,13 @@ class TaskModule(PtmModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint[CKPT_KEY]["task_kind"] = self.kind_name()  # the model card's intended use (task_kinds.registry)
+
+
+def output_layer(model: nn.Module, width: int) -> nn.Linear:
+    """The task head's last linear layer: the last ``nn.Linear`` of ``model`` with ``width`` outputs and a bias."""
+    from ptm_app.errors import PtmError
+
+    found = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == width and m.bias is not None]
+    if not found:
+        raise PtmError(f"{type(model).__name__} has no output layer of {width} features with a bias to initialise")
+    return found[-1]

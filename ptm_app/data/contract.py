@@ -37,6 +37,7 @@ class DataFacts:
     kind: Optional[str] = None  # labelled data: its task kind (task_kinds.registry)
     languages: Optional[list[str]] = None  # TLM: the two languages of the parallel text
     labels: Callable[[], Optional[list[str]]] = _no_labels  # the label set, from the training split
+    label_priors: Callable[[], Optional[list[float]]] = lambda: None  # multi-label: each label's training share
     records: Callable[[str], dict] = _no_records  # a split's examples (ids, texts, targets ...) for predictions
     task_specs: Callable[[], dict[str, dict]] = dict  # multitask: per task its kind and labels
     task_records: Callable[[str, str], dict] = lambda task, split: _no_records(f"{task}/{split}")

@@ -131,6 +131,7 @@ class _Base(pl.LightningDataModule):
                          task=getattr(self, "task", None), kind=getattr(self, "kind", None),
                          languages=getattr(self, "languages", None),
                          labels=getattr(self, "label_set", DataFacts.labels),
+                         label_priors=getattr(self, "label_priors", DataFacts.label_priors),
                          records=getattr(self, "records", DataFacts.records),
                          train_examples=lambda: self.datasets.get("train"))
 

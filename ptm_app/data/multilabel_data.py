@@ -105,5 +105,15 @@ class MultiLabelDataModule(TaskDataModule):
                                   for label in labels})
         return list(self.labels)
 
+    def label_priors(self) -> list[float]:
+        """Each label's share of the training examples (the ``multilabel`` kind starts its output biases there)."""
+        labels = self._encode(self.files["train"]).fields["label"]
+        counts = {name: 0 for name in self.label_set()}
+        for row in labels:
+            for name in row:
+                if name in counts:
+                    counts[name] += 1
+        return [counts[name] / max(len(labels), 1) for name in self.label_set()]
+
     def setup(self, stage: str | None = None) -> None:
         self.setup_labelled(multi_hot)

@@ -39,6 +39,7 @@ class TaskKind:
     collator: type = PadCollator
     scores: Optional[Scores] = None  # what predict_step returns for a batch's outputs
     problem_type: Optional[str] = None  # transformers' config.problem_type marking this kind on a shared class
+    initial_bias: Optional[Callable[[Any], Optional[torch.Tensor]]] = None  # (data facts) -> a new head's output bias
 
     @property
     def model(self) -> ModelClass:

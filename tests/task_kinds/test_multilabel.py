@@ -164,3 +164,29 @@ def test_tuned_thresholds_travel_in_checkpoint_and_export_and_decide_predicted_l
     assert run_main(["fit", "--config", str(path), "--run_name", "wrong"], runs) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "set model.init_args.kind: multilabel" in err[0], err
+
+
+def test_a_new_heads_output_biases_start_at_the_training_log_odds(tmp_path):
+    """Lin et al. 2017 §4.1's prior initialisation: before any step each label's probability is its training share
+    (so the first steps learn from the texts, not the priors); a model loaded from a checkpoint keeps its weights."""
+    from ptm_app.adaptation import SequenceClassificationModule
+    from ptm_app.adaptation.task_module import output_layer
+    from ptm_app.data.contract import connect
+    from ptm_app.data.multilabel_data import MultiLabelDataModule
+    from ptm_app.data.tokenizer import TokenizerSpec
+
+    rows = [{"text": f"t{i}", "labels": labels} for i, labels in
+            enumerate([["animal"], ["animal", "money"], [], ["animal"]] * 2)]
+    for split in ("train", "validation", "test"):
+        write_jsonl(tmp_path / f"{split}.jsonl", rows)
+    data = MultiLabelDataModule(TokenizerSpec(train="wordpiece", vocab_size=60, min_frequency=1),
+                                source=str(tmp_path), max_length=8)
+    data.prepare_data()
+    data.setup("fit")
+    assert data.label_priors() == [0.75, 0.25]  # animal 6 of 8, money 2 of 8 (sorted label set)
+    model = SequenceClassificationModule(backbone_config=TINY_BERT, kind="multilabel")
+    connect(model, data)
+    model.configure_model()
+    bias = output_layer(model.backbone, 2).bias.detach()
+    assert torch.sigmoid(bias).tolist() == pytest.approx([0.75, 0.25], abs=1e-6)
+    assert output_layer(model.backbone, 2) is model.backbone.classifier
