@@ -1,5 +1,5 @@
 """MaskedLMModule checkpoints written before targets (``sentence_objective``, ``loss_weights`` ... and ``heads.*``
-weights) keep loading: two tiny runs saved by that code (``tests/fixtures/checkpoints/*_16f696d.*``: the BERT recipe
+weights) keep loading: two tiny runs saved by that code (``tests/fixtures/checkpoints/*_e99ee14.*``: the BERT recipe
 with NSP weighted 0.5, and SenseBERT with its sense-aware input), with the losses that code computed on a fixed batch,
 load through every path and give the same numbers."""
 import json
@@ -11,12 +11,13 @@ import torch
 from ptm_app.objectives import MaskedLMModule
 from ptm_app.objectives.targets import MaskedLM, NextSentence, SpanBoundary, Supersense
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "checkpoints"
 RENAMED = {"sentence": "nsp", "sentence_acc": "nsp_acc"}  # the loss names of the NSP target
 
 
 def recorded(name: str) -> tuple[dict, dict]:
-    record = json.loads((FIXTURES / f"{name}_16f696d.json").read_text())
+    record = json.loads((FIXTURES / f"{name}_e99ee14.json").read_text())
     batch = {k: torch.tensor(v) for k, v in record["batch"].items()}
     return batch, record
 
@@ -33,7 +34,7 @@ def assert_same_losses(module, name: str) -> None:
 
 
 def test_an_old_nsp_checkpoint_loads_as_targets_with_the_same_losses():
-    module = MaskedLMModule.load_from_checkpoint(FIXTURES / "mlm_nsp_16f696d.ckpt")
+    module = MaskedLMModule.load_from_checkpoint(FIXTURES / "mlm_nsp_e99ee14.ckpt")
     assert [type(t) for t in module.targets] == [MaskedLM, NextSentence]
     assert module.weights == {"mlm": 1.0, "nsp": 0.5} and module.mlm.static_copies == 1
     assert set(module.target_layers) == {"nsp"}
@@ -42,7 +43,7 @@ def test_an_old_nsp_checkpoint_loads_as_targets_with_the_same_losses():
 
 
 def test_an_old_sensebert_checkpoint_keeps_its_sense_input_and_losses():
-    module = MaskedLMModule.load_from_checkpoint(FIXTURES / "sensebert_16f696d.ckpt")
+    module = MaskedLMModule.load_from_checkpoint(FIXTURES / "sensebert_e99ee14.ckpt")
     assert [type(t) for t in module.targets] == [MaskedLM, Supersense]
     assert module.targets[1].sense_input and module.supersense_input and module.mlm.masking == "whole_word"
     assert module.word_senses.any()  # M came with the checkpoint
@@ -55,7 +56,7 @@ def test_an_old_checkpoint_exports_and_its_export_loads_with_the_same_losses(tmp
     from ptm_app.export import load_exported_module
     from ptm_app.main import main
 
-    assert main(["export", "--ckpt_path", str(FIXTURES / "mlm_nsp_16f696d.ckpt"), "--output_dir", str(tmp_path)]) == 0
+    assert main(["export", "--ckpt_path", str(FIXTURES / "mlm_nsp_e99ee14.ckpt"), "--output_dir", str(tmp_path)]) == 0
     module = load_exported_module(tmp_path)
     assert [type(t) for t in module.targets] == [MaskedLM, NextSentence]
     assert_same_losses(module, "mlm_nsp")
@@ -64,8 +65,11 @@ def test_an_old_checkpoint_exports_and_its_export_loads_with_the_same_losses(tmp
 def test_a_new_checkpoint_keeps_its_targets_as_plain_data(tmp_path):
     """Saved now, the targets are records with short class names (read back through ``TARGETS``, never imported),
     and the round trip gives the same targets and weights."""
-    module = MaskedLMModule.load_from_checkpoint(FIXTURES / "mlm_nsp_16f696d.ckpt")
-    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+    module = MaskedLMModule.load_from_checkpoint(FIXTURES / "mlm_nsp_e99ee14.ckpt")
+    import lightning
+
+    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": lightning.__version__}
     module.on_save_checkpoint(ckpt)
     assert ckpt["hyper_parameters"]["targets"][1] == {"class_path": "NextSentence", "init_args": {"weight": 0.5}}
     assert {k.split(".")[1] for k in ckpt["state_dict"] if k.startswith("target_layers.")} == {"nsp"}
@@ -96,3 +100,27 @@ def test_a_target_record_names_only_known_targets():
 
     with pytest.raises(PtmError, match="unknown target 'os.system'"):
         MaskedLMModule(targets=[{"class_path": "os.system"}])
+
+
+def test_a_run_resumes_from_an_old_checkpoint_with_its_weights(runs_dir):
+    """``fit --ckpt_path`` an old checkpoint with today's config: its arguments (NSP weighted 0.5) are mapped and
+    kept, its weights and optimiser state restored, and the run goes on from its step 2."""
+    from tests.conftest import logged_losses, run_main
+
+    if not (ROOT / "data" / "brown" / "manifest.json").is_file():
+        pytest.skip("brown is not prepared (python main.py data prepare brown)")
+    tiny = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 32, "max_position_embeddings": 40}
+    argv = ["fit", "--config", str(ROOT / "configs" / "pretrain" / "bert.yaml"), "--run_name", "old",
+            "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--trainer.accelerator", "cpu",
+            "--trainer.precision", "32-true", "--seed_everything", "3",
+            "--model.init_args.backbone_config", json.dumps(tiny), "--data.init_args.max_length", "32",
+            "--data.init_args.batch_size", "4", "--data.init_args.limit_documents", "10",
+            "--data.init_args.tokenizer", json.dumps({"train": "wordpiece", "vocab_size": 120, "lowercase": True}),
+            "--ckpt_path", str(FIXTURES / "mlm_nsp_e99ee14.ckpt")]
+    assert run_main(argv, runs_dir) == 0
+    assert list(logged_losses(runs_dir / "old")) == [2]
+    import csv
+
+    row = next(csv.DictReader(open(runs_dir / "old" / "logs" / "metrics.csv")))
+    assert float(row["train/loss"]) == pytest.approx(float(row["train/mlm"]) + 0.5 * float(row["train/nsp"]), rel=1e-5)
