@@ -565,7 +565,7 @@ def test_span_blocks_pack_whole_sentences_of_one_document():
 
 def test_knowledge_objectives_on_other_examples_are_one_line(tmp_path, capsys):
     corpus = span_corpus(tmp_path / "corpus")
-    for recipe, word in (("ernie_brown", "masking: knowledge"), ("sensebert_brown", "the Supersense target")):
+    for recipe, word in (("ernie_brown", "masking: knowledge"), ("sensebert_brown", "Supersense")):
         line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / f"{recipe}.yaml"),
                          "--data.init_args.source", str(corpus), "--data.init_args.examples", "blocks",
                          "--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.max_length",
