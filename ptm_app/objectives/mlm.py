@@ -73,12 +73,12 @@ class MaskedLMModule(LanguageModelModule):
         word_start = word_start_table(tokenizer, vocab) if self.mlm.masking != "token" else None
         common = dict(pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id,
                       special_ids=tuple(i for i in tokenizer.all_special_ids if i < vocab), vocab_size=vocab,
-                      seed=seed, word_start=word_start, **self.mlm.collator_settings())
+                      seed=seed, word_start=word_start)
         if self.example_format & set(SPAN_FIELDS):  # sentence blocks with spans / senses to pad
             from ptm_app.data.knowledge_spans import KnowledgeMLMCollator
 
-            return KnowledgeMLMCollator(**common, knowledge_levels=self.mlm.knowledge_levels)
-        return MLMCollator(**common)
+            return self.mlm.collator(KnowledgeMLMCollator, **common, knowledge_levels=self.mlm.knowledge_levels)
+        return self.mlm.collator(MLMCollator, **common)
 
     def knowledge_stage(self) -> int:
         """ERNIE's current stage (0 word, 1 phrase, 2 entity): how many of ``knowledge_stages`` the run's

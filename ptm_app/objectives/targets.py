@@ -9,7 +9,8 @@
     targets: [MaskedLM, {class_path: Supersense, init_args: {sense_input: true}}]   # SenseBERT (Levine et al. 2020)
 
 Each entry is a typed class (jsonargparse checks its settings); ``MaskedLM``'s settings are the corruption recipe
-(``mlm_probability`` ... go to ``data.collators.MLMCollator`` and from there to ``corruption.masking``).
+(``MaskedLM.mlm_probability`` ... go to ``data.collators.MLMCollator`` by name in ``MaskedLM.collator``, and from
+there to ``corruption.masking.mask_tokens``).
 A checkpoint keeps the list as plain data (``target_records``), read back through ``TARGETS`` only: a stored name is
 never imported.
 """
@@ -122,12 +123,13 @@ class MaskedLM(Target):
             return None
         return 1 if self.static_masking is True else int(self.static_masking)
 
-    def collator_settings(self) -> dict:
-        """The ``MLMCollator`` fields this recipe sets."""
+    def collator(self, kind: type, **common):
+        """The collator that draws this recipe's masks per batch: ``kind`` (``MLMCollator`` or a subclass) with the
+        recipe's settings and ``common`` (the tokenizer's ids, the seed ...)."""
         static = self.static_copies
-        return dict(mlm_probability=self.mlm_probability, mask_ratio=self.mask_ratio, random_ratio=self.random_ratio,
+        return kind(mlm_probability=self.mlm_probability, mask_ratio=self.mask_ratio, random_ratio=self.random_ratio,
                     masking=self.masking, span_p=self.span_p, max_span_length=self.max_span_length,
-                    static=static is not None, static_copies=static or 1)
+                    static=static is not None, static_copies=static or 1, **common)
 
     def predict(self, backbone, inputs: dict, batch: dict, hidden: bool) -> MaskedLMOutput:
         """The masked-LM loss (and the last hidden states when another target reads them)."""

@@ -132,7 +132,9 @@ def test_static_masking_is_dynamic_or_a_count_of_fixed_copies():
     from jsonargparse import ArgumentParser
 
     assert [MaskedLM(static_masking=s).static_copies for s in (False, True, 10)] == [None, 1, 10]
-    assert MaskedLM(static_masking=10).collator_settings()["static"] is True
+    drawn = MaskedLM(static_masking=10).collator(MLMCollator, pad_token_id=0, vocab_size=V)
+    assert drawn.static and drawn.static_copies == 10
+    assert not MaskedLM().collator(MLMCollator, pad_token_id=0, vocab_size=V).static
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(MaskedLM, "mlm")
     assert parser.parse_args(["--mlm.static_masking", "10"]).mlm.static_masking == 10
