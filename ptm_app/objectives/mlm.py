@@ -22,7 +22,7 @@ from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import selected_positions
 from ptm_app.objectives.knowledge import vocabulary_senses
 from ptm_app.objectives.lm_base import LanguageModelModule
-from ptm_app.objectives.targets import Target, compose, target_records
+from ptm_app.objectives.targets import Target, compose, known_record, target_records
 from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
@@ -160,7 +160,12 @@ class MaskedLMModule(LanguageModelModule):
             for key in [k for k in state_dict if k.startswith("heads.")]:
                 part, rest = key[len("heads."):].split(".", 1)
                 state_dict[f"target_layers.{sentence if part == 'sentence' else part}.{rest}"] = state_dict.pop(key)
-        return legacy_targets(hparams) if "targets" in _init_arguments(cls) else hparams
+        if "targets" not in _init_arguments(cls):
+            return hparams
+        hparams = legacy_targets(hparams)
+        if isinstance(hparams.get("targets"), (list, tuple)):  # names read from a file: known targets only
+            hparams["targets"] = [t if isinstance(t, Target) else known_record(t) for t in hparams["targets"]]
+        return hparams
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         type(self).upgrade_checkpoint(checkpoint.get("hyper_parameters", {}), checkpoint.get("state_dict"))

@@ -275,19 +275,26 @@ TARGETS: dict[str, type[Target]] = {cls.__name__: cls for cls in (MaskedLM, Next
                                                                    SpanBoundary, Supersense)}
 
 
-def as_target(spec) -> Target:
-    """A target from a ``Target``, or from its plain record (``{class_path, init_args}`` as jsonargparse and
-    ``target_records`` write it), looked up in ``TARGETS`` by class name only."""
-    if isinstance(spec, Target):
-        return spec
+def known_record(spec) -> dict:
+    """A target's plain record (``{class_path, init_args}`` as jsonargparse and ``target_records`` write it, or a
+    bare class name) with its class named by its short name, one of ``TARGETS``: a name read from a file is looked
+    up there, never imported."""
     if isinstance(spec, str):
         spec = {"class_path": spec}
     if not hasattr(spec, "get") or not isinstance(spec.get("class_path"), str):
         raise PtmError(f"a target is a class name ({', '.join(TARGETS)}) or {{class_path, init_args}}, not {spec!r}")
     name = spec["class_path"].rpartition(".")[2]
-    if name not in TARGETS:
+    if name not in TARGETS or spec["class_path"] not in (name, f"{__name__}.{name}"):
         raise PtmError(f"unknown target {spec['class_path']!r}; the targets are {', '.join(TARGETS)}")
-    return TARGETS[name](**dict(spec.get("init_args") or {}))
+    return {"class_path": name, "init_args": dict(spec.get("init_args") or {})}
+
+
+def as_target(spec) -> Target:
+    """A target from a ``Target`` or from its plain record (``known_record``)."""
+    if isinstance(spec, Target):
+        return spec
+    record = known_record(spec)
+    return TARGETS[record["class_path"]](**record["init_args"])
 
 
 def target_records(targets: Sequence[Target]) -> list[dict]:

@@ -95,11 +95,19 @@ def test_old_span_boundary_settings_and_weights_map_onto_targets():
     assert (mlm.masking, mlm.span_p, mlm.max_span_length, mlm.static_copies) == ("span", 0.3, 6, 4)
 
 
-def test_a_target_record_names_only_known_targets():
+def test_a_target_record_names_only_known_targets(tmp_path):
+    """A target's class named in a checkpoint is looked up among the targets, never imported: a crafted name is one
+    line, in the constructor and before a checkpoint's module is built."""
     from ptm_app.errors import PtmError
 
     with pytest.raises(PtmError, match="unknown target 'os.system'"):
         MaskedLMModule(targets=[{"class_path": "os.system"}])
+    ckpt = torch.load(FIXTURES / "mlm_nsp_e99ee14.ckpt", weights_only=True)
+    ckpt["hyper_parameters"] = MaskedLMModule.upgrade_checkpoint(ckpt["hyper_parameters"])
+    ckpt["hyper_parameters"]["targets"][1]["class_path"] = "tests.security.attacks.NextSentence"
+    torch.save(ckpt, tmp_path / "crafted.ckpt")
+    with pytest.raises(PtmError, match="unknown target 'tests.security.attacks.NextSentence'"):
+        MaskedLMModule.load_from_checkpoint(tmp_path / "crafted.ckpt")
 
 
 def test_a_run_resumes_from_an_old_checkpoint_with_its_weights(runs_dir):
