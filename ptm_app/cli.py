@@ -119,7 +119,10 @@ class PtmCLI(LightningCLI):
             from ptm_app.module_classes import module_class
 
             cls = module_class(hparams.pop("_class_path"), cfg.ckpt_path, trusted())
-            hparams = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "dict_kwargs": hparams}
+            hparams = {"class_path": f"{cls.__module__}.{cls.__qualname__}",
+                       "dict_kwargs": upgraded(cls, hparams)}
+        else:
+            hparams = upgraded(self._configured_model_class(subcommand), hparams)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     @staticmethod
@@ -253,6 +256,12 @@ class PtmCLI(LightningCLI):
         user_callbacks = trainer_cfg.get("callbacks") or []
         kwargs["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
         return super().instantiate_trainer(**kwargs)
+
+
+def upgraded(cls: Optional[type], hparams: dict) -> dict:
+    """A checkpoint's hyper-parameters under the names ``cls`` has today (``PtmModule.upgrade_checkpoint``)."""
+    upgrade = getattr(cls, "upgrade_checkpoint", None)
+    return upgrade(dict(hparams)) if upgrade is not None else hparams
 
 
 def _family(cls: type) -> str:

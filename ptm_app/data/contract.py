@@ -9,7 +9,7 @@
   predictions; the facts that need prepared data are callables, answered when the module asks (in
   ``configure_model`` / ``setup``, after ``prepare_data``), so a multi-rank run builds nothing twice;
 - the DataModule the module's needs (``ModelHooks``): its collator factory (the objective's corruption drawn
-  per batch), its example format (blocks, NSP or SOP pairs) and its per-task collators.
+  per batch), the examples its targets need (NSP or SOP pairs, knowledge spans ...) and its per-task collators.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class ModelHooks:
     """What a DataModule may know of its module (``PtmModule.hooks()``)."""
 
     collator: Optional[Callable[..., Callable]] = None  # (tokenizer, seed=) -> collate_fn
-    example_format: Optional[str] = None  # pre-training examples: blocks | nsp | sop
+    example_format: frozenset = frozenset()  # pre-training examples the targets need (data.examples): nsp, sop ...
     static_copies: Optional[int] = None  # static masking: each NSP/SOP pair is one of k fixed draws (None: per epoch)
     task_collator: Optional[Callable[[str, Any], Callable]] = None  # multitask: (task kind, tokenizer) -> collate_fn
 

@@ -234,7 +234,8 @@ def test_a_sharded_checkpoint_directory_under_a_single_device_run_is_one_line(ba
 @pytest.mark.parametrize("key,value,expected", [
     ("optim.name", "sgd", "model.init_args.optim.name: expected one of 'adamw', 'lamb', 'adafactor', got sgd"),
     ("optim.lr", "fast", "model.init_args.optim.lr: expected float, got fast"),
-    ("masking", "words", "model.init_args.masking: expected one of 'token', 'whole_word', 'span', 'knowledge', got words"),
+    ("targets", '[{"class_path": "MaskedLM", "init_args": {"masking": "words"}}]',
+     "masking: expected one of 'token', 'whole_word', 'span', 'knowledge', got words"),
 ])
 def test_a_bad_nested_value_names_the_full_key_and_what_it_accepts(base, capsys, key, value, expected):
     assert expected in run(["fit", "--config", str(base), f"--model.init_args.{key}", value], capsys)

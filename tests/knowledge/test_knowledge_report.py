@@ -231,7 +231,8 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
         backbone = yaml.safe_load((runs_dir / f"kb_tiny-{key}-wordnet_supersense" / "config.yaml").read_text())
         assert backbone["model"]["init_args"]["backbone"] == str(runs_dir / f"kb_tiny-{key}-pretrain" / "export")
     sense = yaml.safe_load((runs_dir / "kb_tiny-sensebert-pretrain" / "config.yaml").read_text())
-    assert sense["model"]["init_args"]["supersense_input"] is True and sense["trainer"]["max_steps"] == 4
+    supersense = [t for t in sense["model"]["init_args"]["targets"] if t["class_path"].endswith("Supersense")]
+    assert supersense[0]["init_args"]["sense_input"] is True and sense["trainer"]["max_steps"] == 4
     capsys.readouterr()
     readme = tmp_path / "README.md"
     readme.write_text("# Results\n\n<!-- kb_tiny:start -->\nold\n<!-- kb_tiny:end -->\n\nafter\n")
