@@ -79,7 +79,7 @@ class SequenceClassificationModule(TaskModule):
 
     def check_data_kind(self, facts) -> None:
         """The data's task kind must be the one this module trains (``kind``): one line naming the setting."""
-        if self.kind.model_class != self.head:
+        if self.hparams.get("kind") and self.kind.model_class != self.head:  # (frozen-feature modules build their own)
             raise PtmError(f"model.init_args.kind {self.kind.name}: {type(self).__name__} trains the kinds of a "
                            f"{self.head} model; for {self.kind.name} use the module of that kind")
         data_kind = getattr(facts, "kind", None)
