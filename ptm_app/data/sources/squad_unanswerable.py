@@ -52,25 +52,31 @@ FIELDS = {
 }
 
 
-def lacks(paragraph: str, golds: list[str], normalised: str | None = None) -> bool:
+def lacks(paragraph: str, golds: list[str]) -> bool:
     """True if no gold answer occurs in ``paragraph`` as whole tokens after SQuAD normalisation (and some gold is
-    not empty after it); ``normalised``: the paragraph already normalised."""
-    norm = f" {squad_normalize(paragraph) if normalised is None else normalised} "
-    answers = [a for a in (squad_normalize(g) for g in golds) if a]
-    return bool(answers) and not any(f" {a} " in norm for a in answers)
+    not empty after it)."""
+    return _lacks(f" {squad_normalize(paragraph)} ", _answers(golds))
+
+
+def _answers(golds: list[str]) -> list[str]:
+    return [f" {a} " for a in (squad_normalize(g) for g in golds) if a]
+
+
+def _lacks(padded_paragraph: str, padded_answers: list[str]) -> bool:
+    return bool(padded_answers) and not any(a in padded_paragraph for a in padded_answers)
 
 
 def with_negatives(records: list[dict], rng: random.Random) -> tuple[list[dict], int]:
     """The records, each followed by its derived negative when one exists, and the number without one."""
-    paragraphs: dict[str, dict[str, str]] = defaultdict(dict)  # title -> paragraph -> normalised, article order
+    paragraphs: dict[str, dict[str, str]] = defaultdict(dict)  # title -> paragraph -> " normalised ", article order
     for r in records:
         if r["context"] not in paragraphs[r["title"]]:
-            paragraphs[r["title"]][r["context"]] = squad_normalize(r["context"])
+            paragraphs[r["title"]][r["context"]] = f" {squad_normalize(r['context'])} "
     out, missing = [], 0
     for r in records:
         out.append({**r, "is_impossible": False})
-        options = [p for p, norm in paragraphs[r["title"]].items()
-                   if p != r["context"] and lacks(p, r["answers"]["text"], norm)]
+        answers = _answers(r["answers"]["text"])
+        options = [p for p, norm in paragraphs[r["title"]].items() if p != r["context"] and _lacks(norm, answers)]
         if not options:
             missing += 1
             continue
