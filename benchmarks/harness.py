@@ -166,7 +166,8 @@ class Harness:
                     "backbone_config": shared["backbone"],
                     "optim": {"lr": s.lr, "weight_decay": s.weight_decay, "warmup": s.warmup_fraction,
                               "schedule": "linear"},
-                    **({"sparse_prediction": False} if key == "a" else {})}},
+                    **({"targets": [{"class_path": "MaskedLM", "init_args": {"sparse_prediction": False}}]}
+                       if key == "a" else {})}},
                 "data": {"class_path": "PretrainDataModule", "init_args": {
                     "source": "bbc", "tokenizer": {"pretrained": "minilm"}, "max_length": s.seq_len,
                     "packing": "pack", "batch_size": s.batch_size, "seed": s.seed}},

@@ -15,24 +15,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-import ptm_app.adaptation  # noqa: F401  (imported so configs can name classes by their short names)
-import ptm_app.compression  # noqa: F401
-import ptm_app.data.choice_data  # noqa: F401
-import ptm_app.data.datamodules  # noqa: F401
-import ptm_app.data.generation_data  # noqa: F401
-import ptm_app.data.mlm_pairs  # noqa: F401
-import ptm_app.data.multitask  # noqa: F401
-import ptm_app.data.parallel  # noqa: F401
-import ptm_app.data.prompt_data  # noqa: F401
-import ptm_app.data.qa_data  # noqa: F401
-import ptm_app.data.tagging_data  # noqa: F401
-import ptm_app.knowledge  # noqa: F401
-import ptm_app.objectives  # noqa: F401
-import ptm_app.training.compile  # noqa: F401
-import ptm_app.training.unfreezing  # noqa: F401
 from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
+from ptm_app.module_classes import config_classes
 from ptm_app.checkpoints import (CKPT_KEY, CheckpointUnsafe, check_record, checkpoint_path, load_file, resolve_last,
                                  trusted, trusting, verify)
 from ptm_app.paths import (RunLock, atomic_dir, is_first_process, remove_interrupted_writes, restore_replaced,
@@ -82,6 +68,9 @@ class PtmCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("save_config_callback", None)  # RunConfigSaver is added per run
         kwargs.setdefault("parser_kwargs", {"exit_on_error": False, "default_env": False})
+        # the classes configs name by their short names (class_path: TaskDataModule): jsonargparse resolves a short
+        # name among the subclasses of the model / data / callback types, which this registry makes present
+        self.classes = config_classes()
         self.run_lock = run_lock or RunLock()
         self.console_log = console_log  # copy the console to <run>/logs/console.log (closed by run_lightning)
         self._trust = contextlib.ExitStack()  # --trust_checkpoint, for every checkpoint this run reads
@@ -130,7 +119,10 @@ class PtmCLI(LightningCLI):
             from ptm_app.module_classes import module_class
 
             cls = module_class(hparams.pop("_class_path"), cfg.ckpt_path, trusted())
-            hparams = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "dict_kwargs": hparams}
+            hparams = {"class_path": f"{cls.__module__}.{cls.__qualname__}",
+                       "dict_kwargs": upgraded(cls, hparams)}
+        else:
+            hparams = upgraded(self._configured_model_class(subcommand), hparams)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     @staticmethod
@@ -166,13 +158,16 @@ class PtmCLI(LightningCLI):
                            f"take the model from the checkpoint")
 
     def _configured_model_class(self, subcommand: str) -> Optional[type]:
-        """The model class the parsed config names (jsonargparse imported it while parsing the user's config)."""
+        """The model class the parsed config names: the registry's (``config_classes``), or the one jsonargparse
+        imported while parsing the user's config (a class of the user's own)."""
         model = self.config[subcommand].get("model")
         name = model.get("class_path") if model is not None and hasattr(model, "get") else None
         if not isinstance(name, str):
             return None
         module_path, _, attr = name.rpartition(".")
-        found = getattr(sys.modules.get(module_path), attr, None)
+        found = self.classes.get(attr) if module_path in ("", getattr(self.classes.get(attr), "__module__", None)) \
+            else None
+        found = found or getattr(sys.modules.get(module_path), attr, None)
         return found if isinstance(found, type) else None
 
     # -- run directory ----------------------------------------------------------------------
@@ -261,6 +256,12 @@ class PtmCLI(LightningCLI):
         user_callbacks = trainer_cfg.get("callbacks") or []
         kwargs["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
         return super().instantiate_trainer(**kwargs)
+
+
+def upgraded(cls: Optional[type], hparams: dict) -> dict:
+    """A checkpoint's hyper-parameters under the names ``cls`` has today (``PtmModule.upgrade_checkpoint``)."""
+    upgrade = getattr(cls, "upgrade_checkpoint", None)
+    return upgrade(dict(hparams)) if upgrade is not None else hparams
 
 
 def _family(cls: type) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Callable
+from typing import Any, Callable, Optional
 
 _HELP = "python main.py fit --help lists the keys"
 
@@ -46,6 +46,54 @@ def one_line(exc: Exception, help_hint: str = _HELP) -> str:
     detail = [ln for ln in lines if not ln.startswith(("Subtypes", "Given value", "Errors", "Expected a"))] or lines
     message = " ".join(detail[:3]).replace("typing.", "")[:400]
     return (prefix.rstrip(".") + ": " if prefix else "") + message + ("" if help_hint == _HELP else f"; {help_hint}")
+
+
+def option_error(exc: Exception, command: str, kinds: dict[str, Any], positional: Optional[str] = None) -> str:
+    """jsonargparse's error for a command of the table (``main.COMMANDS``) as one line naming the option and the fix:
+    an unknown option (with the closest known one), a missing one, a value of the wrong type (what is expected)."""
+    import difflib
+
+    text = str(exc)
+    hint = f"python main.py {command} --help lists the options"
+    shown = {name: (name.upper() if name == positional else f"--{name}") for name in kinds}
+    unrecognized = re.search(r"[Uu]nrecognized arguments: (.+)", text)
+    if unrecognized:
+        given = unrecognized.group(1).strip()
+        name = given.split()[0].lstrip("-").split("=")[0]
+        close = difflib.get_close_matches(name, [*kinds, "config"], n=1) if given.startswith("--") else []
+        return (f"unknown command-line argument {given}; {f'did you mean --{close[0]}? ' if close else ''}"
+                f"options are --name value ({hint})")
+    required = re.search(r"arguments are required: (.+)", text) or re.search(r'[Kk]ey "([^"]+)" is required', text)
+    if required:
+        names = [shown.get(n.strip().lstrip("-"), n.strip()) for n in required.group(1).split(",")]
+        return f"{command} needs {' and '.join(names)}; {hint}"
+    key = re.search(r'Parser key "([^"]+)"', text)
+    if key and key.group(1) in kinds:
+        given = re.search(r"Given value: (.*)", text) or re.search(r"Got value: (.*)", text)
+        value = given.group(1).strip() if given else "the value given"
+        return f"{key.group(1)}: {value} is not {expected(kinds[key.group(1)])} ({hint})"
+    return one_line(exc, hint)
+
+
+def expected(kind: Any) -> str:
+    """A type hint in words: ``Optional[Literal['cls', 'mean']]`` -> ``one of cls, mean``."""
+    import types
+    from typing import Literal, Union, get_args, get_origin
+
+    origin, args = get_origin(kind), get_args(kind)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(expected(a) for a in inner) if inner else "null"
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in args)
+    if origin is list:
+        return f"a list whose items are {expected(args[0])}" if args else "a list"
+    if origin is dict:
+        return "a mapping"
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if kind in words:
+        return words[kind]
+    return f"a {getattr(kind, '__name__', str(kind))} mapping" if isinstance(kind, type) else str(kind)
 
 
 def read_yaml(path: str | os.PathLike):

@@ -152,6 +152,8 @@ def load_exported_module(directory: str | Path, trust: Optional[bool] = None):
         raise PtmError(f"{directory / MODULE_CONFIG} is damaged ({type(exc).__name__}: {exc}); export the run "
                        f"again") from None
     cls = module_class(name, directory / MODULE_CONFIG, trusted(trust))
+    stored = hparams
+    hparams = cls.upgrade_checkpoint(dict(stored)) if hasattr(cls, "upgrade_checkpoint") else hparams
     accepted = set(inspect.signature(cls).parameters)  # drops CLI bookkeeping such as _class_path
     hparams = {k: v for k, v in hparams.items() if k in accepted}
     from ptm_app.backbones.delta import CONFIG_FILE, DELTA_FILE, load_delta_state_dict
@@ -166,6 +168,8 @@ def load_exported_module(directory: str | Path, trust: Optional[bool] = None):
         load_delta_state_dict(module.backbone, load_file(str(directory / DELTA_FILE)))
     weights = load_file(str(directory / MODULE_WEIGHTS)) if (directory / MODULE_WEIGHTS).is_file() else {}
     weights.update({alias: weights[key] for alias, key in spec.get("aliases", {}).items()})
+    if hasattr(cls, "upgrade_checkpoint"):  # weights named by an earlier version
+        cls.upgrade_checkpoint(dict(stored), weights)
     missing, unexpected = module.load_state_dict(weights, strict=False)
     own = [k for k in missing if not k.startswith(BACKBONE_PREFIX)]
     if own or unexpected:

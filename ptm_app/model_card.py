@@ -14,25 +14,27 @@ from typing import Optional
 
 import yaml
 
-from ptm_app.backbones.heads import HEADS
+from ptm_app.backbones.heads import MODEL_CLASSES, auto_class_name
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.data.sources import MANIFEST, SOURCES
 from ptm_app.paths import data_root
 
-# what each head is for, and the transformers pipeline that serves it (the Hub's pipeline_tag)
-USES = {
-    "masked_lm": ("filling in masked tokens, and as an encoder to fine-tune or embed with", "fill-mask"),
-    "causal_lm": ("continuing text left to right (main.py generate)", "text-generation"),
-    "seq2seq_lm": ("rewriting an input text into an output text (main.py generate)", "text2text-generation"),
-    "sequence_classification": ("labelling a text (or a text pair) with one of its labels (main.py predict)",
-                                "text-classification"),
-    "token_classification": ("labelling each word of a text", "token-classification"),
-    "question_answering": ("extracting the answer span to a question from a context", "question-answering"),
-    "multiple_choice": ("picking one of several candidate answers", None),
-    "base": ("sentence and token embeddings (main.py embed), and as an encoder to fine-tune", "feature-extraction"),
-    "rtd": ("detecting replaced tokens (ELECTRA's discriminator), and as an encoder to fine-tune", None),
-    "bilm": ("contextual word representations (ELMo's BiLSTM language model)", None),
-}
+
+
+def intended_use(own: dict, hparams: dict) -> tuple[str, Optional[str]]:
+    """What the model is for and its Hub pipeline tag: its task kind's (``task_kinds.registry``; the kind the
+    checkpoint records, else the one its head and problem type serve), else its model class's
+    (``backbones.heads.MODEL_CLASSES``: language models, encoders)."""
+    from ptm_app.task_kinds.registry import kind_of_head, task_kind
+
+    head = own["head"]
+    recorded = own.get("task_kind")
+    problem = (hparams.get("backbone_config") or {}).get("problem_type")
+    kind = task_kind(recorded, "the checkpoint") if recorded else kind_of_head(head, problem)
+    model = MODEL_CLASSES.get(head)
+    use = (kind.intended_use if kind is not None else None) or (model.use if model is not None else None) or ""
+    pipeline = (kind.pipeline_tag if kind is not None else None) or (model.pipeline_tag if model is not None else None)
+    return use, pipeline
 
 
 def run_directory(ckpt_path: str | Path) -> Optional[Path]:
@@ -91,14 +93,14 @@ def model_card(ckpt: dict, ckpt_path: str | Path, name: str) -> str:
     config = yaml.safe_load(config_text) if config_text else {}
     backbone_config = hparams.get("backbone_config") or {}
     model_type = backbone_config.get("model_type", "unknown")
-    use, pipeline = USES.get(head, ("", None))
+    use, pipeline = intended_use(own, hparams)
     params = summary.get("total_params")
 
     lines = ["---", "library_name: transformers", "tags: [ptm_app]"]
     lines += [f"pipeline_tag: {pipeline}"] if pipeline else []
     lines += ["---", "", f"# {name}", ""]
     size = f", {params:,} parameters" if params else ""
-    lines += [f"A `{model_type}` model with a `{head}` head (`{HEADS.get(head, head)}`{size}), trained by ptm_app's "
+    lines += [f"A `{model_type}` model with a `{head}` head (`{auto_class_name(head, head)}`{size}), trained by ptm_app's "
               f"`{module}` ({summary.get('style', module)}) for {ckpt.get('global_step', '?')} steps "
               f"(epoch {ckpt.get('epoch', '?')}). It is for {use}.", ""]
 
@@ -134,7 +136,7 @@ def model_card(ckpt: dict, ckpt_path: str | Path, name: str) -> str:
               "other domains, languages or of fairness, and a short run's numbers are not a benchmark."]
     lines += ["- Licences: the base model's and the data's (above) apply to this model as well."]
     lines += ["- Use: `python main.py embed|generate|predict --ckpt_path <this directory>`, or "
-              f"`transformers.{HEADS.get(head, 'AutoModel')}.from_pretrained(<this directory>)` (with "
+              f"`transformers.{auto_class_name(head)}.from_pretrained(<this directory>)` (with "
               "`export.load_exported_module` when `module_config.json` is present)."]
     lines += [""]
 

@@ -6,6 +6,10 @@ adaptation styles (one per task kind), compression and knowledge modules.  Each 
 checkpoints give it: its defining module's path (``ptm_app.module``), its package's path (Lightning's
 ``_class_path`` as a config wrote it) and its bare name.  A class outside the registry is imported only with
 ``--trust_checkpoint`` (python: ``trust=True``).
+
+``config_classes`` is the registry of the names a config may give a class by (``class_path: TaskDataModule``): the
+module classes above, the data modules of ``DATA_MODULES`` and the callbacks of ``CALLBACK_MODULES``.  The CLI builds
+it explicitly (``cli.PtmCLI``) before parsing; nothing imports a module only for its side effects.
 """
 from __future__ import annotations
 
@@ -16,6 +20,11 @@ from typing import Any, Optional
 from ptm_app.errors import PtmError
 
 PACKAGES = ("ptm_app.objectives", "ptm_app.adaptation", "ptm_app.compression", "ptm_app.knowledge")
+DATA_MODULES = ("ptm_app.data.datamodules", "ptm_app.data.choice_data", "ptm_app.data.generation_data",
+                "ptm_app.data.mlm_pairs", "ptm_app.data.multitask", "ptm_app.data.parallel", "ptm_app.data.prompt_data",
+                "ptm_app.data.qa_data", "ptm_app.data.tagging_data", "ptm_app.data.multilabel_data",
+                "ptm_app.knowledge.data")
+CALLBACK_MODULES = ("ptm_app.training.compile", "ptm_app.training.unfreezing")
 
 
 @functools.cache
@@ -82,3 +91,28 @@ def module_class(name: Any, source: Any, trust: bool = False) -> type:
     if not (isinstance(found, type) and issubclass(found, LightningModule)):
         raise PtmError(f"{source}: {name!r} is not a LightningModule class")
     return found
+
+
+def _defined_in(module: str, base: type) -> dict[str, type]:
+    """The public subclasses of ``base`` that ``module`` defines (not the ones it imports)."""
+    found = importlib.import_module(module)
+    return {name: cls for name, cls in vars(found).items() if isinstance(cls, type) and issubclass(cls, base)
+            and cls.__module__ == module and not name.startswith("_")}
+
+
+@functools.cache
+def config_classes() -> dict[str, type]:
+    """Every bare class name a config may use -> the class: the module classes (``module_classes``), the data
+    modules and the callbacks.  A name given twice is a bug of ours (configs could not name either), refused here."""
+    from lightning.pytorch import Callback, LightningDataModule
+
+    groups = [{name: cls for name, cls in module_classes().items() if "." not in name}]
+    groups += [_defined_in(module, LightningDataModule) for module in DATA_MODULES]
+    groups += [_defined_in(module, Callback) for module in CALLBACK_MODULES]
+    table: dict[str, type] = {}
+    for group in groups:
+        for name, cls in group.items():
+            if table.setdefault(name, cls) is not cls:
+                raise RuntimeError(f"two config classes are named {name}: {table[name].__module__} and "
+                                   f"{cls.__module__}; rename one")
+    return table

@@ -3,7 +3,7 @@ encoded as a sentence pair, the [CLS] state of each goes through one new vector 
 ``*ForMultipleChoice``: pooler, dropout, a linear layer to one score), and the scores of a question's choices are
 soft-maxed; the loss is their cross-entropy.  Logs ``val/acc`` (``test/acc``); ``predict`` writes each question's
 chosen index with every choice's probability.  Loss and accuracy are the ``choice`` task type's
-(``tasks.types``), the same as a multitask ``choice`` head's.
+(``task_kinds.registry``), the same as a multitask ``choice`` head's.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ class MultipleChoiceModule(TaskModule):
     """
 
     head = "multiple_choice"
-    monitor = ("val/acc", "max")
     task_kind = "choice"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

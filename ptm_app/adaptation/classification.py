@@ -12,7 +12,8 @@ from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
-from ptm_app.tasks.label_scores import label_metrics, positive_index
+from ptm_app.task_kinds.label_scores import positive_index
+from ptm_app.task_kinds.registry import task_kind
 from ptm_app.training.optim import OptimConfig
 
 
@@ -38,17 +39,20 @@ class SequenceClassificationModule(TaskModule):
         delta: parameter-efficient tuning (``backbones.delta.DeltaSpec``): bottleneck adapters (houlsby,
             pfeiffer, pals), lora, ia3, prefix, prompt, ptuning or bitfit; only the delta (+ head) trains.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
+        kind: the task kind (``task_kinds.registry``): ``sequence`` (one label per text, the default) or another
+            kind of this model class (its entry gives the loss, metrics, best-checkpoint metric and predictions);
+            it must be the data's kind.
     """
 
     head = "sequence_classification"
-    monitor = ("val/acc", "max")
     task_kind = "sequence"
     needs_labels = True  # one logit per label (regression: one value)
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
-                 delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None):
+                 delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None,
+                 kind: Optional[str] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
@@ -65,15 +69,31 @@ class SequenceClassificationModule(TaskModule):
         if facts is not None and facts.task == "regression":
             raise PtmError(f"{type(self).__name__} classifies, and data.task is regression; "
                            f"use model.class_path: SequenceRegressionModule")
+        self.check_data_kind(facts)
         labels = list(self.hparams.labels or [])
         if not labels:
             raise PtmError("SequenceClassificationModule needs labels: set model.init_args.labels or use a TaskDataModule")
+        problem = {"problem_type": self.kind.problem_type} if self.kind.problem_type else {}
         return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
-                "label2id": {n: i for i, n in enumerate(labels)}}
+                "label2id": {n: i for i, n in enumerate(labels)}, **problem}
+
+    def check_data_kind(self, facts) -> None:
+        """The data's task kind must be the one this module trains (``kind``): one line naming the setting."""
+        if self.kind.model_class != self.head:
+            raise PtmError(f"model.init_args.kind {self.kind.name}: {type(self).__name__} trains the kinds of a "
+                           f"{self.head} model; for {self.kind.name} use the module of that kind")
+        data_kind = getattr(facts, "kind", None)
+        if facts is None or data_kind is None or task_kind(data_kind, "data").name == self.kind.name:
+            return
+        entry = task_kind(data_kind, "data")
+        fix = (f"set model.init_args.kind: {entry.name}" if entry.model_class == self.head and "kind" in self.hparams
+               else "use the module of that kind")
+        raise PtmError(f"{type(self).__name__} trains the {self.kind.name} kind, and the data is of kind "
+                       f"{entry.name}; {fix}")
 
     def build_metrics(self):
         labels = self.task_labels()
-        return label_metrics(len(labels), positive_index(labels, self.hparams.get("positive_label")))
+        return self.kind.build_metrics(labels, positive_index(labels, self.hparams.get("positive_label")))
 
     def make_collator(self, tokenizer, seed: int = 0) -> PadCollator:
         return PadCollator(pad_token_id=tokenizer.pad_token_id)
@@ -82,8 +102,8 @@ class SequenceClassificationModule(TaskModule):
         return self.backbone(**self.model_inputs(batch)).logits
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """Every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
-        return {"keys": batch["keys"], "probs": torch.softmax(self(batch).float(), dim=-1).cpu()}
+        """The kind's scores: every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
+        return {"keys": batch["keys"], **self.kind.scores(self(batch), self)}
 
 
 class SequenceRegressionModule(SequenceClassificationModule):
@@ -93,7 +113,6 @@ class SequenceRegressionModule(SequenceClassificationModule):
     option but the label set (delta tuning, ``init_from``, L2-SP).
     """
 
-    monitor = ("val/pearson", "max")
     task_kind = "regression"
     needs_labels = False
 
@@ -111,7 +130,7 @@ class SequenceRegressionModule(SequenceClassificationModule):
         return {"num_labels": 1, "problem_type": "regression"}
 
     def build_metrics(self):
-        return self.kind.metrics(None)
+        return self.kind.build_metrics(None)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return super().forward(batch).float().squeeze(-1)

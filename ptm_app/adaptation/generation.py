@@ -42,7 +42,7 @@ from ptm_app.data.contract import DataFacts
 from ptm_app.data.sources.references import load_error
 from ptm_app.errors import PtmError
 from ptm_app.objectives.seq2seq import seq2seq_token_ids
-from ptm_app.tasks.metrics import GenerationScores
+from ptm_app.task_kinds.metrics import GenerationScores
 from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
@@ -144,7 +144,7 @@ class GenerationModule(PtmModule):
 
     Logs ``train/loss``, ``val/loss`` (teacher-forced cross-entropy of the target tokens), and from generated
     text ``val/rougeL`` (ROUGE-L F-measure) and ``val/bleu`` (corpus BLEU-4), likewise ``test/*`` (see
-    ``tasks.metrics.GenerationScores``); the best checkpoint is the one with the highest ``val/rougeL``.
+    ``task_kinds.metrics.GenerationScores``); the best checkpoint is the one with the highest ``val/rougeL``.
     ``predict`` writes ``predictions.jsonl``: id, source text, reference target and the generated text.
 
     Args:
@@ -164,6 +164,7 @@ class GenerationModule(PtmModule):
     """
 
     monitor = ("val/rougeL", "max")
+    task_kind = "generation"  # its predictions (task_kinds.registry); loss and metrics are its own
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,

@@ -3,7 +3,7 @@ lexicon and Transformer layers, task-specific output layers; each mini-batch fro
 
 Tasks come from a ``MultitaskDataModule`` (sequence classification, regression, token classification,
 extractive QA, multiple choice), mixed by T5's rates (Raffel et al. 2020 §3.5.2).  Each task's head, loss and
-metrics come from its task type (``tasks.types.TASK_TYPES``).  Metrics are logged per task
+metrics come from its task type (``task_kinds.registry.TASK_KINDS``).  Metrics are logged per task
 (``val/<task>/<metric>``) with their macro average over tasks (``val/macro``, the best-checkpoint monitor) of
 each task's main metric: accuracy (classification, tagging, multiple choice), Pearson (regression), F1 (QA).  T5 (§3.5.3)
 found multitask training then per-task fine-tuning best: start a single-task run from this checkpoint with
@@ -24,8 +24,8 @@ from ptm_app.adaptation.policies import fine_tuning_policies
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.tokenizer import is_bert_style
 from ptm_app.errors import PtmError
-from ptm_app.tasks.spans import SPLITS
-from ptm_app.tasks.types import TaskType, task_type
+from ptm_app.task_kinds.spans import SPLITS
+from ptm_app.task_kinds.registry import TaskKind, task_kind
 from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
@@ -35,7 +35,7 @@ class MultitaskModule(PtmModule):
 
     Args:
         backbone / backbone_config: the shared encoder (pretrained name, exported run, or a config).
-        tasks: task name → ``{kind, labels}`` (kind: a ``tasks.types`` task type); by default taken from the
+        tasks: task name → ``{kind, labels}`` (kind: a ``task_kinds.registry`` task kind); by default taken from the
             ``MultitaskDataModule``.
         optim: optimiser and schedule (one optimiser over the encoder and all heads).
         dropout: dropout before each head.
@@ -73,11 +73,14 @@ class MultitaskModule(PtmModule):
                 raise PtmError("MultitaskModule needs tasks: use data.class_path: MultitaskDataModule")
             self.hparams.tasks = specs
         for name, spec in self.hparams.tasks.items():
-            task_type(spec.get("kind"), f"multitask task '{name}'")
+            kind = task_kind(spec.get("kind"), f"multitask task '{name}'")
+            if kind.head is None:
+                raise PtmError(f"multitask task '{name}': kind '{kind.name}' has no task head (its module builds its "
+                               f"own output); use a labelled kind")
         return self.hparams.tasks
 
-    def task_type(self, task: str) -> TaskType:
-        return task_type(self.tasks[task]["kind"])
+    def kind_of_task(self, task: str) -> TaskKind:
+        return task_kind(self.tasks[task]["kind"])
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -87,16 +90,16 @@ class MultitaskModule(PtmModule):
             width = self.backbone.config.hidden_size
             self.heads = nn.ModuleDict({
                 name: nn.Sequential(nn.Dropout(self.hparams.dropout),
-                                    nn.Linear(width, self.task_type(name).width(spec["labels"])))
+                                    nn.Linear(width, self.kind_of_task(name).width(spec["labels"])))
                 for name, spec in self.tasks.items()})
             self.stage_metrics = nn.ModuleDict({stage: nn.ModuleDict({
-                name: self.task_type(name).metrics(spec["labels"]) for name, spec in self.tasks.items()})
+                name: self.kind_of_task(name).build_metrics(spec["labels"]) for name, spec in self.tasks.items()})
                 for stage in ("val", "test")})
 
     def task_collator(self, kind: str, tokenizer):
         """The collator a task of ``kind`` needs (asked for by ``MultitaskDataModule``)."""
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return task_type(kind).collator(pad_token_id=pad)
+        return task_kind(kind).collator(pad_token_id=pad)
 
     def make_collator(self, tokenizer, seed: int = 0):
         raise PtmError("MultitaskModule trains on a MultitaskDataModule (data.class_path: MultitaskDataModule)")
@@ -114,14 +117,14 @@ class MultitaskModule(PtmModule):
         task = batch["task"]
         hidden = self.backbone(**self.model_inputs(batch)).last_hidden_state
         hidden = hidden[:, prepended_tokens(self.backbone):]  # a soft prompt's positions have no labels
-        kind = self.task_type(task)
+        kind = self.kind_of_task(task)
         if kind.reads != "tokens":  # one pooled row per example, or per (question, choice) pair
             hidden = self.pool(hidden, batch["attention_mask"])
         return kind.outputs(self.heads[task](hidden).float(), batch)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         task = batch["task"]
-        loss = self.task_type(task).loss(self(batch), batch)
+        loss = self.kind_of_task(task).loss(self(batch), batch)
         n = len(batch["input_ids"])
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         self.log("train/task", float(list(self.tasks).index(task)), batch_size=n)  # which task this step trained
@@ -131,7 +134,7 @@ class MultitaskModule(PtmModule):
     # -- evaluation ---------------------------------------------------------------------------------
     def _eval_step(self, stage: str, batch: dict) -> None:
         task = batch["task"]
-        kind, out = self.task_type(task), self(batch)
+        kind, out = self.kind_of_task(task), self(batch)
         n = len(batch["input_ids"])
         self.log(f"{stage}/{task}/loss", kind.loss(out, batch), batch_size=n, add_dataloader_idx=False)
         settings = {"labels": self.tasks[task]["labels"], "n_best": self.hparams.n_best,
@@ -147,9 +150,10 @@ class MultitaskModule(PtmModule):
     def _log_metrics(self, stage: str) -> None:
         main = []
         for task in self.tasks:
-            kind = self.task_type(task)
+            kind = self.kind_of_task(task)
             values = kind.compute(self.stage_metrics[stage][task],
-                                  lambda: self.data_facts.task_records(task, SPLITS[stage]))  # noqa: B023
+                                  lambda: self.data_facts.task_records(task, SPLITS[stage]),  # noqa: B023
+                                  self.stage_metrics["val"][task] if "val" in self.stage_metrics else None)
             self.log_dict({f"{stage}/{task}/{k}": v for k, v in values.items()}, add_dataloader_idx=False)
             main.append(values[kind.main_metric].float())
         self.log(f"{stage}/macro", torch.stack(main).mean(), prog_bar=(stage == "val"), add_dataloader_idx=False)

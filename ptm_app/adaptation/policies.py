@@ -64,7 +64,7 @@ class Delta(BackbonePolicy):
 
     def __init__(self, spec: DeltaSpec | dict, delta_only: bool = True, task_type: Optional[str] = None):
         """``task_type``: peft's task type when the module's head has none of its own (``backbones.delta``'s
-        ``HEAD_TASK_TYPES``), e.g. ``FEATURE_EXTRACTION`` for PET's masked LM, whose logits then cover the virtual
+        ``backbones.heads.MODEL_CLASSES``), e.g. ``FEATURE_EXTRACTION`` for PET's masked LM, whose logits then cover the virtual
         positions too."""
         self.spec, self.delta_only, self.task_type = as_delta_spec(spec), delta_only, task_type
 

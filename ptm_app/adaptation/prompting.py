@@ -48,8 +48,8 @@ class _LabelScoringModule(TaskModule):
     """Shared: the label set, ``val``/``test`` accuracy and macro-F1 over label scores (the ``sequence`` task type,
     as ``SequenceClassificationModule``), cross-entropy as ``*/loss``, predictions with label probabilities."""
 
-    monitor = ("val/acc", "max")
     task_kind = "sequence"
+    predicts_rows = False  # its predict_step scores verbalizers: predict --config, not predict --text
 
     def __init__(self, backbone: Optional[str], backbone_config: Optional[dict], optim: OptimConfig = OptimConfig(),
                  gradient_checkpointing: bool = False):

@@ -14,14 +14,11 @@ from typing import Optional
 import torch
 
 from ptm_app.adaptation.task_module import TaskModule
-from ptm_app.backbones.build import HEADS
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.collators import QACollator
-from ptm_app.tasks.spans import SPLITS, epoch_answers
+from ptm_app.task_kinds.spans import SPLITS, epoch_answers
 from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.optim import OptimConfig
-
-HEADS.setdefault("question_answering", "AutoModelForQuestionAnswering")
 
 
 class QuestionAnsweringModule(TaskModule):
@@ -40,7 +37,6 @@ class QuestionAnsweringModule(TaskModule):
     """
 
     head = "question_answering"
-    monitor = ("val/f1", "max")
     task_kind = "qa"
     metric_stages = ("val", "test", "predict")  # predict collects spans too
 

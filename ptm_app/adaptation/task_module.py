@@ -1,5 +1,5 @@
-"""The base of every single-task adaptation module: the task's loss, metrics and evaluation come from its task type
-(``tasks.types``: the same entries ``MultitaskModule`` uses), and the backbone's behaviours (delta tuning,
+"""The base of every single-task adaptation module: the task's loss, metrics and evaluation come from its task kind
+(``task_kinds.registry``: the same entries ``MultitaskModule`` uses), and the backbone's behaviours (delta tuning,
 ``init_from``, L2-SP, frozen features) from policies (``adaptation.policies``), not from mixins."""
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from ptm_app.adaptation.policies import BackbonePolicy, fine_tuning_policies
-from ptm_app.tasks.spans import SPLITS
-from ptm_app.tasks.types import TaskType, task_type
+from ptm_app.task_kinds.spans import SPLITS
+from ptm_app.checkpoints import CKPT_KEY
+from ptm_app.task_kinds.registry import TaskKind, task_kind
 from ptm_app.training.module import PtmModule
 
 
@@ -18,11 +19,13 @@ class TaskModule(PtmModule):
     """A ``PtmModule`` for one labelled task of kind ``task_kind``.
 
     ``forward(batch)`` returns the kind's outputs (label scores, values, tag scores, span logits or choice scores);
-    training, ``val/*`` and ``test/*`` logging follow from the task type.  The fine-tuning settings ``delta``,
+    training, ``val/*`` and ``test/*`` logging follow from the task kind's entry, and so do ``predict --text``'s rows
+    (``predicts_rows = False``: a module whose ``predict_step`` is its own, e.g. prompting's label scoring).  The fine-tuning settings ``delta``,
     ``delta_only``, ``init_from`` and ``l2_sp``, where a subclass takes them, become policies.
     """
 
     task_kind: str = "sequence"
+    predicts_rows: bool = True
     metric_stages: tuple[str, ...] = ("val", "test")
 
     def make_policies(self) -> list[BackbonePolicy]:
@@ -32,9 +35,18 @@ class TaskModule(PtmModule):
     def default_style(self) -> str:
         return "full fine-tuning"
 
+    def kind_name(self) -> str:
+        """The task kind this module trains: its class's ``task_kind``, or the one its data chose (``kind``)."""
+        return self.hparams.get("kind") or self.task_kind
+
     @property
-    def kind(self) -> TaskType:
-        return task_type(self.task_kind)
+    def kind(self) -> TaskKind:
+        return task_kind(self.kind_name())
+
+    @property
+    def monitor(self) -> tuple[str, str]:
+        """The best checkpoint's metric: the kind's main one on validation (higher is better)."""
+        return f"val/{self.kind.main_metric}", "max"
 
     def task_labels(self) -> Optional[list[str]]:
         """The label names the metrics need (None for regression and QA)."""
@@ -47,10 +59,15 @@ class TaskModule(PtmModule):
                 "max_answer_length": self.hparams.get("max_answer_length", 30)}
 
     def build_metrics(self) -> nn.Module:
-        return self.kind.metrics(self.task_labels())
+        return self.kind.build_metrics(self.task_labels())
 
     def configure_model(self) -> None:
+        fresh = self.backbone is None
         super().configure_model()
+        if fresh and self.kind.initial_bias is not None and self.data_facts is not None:
+            bias = self.kind.initial_bias(self.data_facts)  # a checkpoint's weights replace it on load / resume
+            if bias is not None:
+                output_layer(self.backbone, bias.numel()).bias.data.copy_(bias)
         if getattr(self, "stage_metrics", None) is None:
             self.stage_metrics = nn.ModuleDict({stage: self.build_metrics() for stage in self.metric_stages})
 
@@ -77,7 +94,8 @@ class TaskModule(PtmModule):
         self._eval_step("test", batch)
 
     def _log_metrics(self, stage: str) -> None:
-        values = self.kind.compute(self.stage_metrics[stage], lambda: self.data_facts.records(SPLITS[stage]))
+        values = self.kind.compute(self.stage_metrics[stage], lambda: self.data_facts.records(SPLITS[stage]),
+                                   self.stage_metrics["val"] if "val" in self.stage_metrics else None)
         self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=(stage == "val"))
 
     def on_validation_epoch_end(self) -> None:
@@ -85,3 +103,17 @@ class TaskModule(PtmModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[CKPT_KEY]["task_kind"] = self.kind_name()  # the model card's intended use (task_kinds.registry)
+
+
+def output_layer(model: nn.Module, width: int) -> nn.Linear:
+    """The task head's last linear layer: the last ``nn.Linear`` of ``model`` with ``width`` outputs and a bias."""
+    from ptm_app.errors import PtmError
+
+    found = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == width and m.bias is not None]
+    if not found:
+        raise PtmError(f"{type(model).__name__} has no output layer of {width} features with a bias to initialise")
+    return found[-1]

@@ -3,7 +3,7 @@
 BERT (Devlin et al. 2019 §4.3, NER): each word is represented by the final state of its *first* sub-token,
 fed to a new linear output layer, with no CRF; the other sub-tokens carry no label.  Logs token accuracy
 (``val/acc``) and, for BIO/IOB2 tag sets, exact-match entity-level precision/recall/F1 (``val/entity_f1``;
-seqeval's default mode, see ``tasks.metrics``).  ``predict`` writes one tag per word to
+seqeval's default mode, see ``task_kinds.metrics``).  ``predict`` writes one tag per word to
 ``<run dir>/predictions.jsonl``.
 """
 from __future__ import annotations
@@ -13,16 +13,13 @@ from typing import Optional
 import torch
 
 from ptm_app.adaptation.task_module import TaskModule
-from ptm_app.backbones.build import HEADS
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.datasets import _index
 from ptm_app.data.collators import TokenLabelCollator
 from ptm_app.errors import PtmError
-from ptm_app.tasks.tagging import tags_by_word, word_tags
+from ptm_app.task_kinds.tagging import tags_by_word, word_tags
 from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.optim import OptimConfig
-
-HEADS.setdefault("token_classification", "AutoModelForTokenClassification")
 
 
 class TokenClassificationModule(TaskModule):
@@ -40,7 +37,6 @@ class TokenClassificationModule(TaskModule):
     """
 
     head = "token_classification"
-    monitor = ("val/acc", "max")
     task_kind = "token"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

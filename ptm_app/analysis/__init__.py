@@ -11,6 +11,6 @@
 - ``robustness`` (text edits in ``perturbations``): a fine-tuned classifier on typo / word-dropout / synonym
   perturbed copies of its test set.
 
-Every command is a plain typed function parsed by ``settings.run_command`` (a YAML ``--config`` or flags);
+Every command is a plain typed function in the command table (``ptm_app.main``: a YAML ``--config`` or flags);
 results are tables (Markdown + CSV + JSON, ``tables``) and PNGs (``figures``) in one output directory.
 """

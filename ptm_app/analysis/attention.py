@@ -188,11 +188,3 @@ def best_heads(model: str, rows: list[dict], relations: list[Optional[dict]]) ->
 def _mean(values: list) -> Optional[float]:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
-
-
-def attention_command(argv: list[str]) -> int:
-    from ptm_app.analysis.settings import run_command
-
-    out = run_command(attention, argv, "attention")
-    print(f"wrote {out}")
-    return 0

@@ -144,11 +144,3 @@ def contextuality(models: list[str] = ["minilm"], split: Literal["train", "valid
     save_png(draw(rows), out / "contextuality.png")
     print(md.read_text(encoding="utf-8"), end="")
     return out
-
-
-def contextuality_command(argv: list[str]) -> int:
-    from ptm_app.analysis.settings import run_command
-
-    out = run_command(contextuality, argv, "contextuality")
-    print(f"wrote {out}")
-    return 0

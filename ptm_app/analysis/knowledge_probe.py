@@ -375,11 +375,3 @@ def pivot_p_at_1(rows: list[dict]) -> list[dict]:
         table.setdefault(r["relation"], {"relation": r["relation"]})[f"{r['model']} ({r['ranking']})"] = r["p_at_1"]
     columns = list(dict.fromkeys(k for row in table.values() for k in row))
     return [{c: row.get(c) for c in columns} for row in table.values()]
-
-
-def knowledge_probe_command(argv: list[str]) -> int:
-    from ptm_app.analysis.settings import run_command
-
-    out = run_command(knowledge_probe, argv, "knowledge-probe")
-    print(f"wrote {out}")
-    return 0

@@ -118,11 +118,3 @@ def plot(runs: list[str], metrics: Optional[list[str]] = None, output: Optional[
     if target.suffix.lower() != ".png":
         raise PtmError(f"--output {target}: give a .png file name")
     return save_png(draw(curves, chosen), target)
-
-
-def plot_command(argv: list[str]) -> int:
-    from ptm_app.analysis.settings import run_command
-
-    path = run_command(plot, argv, "plot", positional="runs", loads_checkpoints=False)
-    print(f"wrote {path}")
-    return 0

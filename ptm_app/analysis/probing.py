@@ -225,11 +225,3 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
         save_png(draw_mix(rows), out / "scalar_mix.png")
     print(md.read_text(encoding="utf-8"), end="")
     return out
-
-
-def probe_command(argv: list[str]) -> int:
-    from ptm_app.analysis.settings import run_command
-
-    out = run_command(probe, argv, "probe")
-    print(f"wrote {out}")
-    return 0

@@ -224,11 +224,3 @@ def robustness(runs: list[str], checkpoint: Literal["best", "last"] = "best",
     save_png(draw(rows), out / "robustness.png")
     print(md.read_text(encoding="utf-8"), end="")
     return out
-
-
-def robustness_command(argv: list[str]) -> int:
-    from ptm_app.analysis.settings import run_command
-
-    out = run_command(robustness, argv, "robustness")
-    print(f"wrote {out}")
-    return 0

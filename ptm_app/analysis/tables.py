@@ -1,5 +1,5 @@
 """Analysis tables, generated from the computed numbers (never typed): ``NAME.md``, ``NAME.csv`` and ``NAME.json``
-side by side (the format of ``ptm_app.report``: floats with 4 decimals in the Markdown and CSV, full precision in
+side by side (the format of ``ptm_app.experiments.report``: floats with 4 decimals in the Markdown and CSV, full precision in
 the JSON)."""
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import transformers
 from huggingface_hub.errors import StrictDataclassError
 
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone_dir, is_checkpoint
-from ptm_app.backbones.heads import HEADS, auto_class, from_config  # noqa: F401  (the builder's vocabulary)
+from ptm_app.backbones.heads import MODEL_CLASSES, auto_class, from_config  # noqa: F401  (the builder's vocabulary)
 from ptm_app.data.sources.references import REMOTE_CODE, load_error, resolve_pretrained
 from ptm_app.errors import PtmError
 

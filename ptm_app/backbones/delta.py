@@ -25,17 +25,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ptm_app.backbones.adapters import remove_adapter, ADAPTER_KINDS, add_adapter, list_adapters
+from ptm_app.backbones.heads import MODEL_CLASSES
 from ptm_app.errors import PtmError
 
 Method = Literal["houlsby", "pfeiffer", "pals", "lora", "ia3", "prefix", "prompt", "ptuning", "bitfit", "none"]
 DELTA_FILE, CONFIG_FILE = "delta.safetensors", "delta_config.json"
 
-# ptm_app heads (backbones.build.HEADS and the fine-tuning modules) -> peft task type
-HEAD_TASK_TYPES: dict[str, Optional[str]] = {
-    "sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS",
-    "question_answering": "QUESTION_ANS", "causal_lm": "CAUSAL_LM", "seq2seq_lm": "SEQ_2_SEQ_LM",
-    "base": "FEATURE_EXTRACTION", "masked_lm": None, "rtd": None, "multiple_choice": None,
-}
 
 
 @dataclass
@@ -115,16 +110,17 @@ def as_delta_spec(value: Union[DeltaSpec, dict, None]) -> Optional[DeltaSpec]:
 
 
 def peft_task_type(task_type: Union[str, TaskType, None]) -> Optional[TaskType]:
-    """A peft ``TaskType`` from itself, its name (``SEQ_CLS``) or a ptm_app head (``sequence_classification``)."""
+    """A peft ``TaskType`` from itself, its name (``SEQ_CLS``) or a ptm_app head (``sequence_classification``: its
+    ``backbones.heads.MODEL_CLASSES`` entry's)."""
     if task_type is None or isinstance(task_type, TaskType):
         return task_type
-    if task_type in HEAD_TASK_TYPES:
-        value = HEAD_TASK_TYPES[task_type]
+    if task_type in MODEL_CLASSES:
+        value = MODEL_CLASSES[task_type].peft_task_type
         return TaskType(value) if value else None
     try:
         return TaskType(task_type.upper())
     except ValueError:
-        names = ", ".join(list(HEAD_TASK_TYPES) + [t.value for t in TaskType])
+        names = ", ".join(list(MODEL_CLASSES) + [t.value for t in TaskType])
         raise PtmError(f"task type '{task_type}' is unknown; use one of {names}") from None
 
 

@@ -1,19 +1,53 @@
-"""The transformers class behind each ptm_app head name: ``from_config`` builds one from a transformers config."""
+"""The transformers model classes behind ptm_app's head names, in one table: each ``ModelClass`` names its
+transformers Auto class (``from_config`` builds one from a transformers config), its peft task type (delta tuning,
+``backbones.delta``) and transformers' table of the architectures that are of this class (``head_of`` reads a
+config's).  A task kind (``task_kinds.registry.TaskKind``) names the model class it trains and adds its own intended
+use and pipeline tag; the classes no task kind trains (language models, encoders) carry theirs here."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import transformers
 
-HEADS = {
-    "masked_lm": "AutoModelForMaskedLM",
-    "causal_lm": "AutoModelForCausalLM",
-    "seq2seq_lm": "AutoModelForSeq2SeqLM",
-    "sequence_classification": "AutoModelForSequenceClassification",
-    "token_classification": "AutoModelForTokenClassification",
-    "question_answering": "AutoModelForQuestionAnswering",
-    "multiple_choice": "AutoModelForMultipleChoice",
-    "base": "AutoModel",
-    "rtd": "ElectraForPreTraining",  # ELECTRA's discriminator (Clark et al. 2020 §2)
-    "bilm": "BiLSTMForLanguageModeling",  # ptm_app.backbones.bilstm (ELMo, Peters et al. 2018)
+
+@dataclass(frozen=True)
+class ModelClass:
+    """``auto_class``: the transformers class; ``peft_task_type``: peft's ``TaskType`` value (None: peft has none);
+    ``architectures``: the name of transformers' ``MODEL_FOR_*_MAPPING_NAMES`` listing this class's architectures;
+    ``use`` / ``pipeline_tag``: the model card's intended use and the Hub pipeline, for classes no task kind trains."""
+
+    auto_class: str
+    peft_task_type: Optional[str] = None
+    architectures: Optional[str] = None
+    use: Optional[str] = None
+    pipeline_tag: Optional[str] = None
+
+
+# most specific first: ``head_of`` takes the first class whose architectures name the config's
+MODEL_CLASSES: dict[str, ModelClass] = {
+    "causal_lm": ModelClass("AutoModelForCausalLM", "CAUSAL_LM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                            "continuing text left to right (main.py generate)", "text-generation"),
+    "seq2seq_lm": ModelClass("AutoModelForSeq2SeqLM", "SEQ_2_SEQ_LM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+                             "rewriting an input text into an output text (main.py generate)", "text2text-generation"),
+    "sequence_classification": ModelClass("AutoModelForSequenceClassification", "SEQ_CLS",
+                                          "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    "token_classification": ModelClass("AutoModelForTokenClassification", "TOKEN_CLS",
+                                       "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    "question_answering": ModelClass("AutoModelForQuestionAnswering", "QUESTION_ANS",
+                                     "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    "multiple_choice": ModelClass("AutoModelForMultipleChoice", None, "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"),
+    "masked_lm": ModelClass("AutoModelForMaskedLM", None, "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+                            "filling in masked tokens, and as an encoder to fine-tune or embed with", "fill-mask"),
+    "base": ModelClass("AutoModel", "FEATURE_EXTRACTION", None,
+                       "sentence and token embeddings (main.py embed), and as an encoder to fine-tune",
+                       "feature-extraction"),
+    # ELECTRA's discriminator (Clark et al. 2020 §2)
+    "rtd": ModelClass("ElectraForPreTraining", None, None,
+                      "detecting replaced tokens (ELECTRA's discriminator), and as an encoder to fine-tune"),
+    # ptm_app.backbones.bilstm (ELMo, Peters et al. 2018)
+    "bilm": ModelClass("BiLSTMForLanguageModeling", None, None,
+                       "contextual word representations (ELMo's BiLSTM language model)"),
 }
 
 
@@ -22,7 +56,26 @@ def auto_class(head: str):
         from ptm_app.backbones.bilstm import HEAD_CLASSES
 
         return HEAD_CLASSES["bilm"]
-    return getattr(transformers, HEADS[head])
+    return getattr(transformers, MODEL_CLASSES[head].auto_class)
+
+
+def auto_class_name(head: str, default: str = "AutoModel") -> str:
+    """The transformers class name of a head (``default`` for an unknown one), for messages and model cards."""
+    return MODEL_CLASSES[head].auto_class if head in MODEL_CLASSES else default
+
+
+def head_of(config) -> str:
+    """The ptm_app head of a transformers config, from its first architecture name (``base`` if none matches)."""
+    from transformers.models.auto import modeling_auto
+
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    for head, model_class in MODEL_CLASSES.items():
+        if arch is None or model_class.architectures is None:
+            continue
+        names = getattr(modeling_auto, model_class.architectures, {}).get(config.model_type)
+        if arch in ((names,) if isinstance(names, str) else tuple(names or ())):
+            return head
+    return "base"
 
 
 def from_config(head, config):

@@ -17,6 +17,7 @@ from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher, size_fac
 from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import masked_lm_forward
 from ptm_app.objectives.mlm import MaskedLMModule
+from ptm_app.objectives.targets import MaskedLM
 from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
@@ -48,8 +49,8 @@ class PretrainDistillationModule(MaskedLMModule):
                            "student_layers: null to use backbone / backbone_config instead")
         self.frozen_teacher = FrozenTeacher(teacher, "masked_lm")
         self.teacher_logged = False
-        super().__init__(backbone, backbone_config, optim, gradient_checkpointing, mlm_probability, mask_ratio,
-                         random_ratio, masking)
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing,
+                         targets=[MaskedLM(mlm_probability, mask_ratio, random_ratio, masking)])
         self.weights = {"ce": alpha_ce, "mlm": alpha_mlm, "cosine": alpha_cos}
 
     def default_style(self) -> str:
@@ -87,10 +88,10 @@ class PretrainDistillationModule(MaskedLMModule):
 
     def _forward_both(self, batch: dict):
         inputs, labels, hidden = self.model_inputs(batch), batch["labels"], self.hparams.alpha_cos > 0
-        student = masked_lm_forward(self.backbone, inputs, labels, sparse=self.sparse_prediction, hidden=hidden)
+        student = masked_lm_forward(self.backbone, inputs, labels, sparse=self.mlm.sparse_prediction, hidden=hidden)
         with torch.no_grad():
             teacher = masked_lm_forward(self.frozen_teacher.on(self.device), inputs, labels,
-                                        sparse=self.sparse_prediction, hidden=hidden)
+                                        sparse=self.mlm.sparse_prediction, hidden=hidden)
         return student, teacher
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
@@ -111,7 +112,7 @@ class PretrainDistillationModule(MaskedLMModule):
         if not self.teacher_logged and not self.trainer.sanity_checking:
             with torch.no_grad():
                 loss = masked_lm_forward(self.frozen_teacher.on(self.device), self.model_inputs(batch),
-                                         batch["labels"], sparse=self.sparse_prediction).loss
+                                         batch["labels"], sparse=self.mlm.sparse_prediction).loss
             if getattr(self, "teacher_val_loss", None) is None:  # not a sub-module: not in the checkpoint
                 object.__setattr__(self, "teacher_val_loss", MeanMetric().to(self.device))
             weighted_mean_update(self.teacher_val_loss, loss, self.count_targets(batch["labels"]))

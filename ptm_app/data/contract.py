@@ -9,7 +9,7 @@
   predictions; the facts that need prepared data are callables, answered when the module asks (in
   ``configure_model`` / ``setup``, after ``prepare_data``), so a multi-rank run builds nothing twice;
 - the DataModule the module's needs (``ModelHooks``): its collator factory (the objective's corruption drawn
-  per batch), its example format (blocks, NSP or SOP pairs) and its per-task collators.
+  per batch), the examples its targets need (NSP or SOP pairs, knowledge spans ...) and its per-task collators.
 """
 from __future__ import annotations
 
@@ -34,8 +34,10 @@ class DataFacts:
     max_source_length: Optional[int] = None  # seq2seq pairs
     max_target_length: Optional[int] = None
     task: Optional[str] = None  # TaskDataModule: classification | regression
+    kind: Optional[str] = None  # labelled data: its task kind (task_kinds.registry)
     languages: Optional[list[str]] = None  # TLM: the two languages of the parallel text
     labels: Callable[[], Optional[list[str]]] = _no_labels  # the label set, from the training split
+    label_priors: Callable[[], Optional[list[float]]] = lambda: None  # multi-label: each label's training share
     records: Callable[[str], dict] = _no_records  # a split's examples (ids, texts, targets ...) for predictions
     task_specs: Callable[[], dict[str, dict]] = dict  # multitask: per task its kind and labels
     task_records: Callable[[str, str], dict] = lambda task, split: _no_records(f"{task}/{split}")
@@ -47,7 +49,7 @@ class ModelHooks:
     """What a DataModule may know of its module (``PtmModule.hooks()``)."""
 
     collator: Optional[Callable[..., Callable]] = None  # (tokenizer, seed=) -> collate_fn
-    example_format: Optional[str] = None  # pre-training examples: blocks | nsp | sop
+    example_format: frozenset = frozenset()  # pre-training examples the targets need (data.examples): nsp, sop ...
     static_copies: Optional[int] = None  # static masking: each NSP/SOP pair is one of k fixed draws (None: per epoch)
     task_collator: Optional[Callable[[str, Any], Callable]] = None  # multitask: (task kind, tokenizer) -> collate_fn
 

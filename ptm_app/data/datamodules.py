@@ -15,11 +15,10 @@ import lightning.pytorch as pl
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from ptm_app.data.blocks import BlockView, LazyBlocks
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.data.collators import PadCollator
-from ptm_app.data.corpus import CorpusDocuments, Packing, iter_texts, load_corpus, pack_blocks, tokenize_corpus
-from ptm_app.data.datasets import BlockDataset, EncodedDataset, SentencePairDataset
+from ptm_app.data.corpus import Packing, iter_texts, load_corpus, tokenize_corpus
+from ptm_app.data.datasets import EncodedDataset
 from ptm_app.data.encoded import EncodedSplit, pick
 from ptm_app.data.formats import split_files
 from ptm_app.data.loader import ResumableLoader, eval_loader
@@ -88,7 +87,7 @@ def check_batch_sizes(batch_size: int, eval_batch_size: Optional[int] = None) ->
 
 class _Base(pl.LightningDataModule):
     group_by_length = False  # labelled data modules take it as an argument (see ``EpochSampler``)
-    kind: Optional[str] = None  # the task type of labelled data (tasks.types.TASK_TYPES), for multitask heads
+    kind: Optional[str] = None  # the task kind of labelled data (task_kinds.registry.TASK_KINDS)
 
     def __init__(self, source: str, tokenizer: TokenizerSpec, batch_size: int, eval_batch_size: Optional[int],
                  num_workers: int, seed: int, holdout: float):
@@ -128,8 +127,10 @@ class _Base(pl.LightningDataModule):
         return DataFacts(tokenizer=self.load_tokenizer, max_length=getattr(self, "max_length", None),
                          max_source_length=getattr(self, "max_source_length", None),
                          max_target_length=getattr(self, "max_target_length", None),
-                         task=getattr(self, "task", None), languages=getattr(self, "languages", None),
+                         task=getattr(self, "task", None), kind=getattr(self, "kind", None),
+                         languages=getattr(self, "languages", None),
                          labels=getattr(self, "label_set", DataFacts.labels),
+                         label_priors=getattr(self, "label_priors", DataFacts.label_priors),
                          records=getattr(self, "records", DataFacts.records),
                          train_examples=lambda: self.datasets.get("train"))
 
@@ -230,7 +231,7 @@ class PretrainDataModule(_Base):
         examples: ``blocks`` (packed token blocks), ``nsp``/``sop`` sentence pairs, or ``knowledge_spans``
             (whole sentences of one document per block, padded: what ERNIE and SenseBERT read from a span corpus
             such as ``brown_spans``, so a plain-MLM control can read the same); by default what the LightningModule
-            asks for (its ``example_format``).
+            asks for (its targets' needs; the builders are ``data.examples.EXAMPLE_BUILDERS``).
         streaming: tokenize with litdata into chunk files on disk (``data.litcorpus``) instead of one in-memory
             cache, so the corpus is bounded by disk, not RAM; blocks are cut by index arithmetic (``data.blocks``).
             By default on when a split's files exceed ``STREAM_ABOVE`` bytes, the source is a glob or a HF
@@ -259,11 +260,19 @@ class PretrainDataModule(_Base):
         self.document_attention = document_attention
         self.limit_documents, self.examples = limit_documents, examples
 
-    def example_format(self) -> str:
+    def example_needs(self) -> frozenset:
+        """The example kinds to build: ``examples`` when set, else what the module's targets need
+        (``ModelHooks.example_format``); empty for plain token blocks."""
         if self.examples:
-            return self.examples
+            return frozenset() if self.examples == "blocks" else frozenset({self.examples})
         hooks = self.model_hooks
-        return (hooks.example_format if hooks is not None else None) or "blocks"
+        return frozenset(hooks.example_format or ()) if hooks is not None else frozenset()
+
+    def example_builder(self):
+        """The registry entry that builds these examples (``data.examples.EXAMPLE_BUILDERS``)."""
+        from ptm_app.data.examples import example_builder
+
+        return example_builder(self.example_needs())
 
     def use_streaming(self) -> bool:
         files = self.files
@@ -287,33 +296,16 @@ class PretrainDataModule(_Base):
         return open_corpus(prepared, verify=self.verify_chunks)
 
     def prepare_data(self) -> None:
-        if self._span_kinds():
-            return self._span_setup(progress=True)
-        for split, path in self.files.items():
-            self._tokenized(split, path, progress=True)
-
-    def _span_kinds(self) -> tuple[str, ...]:
-        """ERNIE / SenseBERT examples: sentences with phrase, entity or supersense spans (data.knowledge_spans)."""
-        from ptm_app.data.knowledge_spans import span_format
-
-        return span_format(self.example_format())
-
-    def _span_setup(self, progress: bool = False) -> None:
-        from ptm_app.data.knowledge_spans import span_datasets
-
-        if self.document_attention or self.use_streaming():
-            raise PtmError(f"{self.example_format()} examples are sentence blocks read in memory; set "
-                           f"data.init_args.document_attention: false and streaming: false")
-        datasets = span_datasets(self, self._span_kinds(), holdout_split, progress)
-        if not progress:
-            self.datasets = datasets
+        self.example_builder().prepare(self, self.example_needs())
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        if self._span_kinds():
-            return self._span_setup()
-        tok = self.load_tokenizer()
+        if not self.datasets:
+            self.datasets = self.example_builder().datasets(self, self.example_needs())
+
+    # -- what the example builders (data.examples) read ------------------------------------------------
+    def split_corpora(self) -> tuple[dict, dict, bool]:
+        """Every split's tokenized corpus, its documents (validation held out of train when there is no validation
+        file; train cut to ``limit_documents``), and whether the corpora are streamed."""
         files = self.files
         streaming = self.use_streaming()
         corpora = {split: self._tokenized(split, path, progress=False) for split, path in files.items()}
@@ -325,30 +317,19 @@ class PretrainDataModule(_Base):
             corpora["validation"] = corpora["train"]
         if self.limit_documents:
             docs["train"] = docs["train"][: self.limit_documents]
+        return corpora, docs, streaming
+
+    def block_frame(self) -> tuple[list[int], list[int], list[int]]:
+        """The ids a block starts and ends with and the separator between documents: [CLS] ... [SEP] for a
+        BERT-style tokenizer, else none and EOS."""
+        tok = self.load_tokenizer()
         if is_bert_style(tok):
-            prefix, suffix, sep = [tok.cls_token_id], [tok.sep_token_id], [tok.sep_token_id]
-        else:
-            prefix, suffix, sep = [], [], [tok.eos_token_id]
-        kind = self.example_format()
-        for split, corpus in corpora.items():
-            if kind in ("nsp", "sop"):
-                if self.document_attention:
-                    raise PtmError(f"document_attention applies to packed blocks, not {kind} sentence pairs; "
-                                   f"set data.init_args.document_attention: false")
-                if not is_bert_style(tok):
-                    raise PtmError(f"{kind} examples need a BERT-style tokenizer ([CLS]/[SEP]); use train: wordpiece")
-                documents = CorpusDocuments(corpus, docs[split])  # read on demand
-                static = self.model_hooks.static_copies if self.model_hooks is not None else None
-                self.datasets[split] = SentencePairDataset(documents, kind, self.max_length, self.seed,
-                                                           tok.cls_token_id, tok.sep_token_id, static_copies=static)
-            elif streaming:  # blocks cut on read, by index arithmetic over the prepared corpus
-                blocks = LazyBlocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split])
-                self.datasets[split] = BlockDataset(BlockView(blocks, 0),
-                                                    BlockView(blocks, 1) if self.document_attention else None)
-            else:
-                packed = pack_blocks(corpus, self.max_length, prefix, suffix, sep, self.packing, docs[split],
-                                     with_documents=self.document_attention)
-                self.datasets[split] = BlockDataset(*packed) if self.document_attention else BlockDataset(packed)
+            return [tok.cls_token_id], [tok.sep_token_id], [tok.sep_token_id]
+        return [], [], [tok.eos_token_id]
+
+    @staticmethod
+    def holdout_documents(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+        return holdout_split(n, fraction, seed)
 
 
 class TaskDataModule(_Base):

@@ -30,15 +30,8 @@ from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root, sha256_file
 
 FORMAT_VERSION = 1
-# example formats a module may ask for -> the record fields they need
+# the examples a target may need (data.examples) -> the record fields they read
 SPAN_FIELDS = {"knowledge_spans": ("phrases", "entities"), "supersenses": ("senses",)}
-
-
-def span_format(kind: str | None) -> tuple[str, ...]:
-    """The span kinds of an example format (``knowledge_spans``, ``supersenses`` or both joined by ``+``);
-    empty for other formats."""
-    parts = tuple((kind or "").split("+"))
-    return parts if parts and all(p in SPAN_FIELDS for p in parts) else ()
 
 
 def _cache_dir(path: Path, tokenizer) -> Path:

@@ -32,7 +32,6 @@ from ptm_app.errors import PtmError
 Mixing = Literal["proportional", "temperature", "uniform"]
 TASK_MODULES = {cls.__name__: cls for cls in (TaskDataModule, TokenTaskDataModule, QADataModule,
                                                MultipleChoiceDataModule)}
-LABELLED_KINDS = ("sequence", "token", "choice")  # kinds whose head has one output per label
 
 
 def mixing_rates(sizes: list[int], mixing: Mixing = "proportional", temperature: float = 2.0,
@@ -51,7 +50,7 @@ def mixing_rates(sizes: list[int], mixing: Mixing = "proportional", temperature:
 
 
 def task_kind(module: pl.LightningDataModule) -> str:
-    """The task type a task's data needs (``tasks.types.TASK_TYPES``: head, loss, metrics): its ``kind``."""
+    """The task kind a task's data needs (``task_kinds.registry.TASK_KINDS``: head, loss, metrics): its ``kind``."""
     return module.kind
 
 
@@ -208,9 +207,10 @@ class MultitaskDataModule(pl.LightningDataModule):
         self.model_hooks = hooks
 
     def task_specs(self) -> dict[str, dict[str, Any]]:
-        """Per task: its kind and label names (what the model needs to build one head per task)."""
-        return {name: {"kind": task_kind(task), "labels": task.label_set() if task_kind(task) in LABELLED_KINDS else None}
-                for name, task in self.tasks.items()}
+        """Per task: its kind and label names (what the model needs to build one head per task; None for data
+        without a label set: regression values, QA spans)."""
+        return {name: {"kind": task_kind(task), "labels": (task.label_set() or None) if hasattr(task, "label_set")
+                       else None} for name, task in self.tasks.items()}
 
     def _attach(self) -> None:
         """Give every task the trainer (rank, world size) and the model's collator for its kind."""

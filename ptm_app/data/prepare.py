@@ -1,7 +1,6 @@
 """``python main.py data prepare|list``: fetch, verify, convert and split the registered sources."""
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections import Counter, defaultdict
@@ -146,7 +145,14 @@ def _prepare_one(src: Source, force: bool) -> Path:
 
 
 def prepare(names: list[str] | None = None, force: bool = False) -> list[Path]:
-    """Prepare the named sources (all when ``names`` is empty/None); return their folders."""
+    """Fetch, verify and convert the real datasets and models into the data folder.
+
+    Returns their folders.
+
+    Args:
+        names: the sources to prepare (default: all).
+        force: rebuild even if already prepared.
+    """
     names = list(names or SOURCES)
     unknown = [n for n in names if n not in SOURCES]
     if unknown:
@@ -172,7 +178,7 @@ def _summary(manifest: dict) -> str:
 
 
 def list_sources() -> None:
-    """Print each source: kind, status, folder and counts."""
+    """Show each source, whether it is prepared, its folder and counts."""
     width = max(map(len, SOURCES))
     for name, src in SOURCES.items():
         target = paths.data_root() / name
@@ -183,22 +189,3 @@ def list_sources() -> None:
             continue
         status = "prepared" if _is_current(src, target) else "outdated (run: data prepare --force)"
         print(f"{name:<{width}} {src.kind:<6} {status}  {target}  {_summary(manifest)}")
-
-
-def data_command(argv: list[str]) -> int:
-    """Entry point for ``python main.py data ...``."""
-    parser = argparse.ArgumentParser(prog="python main.py data", description="Prepare and list datasets/models.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="download, verify and convert sources into the data folder")
-    prep.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(SOURCES)} (default: all)")
-    prep.add_argument("--force", action="store_true", help="rebuild even if already prepared")
-    sub.add_parser("list", help="show each source, whether it is prepared, its folder and counts")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help or a usage error (argparse already printed why)
-        return int(exc.code or 0)
-    if args.command == "prepare":
-        prepare(args.names, force=args.force)
-    else:
-        list_sources()
-    return 0

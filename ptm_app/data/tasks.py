@@ -56,6 +56,22 @@ def read_labelled(path: Path, *, text_field: str, text_pair_field: Optional[str]
     )
 
 
+def tokenize_texts(tokenizer, path: Path, lines: list[int], texts: list[str], pairs: Optional[list[str]],
+                   max_length: int, overlong: Overlong) -> dict[str, list]:
+    """Columns ``input_ids`` (and ``token_type_ids`` when the tokenizer gives them) of texts (and pairs), truncated
+    to ``max_length``, or (``overlong: error``) a ``file:line`` error for the first longer one."""
+    enc = tokenizer(texts, pairs, truncation=(overlong == "truncate"), max_length=max_length, verbose=False)
+    if overlong == "error":
+        for line, ids in zip(lines, enc["input_ids"]):
+            if len(ids) > max_length:
+                raise DataFormatError(path, line, f"text is {len(ids)} tokens, longer than max_length={max_length}",
+                                      "raise data.max_length (up to the backbone's limit) or set data.overlong: truncate")
+    columns = {"input_ids": enc["input_ids"]}
+    if enc.get("token_type_ids") is not None:
+        columns["token_type_ids"] = enc["token_type_ids"]
+    return columns
+
+
 def encode_split(
     path: Path, tokenizer, *, text_field: str, text_pair_field: Optional[str], label_field: str,
     max_length: int, overlong: Overlong, id_field: str = "id", unlabelled: Unlabelled = "error",
@@ -68,16 +84,7 @@ def encode_split(
     def build() -> EncodedSplit:
         rec = read_labelled(path, text_field=text_field, text_pair_field=text_pair_field, label_field=label_field,
                             id_field=id_field, unlabelled=unlabelled)
-        enc = tokenizer(rec.texts, rec.pairs, truncation=(overlong == "truncate"), max_length=max_length,
-                        verbose=False)
-        if overlong == "error":
-            for line, ids in zip(rec.lines, enc["input_ids"]):
-                if len(ids) > max_length:
-                    raise DataFormatError(path, line, f"text is {len(ids)} tokens, longer than max_length={max_length}",
-                                          "raise data.max_length (up to the backbone's limit) or set data.overlong: truncate")
-        columns = {"input_ids": enc["input_ids"]}
-        if enc.get("token_type_ids") is not None:
-            columns["token_type_ids"] = enc["token_type_ids"]
+        columns = tokenize_texts(tokenizer, path, rec.lines, rec.texts, rec.pairs, max_length, overlong)
         return EncodedSplit(columns=columns, fields={"text": rec.texts, "label": rec.labels}, lines=rec.lines,
                             path=rec.path, ids=rec.ids)
 

@@ -13,10 +13,9 @@ pipeline ends with that Normalize step).  Encoder–decoders embed with their en
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -138,11 +137,28 @@ def write_embeddings(path: Path, texts: list[str], vectors: np.ndarray) -> None:
             fh.write(json.dumps({"text": text, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
 
 
-def embed(ckpt_path: str, texts: Optional[list[str]] = None, input: Optional[str] = None, text_field: str = "text",
-          pooling: Optional[str] = None, normalize: bool = False, batch_size: int = 32,
+def embed(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[str] = None, text_field: str = "text",
+          pooling: Optional[Literal[POOLINGS]] = None, normalize: bool = False, batch_size: int = 32,
           max_length: Optional[int] = None, output: Optional[str] = None, similarity: bool = False,
           trust_checkpoint: bool = False) -> np.ndarray:
-    """Embed the texts; write them to ``output``, print the cosine matrix (``similarity``) or print JSONL rows."""
+    """Sentence embeddings from a run, checkpoint, export or prepared model (minilm).
+
+    Writes them to ``output``, prints the cosine matrix (``similarity``) or prints JSONL rows.
+
+    Args:
+        ckpt_path: a run directory, .ckpt, export directory or prepared model (minilm).
+        text: a text to embed (repeatable, or several after one --text).
+        input: a .txt (one text per line), .jsonl or .csv file; - reads standard input.
+        text_field: the text field of .jsonl / .csv records.
+        pooling: default: the model's sentence-transformers pooling, a run's trained scalar mix, else mean.
+        normalize: scale every vector to unit length.
+        batch_size: texts per forward.
+        max_length: truncate texts to this many tokens (default: the model's).
+        output: FILE.npy or FILE.jsonl (default: JSONL rows on the console).
+        similarity: print the cosine similarity matrix of the texts.
+        trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
+    """
+    texts = text
     if output is not None and Path(output).suffix not in OUTPUT_SUFFIXES:
         raise PtmError(f"--output {output}: use a .npy (array) or .jsonl (text + embedding per line) file")
     texts = read_texts(texts, input, text_field)
@@ -165,24 +181,3 @@ def print_similarity(texts: list[str], matrix: np.ndarray) -> None:
     print("     " + "".join(f"{f'[{j}]':>8}" for j in range(1, len(texts) + 1)))
     for i, row in enumerate(matrix, 1):
         print(f"{f'[{i}]':<5}" + "".join(f"{v:8.3f}" for v in row))
-
-
-def embed_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py embed", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True,
-                        help="a run directory, .ckpt, export directory or prepared model (minilm)")
-    parser.add_argument("--text", action="append", dest="texts", help="a text to embed (repeatable)")
-    parser.add_argument("--input", help="a .txt (one text per line), .jsonl or .csv file; - reads standard input")
-    parser.add_argument("--text_field", default="text", help="the text field of .jsonl / .csv records")
-    parser.add_argument("--pooling", choices=POOLINGS, help="default: the model's sentence-transformers pooling, a "
-                        "run's trained scalar mix, else mean")
-    parser.add_argument("--normalize", action="store_true", help="scale every vector to unit length")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--max_length", type=int, help="truncate texts to this many tokens (default: the model's)")
-    parser.add_argument("--output", help="FILE.npy or FILE.jsonl (default: JSONL rows on the console)")
-    parser.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix of the texts")
-    parser.add_argument("--trust_checkpoint", action="store_true",
-                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
-    args = parser.parse_args(argv)
-    embed(**vars(args))
-    return 0

@@ -14,7 +14,6 @@ The prompt is laid out as the model was trained:
 """
 from __future__ import annotations
 
-import argparse
 from typing import Optional
 
 import torch
@@ -160,7 +159,24 @@ def generate(ckpt_path: str, prompt: str, max_new_tokens: int = 64, do_sample: b
              temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
              num_beams: int = 1, seed: Optional[int] = None, chat: bool = False, stream: bool = True,
              trust_checkpoint: bool = False) -> str:
-    """Continue ``prompt`` (or answer it, with ``chat``); print the text (streamed for greedy and sampling)."""
+    """Text from a causal LM or seq2seq run, export or prepared model (smollm2).
+
+    Continues ``prompt`` (or answers it, with ``chat``) and prints the text (streamed for greedy and sampling).
+
+    Args:
+        ckpt_path: a causal LM or seq2seq run directory, .ckpt, export directory or prepared model (smollm2).
+        prompt: the text to continue (a GenerationModule run: its source text).
+        max_new_tokens: tokens to generate at most.
+        do_sample: sample instead of greedy / beam decoding.
+        temperature: sampling temperature (default 1.0; needs --do_sample).
+        top_k: sample among the k likeliest tokens (default 50; 0 = off; needs --do_sample).
+        top_p: nucleus sampling mass (default 1.0 = off; needs --do_sample).
+        num_beams: beam search width (1 = greedy / sampling).
+        seed: seed for sampling (the same seed gives the same text).
+        chat: apply the tokenizer's chat template (e.g. smollm2).
+        stream: print the text as it is produced (false: print nothing, return it).
+        trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
+    """
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
     check_generator(loaded)
     settings = decoding_settings(loaded, max_new_tokens, do_sample, temperature, top_k, top_p, num_beams)
@@ -175,23 +191,3 @@ def generate(ckpt_path: str, prompt: str, max_new_tokens: int = 64, do_sample: b
     if streamer is None and stream:
         print(text)
     return text
-
-
-def generate_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True,
-                        help="a causal LM or seq2seq run directory, .ckpt, export directory or prepared model (smollm2)")
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--max_new_tokens", type=int, default=64)
-    parser.add_argument("--do_sample", action="store_true", help="sample instead of greedy / beam decoding")
-    parser.add_argument("--temperature", type=float, help="sampling temperature (default 1.0; needs --do_sample)")
-    parser.add_argument("--top_k", type=int, help="sample among the k likeliest tokens (default 50; 0 = off)")
-    parser.add_argument("--top_p", type=float, help="nucleus sampling mass (default 1.0 = off)")
-    parser.add_argument("--num_beams", type=int, default=1, help="beam search width (1 = greedy / sampling)")
-    parser.add_argument("--seed", type=int, help="seed for sampling (the same seed gives the same text)")
-    parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (e.g. smollm2)")
-    parser.add_argument("--trust_checkpoint", action="store_true",
-                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
-    args = parser.parse_args(argv)
-    generate(**vars(args))
-    return 0

@@ -6,6 +6,7 @@ a bad line is reported as ``file:line``.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -132,3 +133,69 @@ def read_questions(questions: Optional[list[str]], contexts: Optional[list[str]]
     if not pairs:
         raise PtmError(f"{path}: no records in it (it is empty); give one record per line")
     return pairs, (ids if all(i is not None for i in ids) else None)
+
+
+CHOICES_EXAMPLE = '{"question": "...", "choices": ["...", "..."]}'
+
+
+def _question_choices(record, question_field: str, choices_field: str,
+                      text_field: str = "text") -> Optional[tuple[str, list[str]]]:
+    """``(question, choices)`` of a record (the question in ``question_field``, else ``text_field`` as the
+    multiple-choice data keeps it; choices: a list of at least 2 strings, or its JSON text), else None."""
+    if not isinstance(record, dict):
+        return None
+    question, choices = record.get(question_field, record.get(text_field)), record.get(choices_field)
+    if isinstance(choices, str):
+        try:
+            choices = json.loads(choices)
+        except ValueError:
+            return None
+    if not isinstance(question, str) or not isinstance(choices, list) or len(choices) < 2 \
+            or not all(isinstance(c, str) for c in choices):
+        return None
+    return question, choices
+
+
+def read_choices(texts: Optional[list[str]], input_path: Optional[str], question_field: str = "question",
+                 choices_field: str = "choices", id_field: str = "id",
+                 text_field: str = "text") -> tuple[list[tuple[str, list[str]]], Optional[list]]:
+    """Multiple-choice questions as ``(question, choices)``: each ``--text`` value is one JSON object
+    ``{"question": "...", "choices": ["...", ...]}``, or each record of a .jsonl / .csv file (in CSV the choices
+    are a JSON list) holds the two fields (the question may be in ``text_field``, as in the training data)."""
+    if texts and input_path:
+        raise PtmError("give the questions either with --text or with --input FILE, not both")
+    want = CHOICES_EXAMPLE.replace('"question"', f'"{question_field}"').replace('"choices"', f'"{choices_field}"')
+    if texts:
+        found = []
+        for text in texts:
+            try:
+                record = json.loads(text)
+            except ValueError:
+                record = None
+            pair = _question_choices(record, question_field, choices_field, text_field)
+            if pair is None:
+                shown = text if len(text) <= 40 else text[:37] + "..."
+                raise PtmError(f"--text {shown!r} is not a multiple-choice question; give one JSON object {want} "
+                               f"per --text, or --input FILE.jsonl of such records")
+            found.append(pair)
+        return found, None
+    if not input_path:
+        raise PtmError(f"no input: give --text '{want}' (repeatable) or --input FILE (.jsonl, .csv records)")
+    path = Path(input_path)
+    if input_path == "-" or path.suffix.lower() not in RECORD_SUFFIXES:
+        raise PtmError(f"--input {input_path}: multiple choice reads .jsonl / .csv records like {want}; give such a "
+                       f"file")
+    if not path.is_file():
+        raise PtmError(f"--input {path} does not exist; check the path")
+    found, ids = [], []
+    for line, record in read_records(path):
+        pair = _question_choices(record, question_field, choices_field, text_field)
+        if pair is None:
+            raise DataFormatError(path, line, f"'{question_field}' (or '{text_field}') must be a string and "
+                                  f"'{choices_field}' a list of at least 2 strings",
+                                  "fix the record, or name the question field with --question_field")
+        found.append(pair)
+        ids.append(record.get(id_field))
+    if not found:
+        raise PtmError(f"{path}: no records in it (it is empty); give one record per line")
+    return found, (ids if all(i is not None for i in ids) else None)

@@ -18,21 +18,12 @@ from torch import nn
 
 from ptm_app.backbones.build import quiet_transformers
 from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
-from ptm_app.backbones.heads import auto_class
+from ptm_app.backbones.heads import auto_class, head_of
 from ptm_app.checkpoints import read_checkpoint, trusting
 from ptm_app.data.sources.references import REMOTE_CODE, load_error, load_tokenizer_dir, resolve_pretrained
 from ptm_app.errors import PtmError
 from ptm_app.export import EXPORT_INFO, MODULE_CONFIG, load_exported_module
 
-
-# transformers' name tables per head, most specific first (a causal LM class is also a "base" model's sibling)
-_HEAD_TABLES = (("causal_lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
-                ("seq2seq_lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
-                ("sequence_classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
-                ("token_classification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
-                ("question_answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
-                ("multiple_choice", "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"),
-                ("masked_lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"))
 
 
 @dataclass
@@ -41,7 +32,7 @@ class LoadedModel:
 
     ``model`` is the transformers model the run used (a peft wrapper or with adapters when it was delta-tuned),
     ``module`` the LightningModule around it when the reference names one (None for a plain transformers
-    directory), ``head`` the ptm_app head name (``backbones.heads.HEADS``), ``directory`` the
+    directory), ``head`` the ptm_app head name (``backbones.heads.MODEL_CLASSES``), ``directory`` the
     ``from_pretrained`` directory when there is one (sentence-transformers settings are read from it)."""
 
     ref: str
@@ -121,17 +112,6 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     model.requires_grad_(False)
     return LoadedModel(ref, model.eval(), tokenizer, head, None, directory)
 
-
-def head_of(config) -> str:
-    """The ptm_app head of a transformers config, from its first architecture name (``base`` if none matches)."""
-    from transformers.models.auto import modeling_auto
-
-    arch = (getattr(config, "architectures", None) or [None])[0]
-    for head, table in _HEAD_TABLES:
-        names = getattr(modeling_auto, table, {}).get(config.model_type)
-        if arch is not None and arch in ((names,) if isinstance(names, str) else tuple(names or ())):
-            return head
-    return "base"
 
 
 def session_outputs(session, batch: dict):

@@ -102,9 +102,10 @@ def output_names(head: str) -> list[str]:
 def write_onnx(loaded: LoadedModel, directory: Path) -> dict:
     """Write ``model.onnx`` and ``onnx.json`` into ``directory`` (inside ``export``'s atomic directory): the
     graph, then the ONNX Runtime check; a difference beyond ``TOLERANCE`` is refused in one line."""
-    from ptm_app.inference.predictors import predictor_key
+    from ptm_app.task_kinds.registry import kind_of
 
-    head = predictor_key(loaded)
+    kind = kind_of(loaded)
+    head = kind.model_class if kind is not None else None
     if head not in EXPORTABLE:
         raise PtmError(f"export --format onnx covers classification, regression, tagging and extractive QA runs; "
                        f"{loaded.ref} is a {loaded.kind} ({loaded.head} head; language models keep PyTorch's "

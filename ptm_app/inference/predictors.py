@@ -1,14 +1,15 @@
-"""What ``predict --text/--input`` computes for each kind of run: one registry entry per head (docs/design.md
-principle 10), each reusing the run's own collator, alignment and post-processing so its rows equal those
-``predict --config`` writes for the same examples:
+"""What ``predict --text/--input`` computes for each kind of run: the rows functions the task kinds' entries name
+(``task_kinds.registry``: ``TaskKind.prediction``), each reusing the run's own collator, alignment and
+post-processing so its rows equal those ``predict --config`` writes for the same examples:
 
-- ``sequence_classification``: the label with every label's probability, or the value for regression
-  (``SequenceClassificationModule`` / ``SequenceRegressionModule``, ``training.callbacks.score_rows``);
-- ``token_classification``: one tag per word from its first sub-token (BERT, Devlin et al. 2019 §4.3;
-  ``data.tagging_data.align_words``, ``tasks.tagging.tags_by_word``);
-- ``question_answering``: the best span over a context's overlapping windows (BERT §4.2; ``data.qa_data.qa_windows``,
-  ``tasks.spans``): its text, start and end characters and score;
-- ``generation``: a ``GenerationModule`` run's own greedy / beam decoding of each source text.
+- ``label_rows`` (``sequence``, ``regression``): the label with every label's probability, or the value for
+  regression (the run's ``predict_step``, ``training.callbacks.score_rows``);
+- ``tag_rows`` (``token``): one tag per word from its first sub-token (BERT, Devlin et al. 2019 §4.3;
+  ``data.tagging_data.align_words``, ``task_kinds.tagging.tags_by_word``);
+- ``answer_rows`` (``qa``): the best span over a context's overlapping windows (BERT §4.2; ``data.qa_data.qa_windows``,
+  ``task_kinds.spans``): its text, start and end characters and score;
+- ``choice_rows`` (``choice``): each question's chosen answer and every choice's probability (BERT §4.4);
+- ``generation_rows`` (``generation``): a ``GenerationModule`` run's own greedy / beam decoding of each source text.
 
 Batches are grouped by length (fewer pad tokens); the rows come back in input order.  Inputs longer than the
 run's limit are truncated with one warning line, or refused (``too_long="refuse"``).
@@ -18,7 +19,7 @@ from __future__ import annotations
 import inspect
 import sys
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -55,15 +56,6 @@ class Settings:
         if self.precision not in PRECISIONS:
             raise PtmError(f"--precision {self.precision}: use one of {', '.join(PRECISIONS)}")
 
-
-@dataclass(frozen=True)
-class Predictor:
-    """``name``: the registry key; ``inputs``: what one example is (``text``: a string, ``words``: a word list, ``qa``: a (question, context)
-    pair); ``rows``: (model, examples, settings) -> one row per example, in order."""
-
-    name: str
-    inputs: str
-    rows: Callable[[LoadedModel, list, Settings], list[dict]]
 
 
 # -- shared helpers ---------------------------------------------------------------------------------
@@ -147,7 +139,7 @@ def is_regression(loaded: LoadedModel) -> bool:
     return config.problem_type == "regression" or config.num_labels == 1
 
 
-def head_outputs(loaded: LoadedModel, batch: dict, head: str):
+def head_outputs(loaded: LoadedModel, batch: dict, head: str, regression: Optional[bool] = None):
     """The head's raw outputs for a batch, as the run's module computes them (its ``forward``: deltas, frozen
     features, virtual tokens dropped) or a plain export's model: label scores [B, C] (values [B] for regression),
     tag scores [B, T, C], or (start, end) logits [B, T].  With an ONNX Runtime session attached
@@ -159,7 +151,9 @@ def head_outputs(loaded: LoadedModel, batch: dict, head: str):
     out = loaded.model(**plain_inputs(batch))
     if head == "question_answering":
         return out.start_logits.float(), out.end_logits.float()
-    return out.logits.squeeze(-1) if head == "sequence_classification" and is_regression(loaded) else out.logits
+    if regression is None:
+        regression = is_regression(loaded)
+    return out.logits.squeeze(-1) if head == "sequence_classification" and regression else out.logits
 
 
 def refuse(loaded: LoadedModel, what: str) -> PtmError:
@@ -169,17 +163,16 @@ def refuse(loaded: LoadedModel, what: str) -> PtmError:
 
 
 # -- classification and regression ---------------------------------------------------------------
-def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
-    """The label and every label's probability (softmax of the scores), or the value, and any per-example extras
-    (``score_rows`` of the run's own ``predict_step``; a plain export's or an ONNX graph's scores)."""
+def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind) -> list[dict]:
+    """The label and every label's probability, the chosen label set, or the value (the task ``kind``'s scores), and
+    any per-example extras (``score_rows`` of the run's own ``predict_step``; a plain export's or an ONNX graph's
+    scores)."""
     from ptm_app.data.collators import PadCollator
     from ptm_app.data.datasets import EncodedDataset
     from ptm_app.training.callbacks import score_rows
 
     module = loaded.module
-    if module is not None and predictor_key(loaded) != "sequence_classification":
-        raise refuse(loaded, "labels texts with a sequence classification or regression run")
-    regression = is_regression(loaded)
+    regression = kind.problem_type == "regression"
     if module is not None:
         collate, labels = module.make_collator(loaded.tokenizer), list(module.hparams.get("labels") or [])
     else:
@@ -199,24 +192,20 @@ def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> lis
             if "values" in scores:
                 scores["values"] = scores["values"].float()
         else:
-            out = head_outputs(loaded, batch, "sequence_classification").float()
-            scores = {"values": out} if regression else {"probs": torch.softmax(out, dim=-1)}
+            scores = kind.scores(head_outputs(loaded, batch, "sequence_classification", regression).float())
         for i, row in zip(index, score_rows(scores, labels)):
             rows[i] = row
     return rows
 
 
 # -- token tagging ------------------------------------------------------------------------------------
-def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings) -> list[dict]:
+def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings, kind=None) -> list[dict]:
     """One tag per word, from its first sub-token; ``None`` for words beyond the length limit."""
-    from ptm_app.adaptation.token_classification import TokenClassificationModule
     from ptm_app.data.collators import TokenLabelCollator
     from ptm_app.data.tagging_data import TaggedDataset, TokenTaskDataModule, align_words
-    from ptm_app.tasks.tagging import tags_by_word
+    from ptm_app.task_kinds.tagging import tags_by_word
 
     module = loaded.module
-    if module is not None and not isinstance(module, TokenClassificationModule):
-        raise refuse(loaded, "tags words with a token classification run")
     if module is not None:
         labels = list(module.hparams.labels)
     else:
@@ -240,18 +229,15 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
 
 
 # -- extractive QA ------------------------------------------------------------------------------------
-def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Settings) -> list[dict]:
+def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Settings, kind=None) -> list[dict]:
     """Each question's best answer span in its context (``answer``, ``answer_start``, ``answer_end``, ``score``)."""
-    from ptm_app.adaptation.qa import QuestionAnsweringModule
     from ptm_app.data.collators import QACollator
     from ptm_app.data.qa_data import QADataModule, QADataset, qa_windows
     from ptm_app.data.encoded import EncodedSplit
-    from ptm_app.tasks.spans import BestSpans, epoch_answers
-    from ptm_app.tasks.types import task_type
+    from ptm_app.task_kinds.parts import SpanMetrics
+    from ptm_app.task_kinds.spans import BestSpans, epoch_answers
 
     module = loaded.module
-    if module is not None and not isinstance(module, QuestionAnsweringModule):
-        raise refuse(loaded, "answers questions with an extractive QA run")
     args = run_data_args(loaded.ref, QADataModule)
     length = settings.max_length or args["max_length"]
     if model_limit(loaded) is not None:
@@ -270,18 +256,63 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     dataset, collate = QADataset(features, list(range(n))), QACollator(pad_token_id=tok.pad_token_id)
     hp = module.hparams if module is not None else {}
     span_settings = {"n_best": hp.get("n_best", 20), "max_answer_length": hp.get("max_answer_length", 30)}
-    spans, kind = BestSpans(sync_on_compute=False), task_type("qa")
+    spans, metrics = BestSpans(sync_on_compute=False), SpanMetrics()
     for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
-        kind.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
+        metrics.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
     answers = epoch_answers(spans, features)
     return [{"question": q, "context": c, "answer": answers[e][3], "answer_start": answers[e][1],
              "answer_end": answers[e][2], "score": round(answers[e][0], 4) if answers[e][1] >= 0 else None}
             for e, (q, c) in enumerate(pairs)]
 
 
+# -- multiple choice ----------------------------------------------------------------------------------
+def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], settings: Settings,
+                kind=None) -> list[dict]:
+    """Each question's chosen answer (``choice``: its index, ``answer``: its text) and every choice's probability
+    (the soft-max over the (question, choice) pairs' scores, BERT §4.4), the pairs encoded as the run's data encodes
+    them (``data.choice_data.read_choices``: the longer of the two cut first)."""
+    from ptm_app.data.choice_data import MultipleChoiceDataModule
+    from ptm_app.data.collators import ChoiceCollator
+
+    module, tok = loaded.module, loaded.tokenizer
+    n = module.hparams.num_choices if module is not None else len(questions[0][1])
+    for i, (_, choices) in enumerate(questions):
+        if len(choices) != n:
+            raise PtmError(f"question {i + 1} has {len(choices)} choices; {loaded.ref} picks one of {n}: give every "
+                           f"question {n} choices")
+    limit = settings.max_length or run_data_args(loaded.ref, MultipleChoiceDataModule)["max_length"]
+    firsts = [q for q, choices in questions for _ in choices]
+    seconds = [c for _, choices in questions for c in choices]
+    full = tok(firsts, seconds)["input_ids"]
+    check_lengths([max(len(ids) for ids in full[i * n:(i + 1) * n]) for i in range(len(questions))], limit, settings,
+                  "max_length")
+    enc = tok(firsts, seconds, truncation="longest_first", max_length=limit)
+    items = []
+    for i in range(len(questions)):
+        rows_of = range(i * n, (i + 1) * n)
+        item = {"choices": [torch.tensor(enc["input_ids"][r], dtype=torch.long) for r in rows_of], "label": 0, "key": i}
+        if enc.get("token_type_ids") is not None:
+            item["choice_types"] = [torch.tensor(enc["token_type_ids"][r], dtype=torch.long) for r in rows_of]
+        items.append(item)
+    collate = ChoiceCollator(pad_token_id=tok.pad_token_id)
+    rows: list[Optional[dict]] = [None] * len(questions)
+    for index in batches([max(len(c) for c in item["choices"]) for item in items], settings):
+        batch = collate([items[i] for i in index])
+        if module is None and loaded.session is None:  # a plain *ForMultipleChoice export reads [B, choices, L]
+            batch = {k: v.view(len(index), n, -1) if torch.is_tensor(v) and v.dim() == 2 else v
+                     for k, v in batch.items()}
+        probs = torch.softmax(head_outputs(loaded, batch, "multiple_choice").float().view(len(index), n), dim=-1)
+        for i, p in zip(index, probs.tolist()):
+            best = max(range(n), key=p.__getitem__)
+            question, choices = questions[i]
+            rows[i] = {"question": question, "choices": choices, "choice": best, "answer": choices[best],
+                       "probs": [round(v, 6) for v in p]}
+    return rows
+
+
 # -- generation ---------------------------------------------------------------------------------------
-def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -> list[dict]:
+def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind=None) -> list[dict]:
     """The run's own decoding (greedy or its beam search) of each source text, laid out by its collator."""
     from ptm_app.data.generation_data import Seq2SeqDataModule
 
@@ -299,42 +330,3 @@ def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings) -
         for i, text in zip(index, generated):
             rows[i] = {"generated": text}
     return rows
-
-
-PREDICTORS: dict[str, Predictor] = {
-    "sequence_classification": Predictor("sequence_classification", "text", label_rows),
-    "token_classification": Predictor("token_classification", "words", tag_rows),
-    "question_answering": Predictor("question_answering", "qa", answer_rows),
-    "generation": Predictor("generation", "text", generation_rows),
-}
-
-
-# the module classes whose runs each entry serves (subclasses too: frozen-features and delta-tuned variants),
-# by head name for plain transformers exports
-MODULE_HEADS = (("ptm_app.adaptation.classification", "SequenceClassificationModule", "sequence_classification"),
-                ("ptm_app.adaptation.token_classification", "TokenClassificationModule", "token_classification"),
-                ("ptm_app.adaptation.qa", "QuestionAnsweringModule", "question_answering"),
-                ("ptm_app.adaptation.generation", "GenerationModule", "generation"),
-                ("ptm_app.knowledge.k_adapter", "KAdapterModule", "sequence_classification"))
-
-
-def predictor_key(loaded: LoadedModel) -> Optional[str]:
-    """The registry key for the loaded run's module class, or a plain export's head (None: no entry)."""
-    import importlib
-
-    module = loaded.module
-    if module is not None:
-        for where, name, entry in MODULE_HEADS:
-            if isinstance(module, getattr(importlib.import_module(where), name)):
-                return entry
-        return None
-    return loaded.head if loaded.head in PREDICTORS else None
-
-
-def predictor_for(loaded: LoadedModel) -> Predictor:
-    """The registry entry for the loaded model (``predictor_key``); else one line."""
-    key = predictor_key(loaded)
-    if key is None:
-        raise refuse(loaded, "labels texts (classification, regression), tags words, answers questions or "
-                             "generates with a fine-tuned run")
-    return PREDICTORS[key]

@@ -2,8 +2,9 @@
 
 ``POST /predict`` with a JSON body does what the command of the same task does, for one input, and answers with
 the same row as JSON:
-- ``predict`` (a fine-tuned run): ``{"text": "..."}`` (``{"question": "...", "context": "..."}`` for extractive
-  QA) -> the row ``predict --text`` prints (``inference.predictors``);
+- ``predict`` (a fine-tuned run): the request body of its task kind's input form (``task_kinds.forms``:
+  ``{"text": "..."}``, ``{"question": "...", "context": "..."}`` for extractive QA, ``{"question": "...",
+  "choices": [...]}`` for multiple choice) -> the row ``predict`` prints (``inference.predictors``);
 - ``embed`` (any encoder): ``{"text": "..."}`` -> ``{"text", "embedding"}`` (``inference.embed``);
 - ``generate`` (a causal or seq2seq LM): ``{"prompt": "...", "max_new_tokens": 64, "do_sample": false, ...}``
   -> ``{"prompt", "generated"}`` (``inference.generate``; the request's decoding settings, seed included).
@@ -20,7 +21,6 @@ serving.  SIGTERM (and SIGINT) stop the server and every process it started; on 
 process is killed.
 """
 # no ``from __future__ import annotations``: LitServe reads decode_request's annotation as the request model
-import argparse
 import errno
 import json
 import os
@@ -28,12 +28,13 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import litserve as ls
 from pydantic import BaseModel
 
 from ptm_app.errors import PtmError
+from ptm_app.task_kinds.registry import forms
 
 TASKS = ("predict", "embed", "generate")
 MAX_REQUEST_BYTES = 2 * 2**20  # a request holds one input: 2 MiB is far beyond any model's positions
@@ -41,11 +42,6 @@ MAX_REQUEST_BYTES = 2 * 2**20  # a request holds one input: 2 MiB is far beyond 
 
 class TextRequest(BaseModel):
     text: str
-
-
-class QuestionRequest(BaseModel):
-    question: str
-    context: str
 
 
 class PromptRequest(BaseModel):
@@ -80,7 +76,7 @@ class Refused:
 class ServeSettings:
     ckpt_path: str
     task: str
-    kind: str  # what one request holds: "text", "words", "qa" or "prompt"
+    kind: str  # what one request holds: a task kind's input form (task_kinds.forms: "text", "words", ...) or "prompt"
     too_long: str = "truncate"
     max_length: Optional[int] = None
     pooling: Optional[str] = None
@@ -154,7 +150,8 @@ class ModelAPI(ls.LitAPI):
         s = self.settings
         with torch.no_grad():
             if s.task == "predict":
-                shown = None if s.kind == "qa" else [item.shown for item in items]
+                shown = [item.shown for item in items]
+                shown = None if any(text is None for text in shown) else shown
                 return predict_rows(self.loaded, [item.example for item in items], None, len(items), s.max_length,
                                     s.too_long, shown)
             if s.task == "embed":
@@ -183,16 +180,10 @@ class ModelAPI(ls.LitAPI):
 
 
 class TextAPI(ModelAPI):
+    """Requests holding one text (``embed``; ``predict`` of a text kind takes the same, ``form_api``)."""
+
     def decode_request(self, request: TextRequest):
-        if self.settings.kind == "words":
-            return Item(request.text.split(), request.text) if request.text.split() else \
-                Refused(422, "'text' holds no words; send {\"text\": \"...\"} with at least one word")
         return Item(request.text, request.text)
-
-
-class QuestionAPI(ModelAPI):
-    def decode_request(self, request: QuestionRequest):
-        return Item((request.question, request.context))
 
 
 class PromptAPI(ModelAPI):
@@ -200,20 +191,43 @@ class PromptAPI(ModelAPI):
         return Item(request.model_dump())
 
 
-API_CLASSES = {"text": TextAPI, "words": TextAPI, "qa": QuestionAPI, "prompt": PromptAPI}
-EXAMPLES = {"text": '{"text": "..."}', "words": '{"text": "..."}', "qa": '{"question": "...", "context": "..."}',
-            "prompt": '{"prompt": "..."}'}
+def form_api(form) -> type:
+    """The API class of a task kind's input form (``task_kinds.forms.InputForm``): its request model built from the
+    form's fields, each request decoded by the form (a PtmError answers 422).  Defined at import, as module
+    attributes, so worker processes find them by name."""
+    from pydantic import create_model
+
+    model = create_model(f"{form.name.title()}FormRequest", **{name: (kind, ...) for name, kind in form.fields.items()})
+    model.__module__ = __name__
+
+    def decode_request(self, request):
+        try:
+            example, shown = form.decode(request.model_dump())
+        except PtmError as exc:
+            return Refused(422, str(exc))
+        return Item(example, shown)
+
+    decode_request.__annotations__ = {"request": model}
+    name = f"{form.name.title()}FormAPI"
+    api = type(name, (ModelAPI,), {"decode_request": decode_request, "__module__": __name__, "__qualname__": name})
+    globals()[model.__name__], globals()[name] = model, api
+    return api
+
+
+API_CLASSES = {**{name: form_api(form) for name, form in forms().items()}, "prompt": PromptAPI}
+EXAMPLES = {**{name: form.example for name, form in forms().items()}, "prompt": '{"prompt": "..."}'}
 
 
 def choose_task(loaded, task: Optional[str]) -> tuple[str, str]:
     """``(task, kind)`` for the loaded model; a task it cannot do is one line (checked before any worker starts)."""
     from ptm_app.inference.generate import GENERATING_HEADS, check_generator
-    from ptm_app.inference.predictors import predictor_for, predictor_key
+    from ptm_app.inference.predict import predicting_kind
+    from ptm_app.task_kinds.registry import kind_of
 
     if task is None:
-        task = "predict" if predictor_key(loaded) else "generate" if loaded.head in GENERATING_HEADS else "embed"
+        task = "predict" if kind_of(loaded) else "generate" if loaded.head in GENERATING_HEADS else "embed"
     if task == "predict":
-        return task, predictor_for(loaded).inputs
+        return task, predicting_kind(loaded).prediction.form.name
     if task == "generate":
         check_generator(loaded)
         return task, "prompt"
@@ -391,11 +405,34 @@ def end_children() -> None:
             child.join(timeout=5)
 
 
-def serve(ckpt_path: str, task: Optional[str] = None, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-          max_batch_size: int = 8, batch_timeout: float = 0.01, timeout: float = 60.0, too_long: str = "truncate",
-          max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: bool = False,
-          backend: str = "torch", trust_checkpoint: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
-    """Check the port and the model, then serve until SIGTERM or SIGINT, which end every process it started."""
+def serve(ckpt_path: str, task: Optional[Literal[TASKS]] = None,
+          host: Literal["127.0.0.1", "0.0.0.0", "::"] = "127.0.0.1", port: int = 8000, workers: int = 1,
+          max_batch_size: int = 8, batch_timeout: float = 0.01, timeout: float = 60.0,
+          too_long: Literal["truncate", "refuse"] = "truncate", max_length: Optional[int] = None,
+          pooling: Optional[Literal["cls", "mean", "scalar_mix"]] = None, normalize: bool = False,
+          backend: Literal["torch", "onnxruntime"] = "torch", trust_checkpoint: bool = False,
+          max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+    """An HTTP endpoint (LitServe): POST /predict with JSON, GET /health.
+
+    Checks the port and the model, then serves until SIGTERM or SIGINT, which end every process it started.
+
+    Args:
+        ckpt_path: a run directory, .ckpt, export directory or prepared model.
+        task: default: predict for fine-tuned heads, generate for language models, embed otherwise.
+        host: 127.0.0.1: this machine only; 0.0.0.0: every interface.
+        port: the TCP port.
+        workers: inference processes, each with its own copy of the model.
+        max_batch_size: requests run together as one batch.
+        batch_timeout: seconds a worker waits to fill a batch.
+        timeout: seconds a request may wait for its answer.
+        too_long: texts over the run's limit: truncate them, or answer 413.
+        max_length: the input limit in tokens (default: the run's).
+        pooling: embed: as embed --pooling.
+        normalize: embed: unit-length vectors.
+        backend: predict: run the export directory's model.onnx.
+        trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
+        max_request_bytes: larger request bodies are answered 413 unread.
+    """
     from ptm_app.inference.loading import load_for_inference
 
     if workers < 1 or max_batch_size < 1 or batch_timeout < 0 or timeout <= 0 or max_request_bytes < 1:
@@ -430,32 +467,3 @@ def serve(ckpt_path: str, task: Optional[str] = None, host: str = "127.0.0.1", p
         end_children()
         signal.signal(signal.SIGTERM, previous)
     print("serve stopped", flush=True)
-
-
-def serve_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt_path", required=True, help="a run directory, .ckpt, export directory or prepared model")
-    parser.add_argument("--task", choices=TASKS, help="default: predict for fine-tuned heads, generate for language "
-                        "models, embed otherwise")
-    parser.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"),
-                        help="127.0.0.1: this machine only (default); 0.0.0.0: every interface")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=1, help="inference processes, each with its own copy")
-    parser.add_argument("--max_batch_size", type=int, default=8, help="requests run together as one batch")
-    parser.add_argument("--batch_timeout", type=float, default=0.01,
-                        help="seconds a worker waits to fill a batch")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait for its answer")
-    parser.add_argument("--max_request_bytes", type=int, default=MAX_REQUEST_BYTES,
-                        help=f"larger request bodies are answered 413 unread (default {MAX_REQUEST_BYTES})")
-    parser.add_argument("--too_long", choices=("truncate", "refuse"), default="truncate",
-                        help="texts over the run's limit: truncate them, or answer 413")
-    parser.add_argument("--max_length", type=int, help="the input limit in tokens (default: the run's)")
-    parser.add_argument("--pooling", choices=("cls", "mean", "scalar_mix"), help="embed: as embed --pooling")
-    parser.add_argument("--normalize", action="store_true", help="embed: unit-length vectors")
-    parser.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
-                        help="predict: run the export directory's model.onnx")
-    parser.add_argument("--trust_checkpoint", action="store_true",
-                        help="read a checkpoint you made yourself even if it holds more than plain data (runs its code)")
-    args = parser.parse_args(argv)
-    serve(**vars(args))
-    return 0

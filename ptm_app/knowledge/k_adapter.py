@@ -36,7 +36,7 @@ from ptm_app.backbones.delta import DeltaSpec, as_delta_spec
 from ptm_app.checkpoints import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint, restore_frozen_base, strip_frozen_base
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
-from ptm_app.tasks.label_scores import label_metrics, positive_index
+from ptm_app.task_kinds.label_scores import label_metrics, positive_index
 from ptm_app.training.optim import OptimConfig
 
 PREFIX = "delta_adapters."
@@ -76,7 +76,6 @@ class KAdapterModule(TaskModule):
     """
 
     head = "base"
-    monitor = ("val/acc", "max")
     task_kind = "sequence"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

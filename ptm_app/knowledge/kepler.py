@@ -19,6 +19,7 @@ from ptm_app.errors import PtmError
 from ptm_app.knowledge.link_prediction import rank_triples, ranking_metrics
 from ptm_app.knowledge.transe import ke_loss, transe_distance
 from ptm_app.objectives.mlm import MaskedLMModule
+from ptm_app.objectives.targets import MaskedLM
 from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
@@ -49,9 +50,11 @@ class KeplerModule(MaskedLMModule):
         self.gamma, self.p_norm, self.entity_batch_size = gamma, p_norm, entity_batch_size
         self.relation_names: Optional[list[str]] = list(relations) if relations else None
         self.relation_embeddings: Optional[nn.Embedding] = None
-        super().__init__(backbone, backbone_config, optim, gradient_checkpointing, mlm_probability, mask_ratio,
-                         random_ratio, masking, loss_weights={"ke": 1.0, **(loss_weights or {})},
-                         sparse_prediction=sparse_prediction)
+        weights = {"mlm": 1.0, "ke": 1.0, **(loss_weights or {})}
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing,
+                         targets=[MaskedLM(mlm_probability, mask_ratio, random_ratio, masking,
+                                           sparse_prediction=sparse_prediction, weight=weights["mlm"])])
+        self.weights["ke"] = weights["ke"]
         self.val_ke = MeanMetric()
         self._entity_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._ranks: dict[str, list[torch.Tensor]] = {}

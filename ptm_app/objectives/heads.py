@@ -1,6 +1,6 @@
-"""Small target heads that sit on a backbone's hidden states (UER-style targets, docs/design.md principle 2).
+"""A masked LM's vocabulary prediction head, applied only where it predicts (``masked_lm_forward``, ``logits_at``).
 
-Each head returns logits; the objective module owns the loss and its weight.
+The targets that sit on a backbone's hidden states (NSP, SOP, SBO, supersenses) are in ``objectives.targets``.
 """
 from __future__ import annotations
 
@@ -10,43 +10,6 @@ import torch
 
 from ptm_app.constants import IGNORE_INDEX
 from torch import nn
-
-
-class SentenceRelationHead(nn.Module):
-    """NSP (BERT, Devlin et al. 2019 §3.1 task 2) / SOP (ALBERT, Lan et al. 2020 §4.1):
-    a tanh pooler on the [CLS] state, then a 2-way classifier."""
-
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.pooler = nn.Linear(hidden_size, hidden_size)
-        self.classifier = nn.Linear(hidden_size, 2)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.tanh(self.pooler(hidden[:, 0])))
-
-
-class SpanBoundaryHead(nn.Module):
-    """SpanBERT's span boundary objective (Joshi et al. 2020 §3.2):
-    ``y_i = f(x_{s-1}, x_{e+1}, p_{i-s+1})``, a 2-layer GeLU + LayerNorm FFN; the output
-    projection is the (tied) MLM decoder matrix passed in at call time.
-
-    ``p`` counts tokens from the left boundary while span lengths are capped in words, so one span may hold many
-    more tokens than ``max_span_length``: the table has a row per position of the input (``max_offsets``, the
-    backbone's positions), and an offset past it is an error, never folded onto another."""
-
-    def __init__(self, hidden_size: int, max_offsets: int):
-        super().__init__()
-        self.positions = nn.Embedding(max_offsets, hidden_size)
-        self.ffn = nn.Sequential(
-            nn.Linear(3 * hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size),
-            nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size),
-        )
-
-    def forward(self, hidden: torch.Tensor, rows: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
-                offset: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
-        pos = self.positions(offset)
-        h = self.ffn(torch.cat([hidden[rows, left], hidden[rows, right], pos], dim=-1))
-        return h @ decoder.t()
 
 
 class MaskedLMOutput(NamedTuple):

@@ -23,8 +23,8 @@ from torchmetrics import MeanMetric
 
 from ptm_app.data.collators import PadCollator, pad
 from ptm_app.errors import PtmError
-from ptm_app.objectives.heads import SentenceRelationHead
 from ptm_app.objectives.mlm import MaskedLMModule
+from ptm_app.objectives.targets import MaskedLM, SentenceRelationHead
 from ptm_app.training.module import weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
@@ -70,8 +70,9 @@ class LexicalRelationMLMModule(MaskedLMModule):
                  loss_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True,
                  negatives: Literal["batch_nearest", "data"] = "batch_nearest"):
         self.lexrel_head: Optional[nn.Module] = None  # before super(): a full backbone_config builds at once
-        super().__init__(backbone, backbone_config, optim, gradient_checkpointing, mlm_probability, mask_ratio,
-                         random_ratio, masking=masking, sparse_prediction=sparse_prediction)
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing,
+                         targets=[MaskedLM(mlm_probability, mask_ratio, random_ratio, masking,
+                                           sparse_prediction=sparse_prediction)])
         self.weights = {"mlm": 1.0, "lexrel": 1.0, **(loss_weights or {})}
         self.negatives = negatives
         self.val_lexrel = nn.ModuleDict({"lexrel": MeanMetric(), "lexrel_acc": MeanMetric()})

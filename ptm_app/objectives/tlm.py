@@ -13,6 +13,7 @@ from typing import Any, Optional
 from ptm_app.data.collators import TLMCollator
 from ptm_app.errors import PtmError
 from ptm_app.objectives.mlm import MaskedLMModule
+from ptm_app.objectives.targets import MaskedLM
 from ptm_app.training.optim import OptimConfig
 
 
@@ -32,8 +33,9 @@ class TranslationLMModule(MaskedLMModule):
                  mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
                  sparse_prediction: bool = True):
         self.language_ids: Optional[list[int]] = None  # data language index -> the backbone's language id
-        super().__init__(backbone, backbone_config, optim, gradient_checkpointing, mlm_probability, mask_ratio,
-                         random_ratio, sparse_prediction=sparse_prediction)
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing,
+                         targets=[MaskedLM(mlm_probability, mask_ratio, random_ratio,
+                                           sparse_prediction=sparse_prediction)])
 
     def config_updates(self) -> dict[str, Any]:
         updates = super().config_updates()

@@ -13,6 +13,7 @@ from ptm_app.data.collators import MLMCollator
 from ptm_app.data.corruption import draw_rng
 from ptm_app.errors import PtmError
 from ptm_app.objectives.mlm import MaskedLMModule
+from ptm_app.objectives.targets import MaskedLM
 from ptm_app.training.optim import OptimConfig
 
 MODES = ("bidirectional", "left_to_right", "seq2seq")
@@ -57,8 +58,9 @@ class UnifiedLMModule(MaskedLMModule):
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False,
                  mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
                  mode_weights: Optional[dict[str, float]] = None, sparse_prediction: bool = True):
-        super().__init__(backbone, backbone_config, optim, gradient_checkpointing, mlm_probability, mask_ratio,
-                         random_ratio, sparse_prediction=sparse_prediction)
+        super().__init__(backbone, backbone_config, optim, gradient_checkpointing,
+                         targets=[MaskedLM(mlm_probability, mask_ratio, random_ratio,
+                                           sparse_prediction=sparse_prediction)])
 
     def make_collator(self, tokenizer, seed: int = 0) -> UniLMCollator:
         base = super().make_collator(tokenizer, seed)

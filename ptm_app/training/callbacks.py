@@ -159,9 +159,14 @@ def write_predictions(trainer, rows: list[dict]) -> None:
 
 def score_rows(outputs: dict, labels: list[str]) -> list[dict]:
     """The prediction rows of a batch's ``predict_step`` outputs: the predicted label and every label's
-    probability, or (regression) the predicted value; then any per-example ``row_extras`` (an early exit's layer)."""
+    probability, the chosen label set (``chosen``: one bool per label) and every label's probability, or
+    (regression) the predicted value; then any per-example ``row_extras`` (an early exit's layer)."""
     if "values" in outputs:  # regression: one real value per example
         rows = [{"value": round(v, 6)} for v in outputs["values"].tolist()]
+    elif "chosen" in outputs:  # labels chosen one by one (a kind whose labels are independent): the chosen set
+        rows = [{"labels": [name for name, keep in zip(labels, chosen) if keep],
+                 "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
+                for probs, chosen in zip(outputs["probs"].tolist(), outputs["chosen"].tolist())]
     else:
         rows = [{"label": labels[int(np.argmax(probs))], "probs": {name: round(p, 6) for name, p in zip(labels, probs)}}
                 for probs in outputs["probs"].tolist()]

@@ -24,7 +24,7 @@ from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
 class PtmModule(pl.LightningModule):
     """Shared by every objective and adaptation style.
 
-    Subclasses set ``head`` (see ``backbones.build.HEADS``), ``monitor`` (metric, mode) for the
+    Subclasses set ``head`` (see ``backbones.heads.MODEL_CLASSES``), ``monitor`` (metric, mode) for the
     best checkpoint, implement ``make_collator`` and the steps, and may extend ``config_updates``.
 
     Args:
@@ -71,9 +71,25 @@ class PtmModule(pl.LightningModule):
             if isinstance(checkpoint_path, (str, os.PathLike)):
                 checkpoint_path = checkpoint_file(checkpoint_path)
                 if checkpoint_path.is_file():  # before Lightning reads its class names (a BytesIO was read checked)
-                    check_record(load_file(checkpoint_path, mmap=True), checkpoint_path, own=cls)
+                    ckpt = load_file(checkpoint_path, mmap=True)
+                    check_record(ckpt, checkpoint_path, own=cls)
+                    kwargs = {**cls.upgraded_arguments(ckpt.get("hyper_parameters") or {}), **kwargs}
             return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
                                                 weights_only=weights_only, **kwargs)
+
+    @classmethod
+    def upgrade_checkpoint(cls, hparams: dict, state_dict: Optional[dict] = None) -> dict:
+        """Map what an earlier version of this class wrote onto today's names: returns the hyper-parameters (renamed
+        arguments) and renames ``state_dict`` keys in place.  Nothing was renamed here; a subclass maps its own
+        (``on_load_checkpoint`` renames the weights, ``load_from_checkpoint`` and a resumed run the arguments)."""
+        return hparams
+
+    @classmethod
+    def upgraded_arguments(cls, hparams: dict) -> dict:
+        """The arguments ``upgrade_checkpoint`` added or changed (given to the constructor over the stored ones;
+        the renamed-away ones are not arguments any more, so Lightning leaves them out)."""
+        new = cls.upgrade_checkpoint(dict(hparams))
+        return {k: v for k, v in new.items() if k not in hparams or hparams[k] is not v}
 
     # -- building -----------------------------------------------------------------------------
     def build(self) -> "PtmModule":
@@ -110,7 +126,7 @@ class PtmModule(pl.LightningModule):
     def hooks(self) -> ModelHooks:
         """What the DataModule takes from this module: its collator factory and example format."""
         return ModelHooks(collator=getattr(self, "make_collator", None),
-                          example_format=getattr(self, "example_format", None),
+                          example_format=getattr(self, "example_format", frozenset()),
                           static_copies=getattr(self, "static_copies", None),
                           task_collator=getattr(self, "task_collator", None))
 

@@ -38,9 +38,9 @@ class PtmTrainer(Trainer):
             self.precision_reason = "set by the config"
             warn_emulated_bf16(name, precision)
         self.training_flops = TrainingFlops(max_flops)
-        callbacks = kwargs.pop("callbacks", None) or []
-        callbacks = [self.training_flops, *(callbacks if isinstance(callbacks, list) else [callbacks])]
-        super().__init__(*args, precision=precision, accelerator=accelerator, callbacks=callbacks, **kwargs)
+        given = kwargs.get("callbacks") or []  # (set in kwargs: jsonargparse reads this signature through the call)
+        kwargs["callbacks"] = [self.training_flops, *(given if isinstance(given, list) else [given])]
+        super().__init__(*args, precision=precision, accelerator=accelerator, **kwargs)
 
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, **kwargs):
         connect(model, _datamodule(datamodule, train_dataloaders))

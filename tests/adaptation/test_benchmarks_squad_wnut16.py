@@ -10,8 +10,8 @@ import torch
 from ptm_app.data.qa_data import QADataModule
 from ptm_app.data.sources import prepared_dir
 from ptm_app.data.tokenizer import TokenizerSpec
-from ptm_app.tasks.metrics import SquadMetric, entity_f1, squad_em, squad_f1, squad_normalize
-from ptm_app.tasks.types import TASK_TYPES
+from ptm_app.task_kinds.metrics import SquadMetric, entity_f1, squad_em, squad_f1, squad_normalize
+from ptm_app.task_kinds.registry import TASK_KINDS
 from tests.conftest import write_jsonl
 
 MINILM = TokenizerSpec(pretrained="minilm")
@@ -83,8 +83,8 @@ def test_a_long_squad_paragraph_is_windowed_and_the_best_span_wins_across_window
     assert context[s:e] == golds[0]
     # scores through the QA task kind: a wrong span scores 6 in window 0, the gold 10 in the last window, and
     # the last window's own runner-up 4: the example's answer is the gold, EM = F1 = 1
-    kind = TASK_TYPES["qa"]
-    metric = kind.metrics(None)
+    kind = TASK_KINDS["qa"]
+    metric = kind.build_metrics(None)
     batch = {"examples": torch.tensor(f.example), "offsets": torch.full((n, 384, 2), -1, dtype=torch.long)}
     for i in range(n):
         batch["offsets"][i, : len(f.offsets[i])] = torch.tensor(f.offsets[i])

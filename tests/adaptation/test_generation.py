@@ -13,7 +13,7 @@ from ptm_app.adaptation.generation import EncoderDecoderCollator, GenerationModu
 from ptm_app.data.generation_data import Seq2SeqDataModule
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import DataFormatError, PtmError
-from ptm_app.tasks.metrics import GenerationScores
+from ptm_app.task_kinds.metrics import GenerationScores
 from tests.conftest import TINY_BERT, TINY_GPT2, run_main, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Multiple choice as a task type (tasks.types "choice"): one registry entry plus its data module, usable alone
+"""Multiple choice as a task kind (task_kinds.registry "choice"): one registry entry plus its data module, usable alone
 (MultipleChoiceModule) and in multitask runs; the WordNet-derived set it ships with."""
 import json
 import random
@@ -11,7 +11,7 @@ from ptm_app.data.choice_data import MultipleChoiceDataModule
 from ptm_app.data.collators import ChoiceCollator
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import DataFormatError
-from ptm_app.tasks.types import TASK_TYPES, choice_loss
+from ptm_app.task_kinds.registry import TASK_KINDS, task_kind
 from tests.conftest import TINY_BERT, WORDS, run_main, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,8 +41,9 @@ def choice_corpus(tmp_path_factory):
 def test_choice_loss_is_the_softmax_cross_entropy_over_each_questions_choices():
     scores, labels = torch.tensor([[2.0, 0.0, 0.0, 0.0], [0.0, 1.0, 3.0, 0.0]]), torch.tensor([0, 2])
     expected = -(torch.log_softmax(scores, -1)[0, 0] + torch.log_softmax(scores, -1)[1, 2]) / 2
-    assert choice_loss(scores, labels).item() == pytest.approx(expected.item())
-    kind = TASK_TYPES["choice"]
+    kind = TASK_KINDS["choice"]
+    assert kind.loss(scores, {"labels": labels}).item() == pytest.approx(expected.item())
+    assert task_kind("multiple_choice") is kind  # the old name still reads
     out = kind.outputs(torch.arange(8.0).view(8, 1), {"labels": labels})  # [B*N, 1] head output -> [B, N]
     assert out.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and kind.main_metric == "acc"
 

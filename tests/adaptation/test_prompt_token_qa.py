@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader
 from ptm_app.training.trainer import PtmTrainer
 from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.adaptation.qa import QuestionAnsweringModule
-from ptm_app.tasks.spans import span_loss
-from ptm_app.tasks.tagging import tagging_loss
+from ptm_app.task_kinds.spans import span_loss
+from ptm_app.task_kinds.tagging import tagging_loss
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.training.optim import OptimConfig
 from tests.adaptation.test_features_token_qa import batch, qa_data, tiny_dir, tiny_trainer  # noqa: F401 (fixtures)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from ptm_app.tasks.label_scores import label_metrics, regression_metrics
+from ptm_app.task_kinds.label_scores import label_metrics, regression_metrics
 from tests.conftest import TINY_BERT, run_main, write_jsonl
 
 

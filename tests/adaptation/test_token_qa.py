@@ -11,14 +11,14 @@ import yaml
 from torch.utils.data import DataLoader
 
 from ptm_app.training.trainer import PtmTrainer
-from ptm_app.tasks.spans import BestSpans, best_span
+from ptm_app.task_kinds.spans import BestSpans, best_span
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.data.sources import prepared_dir
 from ptm_app.data.qa_data import QADataModule
 from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import DataFormatError
-from ptm_app.tasks.metrics import (EntityF1, entity_f1, entity_spans, squad_em, squad_f1, squad_normalize,
+from ptm_app.task_kinds.metrics import (EntityF1, entity_f1, entity_spans, squad_em, squad_f1, squad_normalize,
                                    token_accuracy)
 from tests.conftest import TINY_BERT, run_main, write_jsonl
 

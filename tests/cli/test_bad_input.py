@@ -156,12 +156,13 @@ def test_a_batch_size_below_one_is_one_line(base, capsys, key, value):
 
 
 def test_every_data_module_refuses_a_batch_size_below_one():
-    """The shared check (``datamodules.check_batch_sizes``) runs in every data module that takes a batch size."""
+    """The shared check (``datamodules.check_batch_sizes``) runs in every data module that takes a batch size, and
+    the registry of config classes holds every data module."""
     import inspect
 
     import lightning.pytorch as pl
 
-    import ptm_app.cli  # noqa: F401  (imports every data module)
+    from ptm_app.module_classes import config_classes
     from ptm_app.errors import PtmError
 
     def subclasses(cls):
@@ -169,8 +170,17 @@ def test_every_data_module_refuses_a_batch_size_below_one():
             yield sub
             yield from subclasses(sub)
 
+    import importlib
+    import pkgutil
+
+    import ptm_app
+
+    for info in pkgutil.walk_packages(ptm_app.__path__, "ptm_app."):  # every module, so none is missed below
+        if info.name.startswith(("ptm_app.data", "ptm_app.knowledge", "ptm_app.training")):
+            importlib.import_module(info.name)
     modules = {c for c in subclasses(pl.LightningDataModule) if c.__module__.startswith("ptm_app")
                and not c.__name__.startswith("_") and "batch_size" in inspect.signature(c).parameters}
+    assert modules <= set(config_classes().values())  # each of them can be named by a config
     assert {"PretrainDataModule", "TaskDataModule", "MultitaskDataModule", "MLMPairsDataModule", "QADataModule",
             "KeplerDataModule"} <= {c.__name__ for c in modules}
     for cls in modules:
@@ -224,7 +234,8 @@ def test_a_sharded_checkpoint_directory_under_a_single_device_run_is_one_line(ba
 @pytest.mark.parametrize("key,value,expected", [
     ("optim.name", "sgd", "model.init_args.optim.name: expected one of 'adamw', 'lamb', 'adafactor', got sgd"),
     ("optim.lr", "fast", "model.init_args.optim.lr: expected float, got fast"),
-    ("masking", "words", "model.init_args.masking: expected one of 'token', 'whole_word', 'span', 'knowledge', got words"),
+    ("targets", '[{"class_path": "MaskedLM", "init_args": {"masking": "words"}}]',
+     "masking: expected one of 'token', 'whole_word', 'span', 'knowledge', got words"),
 ])
 def test_a_bad_nested_value_names_the_full_key_and_what_it_accepts(base, capsys, key, value, expected):
     assert expected in run(["fit", "--config", str(base), f"--model.init_args.{key}", value], capsys)

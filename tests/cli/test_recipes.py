@@ -96,7 +96,7 @@ def test_recipe_overfits_one_fixed_batch(config, tmp_path, monkeypatch):
     cli = PtmCLI(args=[*tiny_args(config, steps=steps), "--model.init_args.optim.lr", "3e-2" if "elmo" in config.stem else "3e-3",
                        "--model.init_args.optim.warmup", "0", "--model.init_args.optim.schedule", "constant"], run=False)
     module, dm = cli.model, cli.datamodule
-    dm.examples = getattr(module, "example_format", None)  # what a Trainer would ask the module for
+    dm.connect_model(module.hooks())  # what a Trainer would ask the module for
     dm.prepare_data()
     dm.setup("fit")
     module.tokenizer = dm.tokenizer

@@ -1,7 +1,9 @@
 """`main.py report` builds the results table from run directories (summary.json), never by hand."""
 import csv
 import json
+from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import TINY_BERT, run_main
@@ -62,9 +64,9 @@ def test_fit_seconds_survive_a_killed_session(tiny_corpus, tmp_path):
 
 def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, capsys):
     config = classifier_config(tiny_corpus, tmp_path, steps=3, val_every=3, val_batches=1)
-    plan = {"name": "grid", "common": ["--trainer.max_steps", "2"],
+    plan = {"name": "grid", "set": {"trainer.max_steps": 2},
             "cells": [{"name": "tiny/full", "config": str(config)},
-                      {"name": "tiny/bitfit", "config": str(config), "args": ["--model.init_args.delta.method", "bitfit"]}]}
+                      {"name": "tiny/bitfit", "config": str(config), "set": {"model.init_args.delta": {"method": "bitfit"}}}]}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     runs = tmp_path / "runs"
@@ -74,7 +76,7 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     assert rows["grid-tiny-full"]["style"] == "full fine-tuning" and rows["grid-tiny-bitfit"]["style"] == "bitfit"
     assert float(rows["grid-tiny-bitfit"]["trainable_percent"]) < float(rows["grid-tiny-full"]["trainable_percent"])
     assert all(r["test/acc"] for r in rows.values())
-    assert json.loads((runs / "grid-tiny-full" / "summary.json").read_text())["global_step"] == 2  # common args
+    assert json.loads((runs / "grid-tiny-full" / "summary.json").read_text())["global_step"] == 2  # the plan's set
     capsys.readouterr()
     assert run_main(["sweep", str(path)], runs) == 0  # done cells are skipped
     assert capsys.readouterr().out.count("done, skipped") == 2
@@ -90,7 +92,7 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     assert after["global_step"] == 2 and "test/acc" in after["metrics"]
     assert (runs / "grid-tiny-bitfit" / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before  # no new steps
     # a cell whose arguments changed is neither skipped nor resumed: it runs afresh, its old run kept aside
-    plan["cells"][1]["args"] += ["--trainer.max_steps", "3"]
+    plan["cells"][1]["set"]["trainer.max_steps"] = 3
     path.write_text(yaml.safe_dump(plan))
     assert run_main(["sweep", str(path), "--list"], runs) == 0
     listed = capsys.readouterr().out.splitlines()
@@ -129,7 +131,7 @@ def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
 
 
 def test_a_cells_fingerprint_ignores_comments_but_not_settings(tmp_path):
-    from ptm_app.sweep import cell_fingerprint
+    from ptm_app.experiments.sweep import cell_fingerprint
 
     config = tmp_path / "c.yaml"
     config.write_text("trainer: {max_steps: 2}\n")
@@ -140,3 +142,75 @@ def test_a_cells_fingerprint_ignores_comments_but_not_settings(tmp_path):
     config.write_text("trainer: {max_steps: 3}\n")
     assert cell_fingerprint(plan, cell) != before
     assert cell_fingerprint(plan, cell, ["upstream"]) != cell_fingerprint(plan, cell)
+
+
+def test_overrides_as_a_mapping_equal_the_old_argv_lists(tmp_path):
+    """A plan's ``set`` mapping gives LightningCLI the words an old plan's ``common`` / ``args`` lists gave (so runs
+    made from an old plan keep their fingerprints); a mapping value goes as YAML flow text that reads back the same."""
+    from ptm_app.experiments.sweep import cell_fingerprint, load_plan, override_args
+
+    config = tmp_path / "c.yaml"
+    config.write_text("trainer: {max_steps: 2}\n")
+    delta = {"method": "lora", "r": 8, "target_modules": ["query", "value"]}
+    new = {"name": "p", "set": {"trainer.max_steps": 250, "trainer.check_val_every_n_epoch": None},
+           "cells": [{"name": "c", "config": str(config), "set": {"model.init_args.delta": delta,
+                                                                  "trainer.enable_progress_bar": False,
+                                                                  "model.init_args.template": "{text} It was {mask}."}}]}
+    old = {"name": "p", "common": ["--trainer.max_steps", "250", "--trainer.check_val_every_n_epoch", "null"],
+           "cells": [{"name": "c", "config": str(config), "args": [
+               "--model.init_args.delta", "{method: lora, r: 8, target_modules: [query, value]}",
+               "--trainer.enable_progress_bar=false", "--model.init_args.template", "{text} It was {mask}."]}]}
+    plans = []
+    for name, plan in (("new", new), ("old", old)):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+        plans.append(load_plan(tmp_path / f"{name}.yaml"))
+    words = [override_args(p["set"]) + override_args(p["cells"][0]["set"]) for p in plans]
+    assert words[0] == words[1] == ["--trainer.max_steps", "250", "--trainer.check_val_every_n_epoch", "null",
+                                    "--model.init_args.delta", "{method: lora, r: 8, target_modules: [query, value]}",
+                                    "--trainer.enable_progress_bar", "false",
+                                    "--model.init_args.template", "{text} It was {mask}."]
+    assert yaml.safe_load(words[0][5]) == delta
+    assert cell_fingerprint(plans[0], plans[0]["cells"][0]) == cell_fingerprint(plans[1], plans[1]["cells"][0])
+    new["cells"][0]["set"]["model.init_args.delta"]["r"] = 16  # a changed override is a changed recipe
+    (tmp_path / "new.yaml").write_text(yaml.safe_dump(new, sort_keys=False))
+    changed = load_plan(tmp_path / "new.yaml")
+    assert cell_fingerprint(changed, changed["cells"][0]) != cell_fingerprint(plans[1], plans[1]["cells"][0])
+
+
+def test_the_shipped_sweep_plan_is_mappings(monkeypatch):
+    from ptm_app.experiments.sweep import load_plan
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "configs" / "sweeps" / "adapt_minilm.yaml").read_text()
+    assert "- --" not in text and "common:" not in text and "args:" not in text
+    monkeypatch.chdir(root)
+    plan = load_plan("configs/sweeps/adapt_minilm.yaml")
+    assert plan["set"]["trainer.max_steps"] == 250 and plan["set"]["trainer.check_val_every_n_epoch"] is None
+    lora = next(c for c in plan["cells"] if c["name"] == "brown_pos/lora")
+    assert lora["set"]["model.init_args.delta"]["target_modules"] == ["query", "value"]
+    assert lora["set"]["model.init_args.optim.lr"] == 1e-3
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"set": ["trainer.max_steps", 2]}, "'trainer.max_steps' is not '--key value'; write the overrides as a mapping"),
+    ({"set": {"--trainer.max_steps": 2}}, "'set' maps config keys (without --) to values, e.g. set: {"),
+    ({"set": {"trainer.max_steps": 2}, "common": ["--seed_everything", "1"]}, "give the overrides once, as 'set'"),
+    ({"cells": ["configs/finetune/tweets_minilm.yaml"]}, "cell 1 is a str; each cell is a mapping"),
+    ({"cells": [{"name": "c", "config": "CONFIG", "set": "lr=1"}]}, "cell c: 'set' maps config keys"),
+    ({"cells": [{"name": "c", "config": "CONFIG", "args": ["--trainer.max_steps"]}]},
+     "cell c: '--trainer.max_steps' is not '--key value'"),
+])
+def test_a_malformed_sweep_plan_is_one_line(change, message, tmp_path, capsys):
+    from ptm_app.main import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("trainer: {max_steps: 2}\n")
+    plan = {"name": "p", "cells": [{"name": "c", "config": str(config)}], **change}
+    for cell in plan["cells"]:
+        if isinstance(cell, dict) and cell.get("config") == "CONFIG":
+            cell["config"] = str(config)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    assert main(["sweep", str(path), "--list"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: sweep plan {path}") and message in err[0], err

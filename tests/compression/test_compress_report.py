@@ -47,7 +47,7 @@ def plain_teacher(tmp: Path, source: str = "bbc") -> Path:
     from ptm_app.backbones.heads import from_config
     from ptm_app.data.sources import prepared_dir
     from ptm_app.inference.loading import EXPORT_INFO
-    from ptm_app.inference.quantize import eval_records
+    from ptm_app.compression.quantize import eval_records
 
     labels = sorted({r["label"] for r in eval_records(source, "test", 0)})
     torch.manual_seed(0)
@@ -71,7 +71,7 @@ def report_config(tmp: Path, teacher: str, rows: list[dict], targets: list[dict]
 
 def scored_records() -> list[dict]:
     from ptm_app.analysis.representations import sample_indices
-    from ptm_app.inference.quantize import eval_records
+    from ptm_app.compression.quantize import eval_records
 
     records = eval_records("bbc", "test", 0)
     return [records[i] for i in sample_indices(len(records), EXAMPLES, 0)]
@@ -96,7 +96,7 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path, capfd):
     texts longer than max_length are named once, not once per row."""
     from ptm_app.compression.quantization import QUANT_WEIGHTS
     from ptm_app.inference.loading import load_for_inference
-    from ptm_app.inference.quantize import accuracy
+    from ptm_app.inference.compress_commands import accuracy
 
     runs = tmp_path / "runs"
     teacher = plain_teacher(tmp_path)
@@ -140,7 +140,7 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path, capfd):
 def test_report_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, capsys, monkeypatch):
     from ptm_app.compression.early_exit import EarlyExitModule
     from ptm_app.inference.loading import load_for_inference
-    from ptm_app.inference.quantize import accuracy
+    from ptm_app.inference.compress_commands import accuracy
 
     runs = tmp_path / "runs"
     teacher = plain_teacher(tmp_path)
@@ -222,7 +222,7 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, 
     """As shipped, with no runs: one line naming the teacher's fine-tuning command.  Every row's make command is a
     main.py command whose last step writes the row's model, and every fit step parses (``--print_config``: the
     overrides that retarget a BBC recipe are real keys)."""
-    from ptm_app.inference.compression_report import CompressionRow, make_steps
+    from ptm_app.experiments.compression_report import CompressionRow, make_steps
 
     path = ROOT / "configs" / "compress" / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
@@ -298,7 +298,7 @@ def test_report_on_distilled_and_theseus_runs(tmp_path):
 def test_mcnemar_p_is_the_exact_binomial_of_the_discordant_examples():
     """b = 9 examples only the first gets right, c = 1 only the second: p = 2 * P(X <= 1), X ~ Bin(10, 1/2) =
     2 * 11 / 1024; agreement everywhere gives 1; the test is symmetric."""
-    from ptm_app.inference.compression_report import mcnemar_p
+    from ptm_app.experiments.compression_report import mcnemar_p
 
     first = [True] * 9 + [False] + [True] * 5 + [False] * 5
     second = [False] * 9 + [True] + [True] * 5 + [False] * 5
@@ -311,7 +311,7 @@ def test_mcnemar_p_is_the_exact_binomial_of_the_discordant_examples():
 def test_make_skips_finished_fits_and_resumes_stopped_ones(tmp_path, monkeypatch):
     """A row whose run stopped (checkpoints, no summary.json) is missing, and its make command resumes it exactly
     (``--ckpt_path last``); a finished fit step (a QAT run before its quantize step) is not run again."""
-    from ptm_app.inference.compression_report import CompressionRow, locate, resumable
+    from ptm_app.experiments.compression_report import CompressionRow, locate, resumable
 
     monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path / "runs"))
     stopped, finished = tmp_path / "runs" / "prune_heads_bbc_25", tmp_path / "runs" / "quantize_qat_bbc"

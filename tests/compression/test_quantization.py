@@ -91,7 +91,7 @@ def test_q8bert_static_int8_computes_what_qat_simulated_and_reloads(tmp_path):
     assert not torch.equal(simulated, plain)
     assert float((got - simulated).abs().max()) < 1e-4 * max(1.0, float(simulated.abs().max()))
     assert float((got - simulated).abs().max()) < float((dynamic - simulated).abs().max())
-    from ptm_app.inference.compression_report import counts
+    from ptm_app.experiments.compression_report import counts
 
     assert counts([static])[0] == counts([fp32])[0] == sum(p.numel() for p in fp32.parameters())  # int8 weights count
     out = qz.save_quantized(static, qz.STATIC, tmp_path / "int8", "sequence_classification")

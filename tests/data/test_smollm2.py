@@ -224,11 +224,12 @@ def test_smollm2_resolves_like_minilm(real, fresh_env):
 
 
 def test_smollm2_is_prepared_by_default_and_listed(data_env, capsys):
-    from ptm_app.data.prepare import data_command, prepare
+    from ptm_app.data.prepare import prepare
+    from ptm_app.main import main
 
     assert "smollm2" in SOURCES and SOURCES["smollm2"].kind == "model"
     assert prepare(["smollm2"]) == [data_env / "smollm2"]  # current: a no-op
     assert capsys.readouterr().out == f"smollm2: already prepared in {data_env / 'smollm2'}\n"
-    data_command(["list"])
+    main(["data", "list"])
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("smollm2 "))
     assert " prepared " in line and "134.5M parameters, hidden 576, 30 layers, vocab 49152" in line

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ptm_app.data import prepare as prep
-from ptm_app.data.prepare import data_command, prepare, split_records
+from ptm_app.data.prepare import prepare, split_records
+from ptm_app.main import main
 from ptm_app.data.sources import SOURCES, load_manifest, prepared_dir
 from ptm_app.data.sources.fetch import Artifact, fetch
 from ptm_app.data.sources.tweets import MOJIBAKE, clean_text
@@ -196,9 +197,10 @@ def test_prepared_dir_messages(fresh_env: Path, tmp_path: Path) -> None:
 
 
 def test_data_command(data_env: Path, capsys: pytest.CaptureFixture) -> None:
-    assert data_command(["list"]) == 0
+    assert main(["data", "list"]) == 0
     out = capsys.readouterr().out
     assert out.count(" prepared ") == len(SOURCES) and "2,127 records" in out and "1,161,192 tokens" in out
     with pytest.raises(PtmError, match="known: bbc, tweets, brown, minilm"):
-        data_command(["prepare", "imdb"])
-    assert data_command(["frobnicate"]) == 2
+        prepare(["imdb"])
+    assert main(["data", "prepare", "imdb"]) == 2 and "known: bbc, tweets, brown, minilm" in capsys.readouterr().err
+    assert main(["data", "frobnicate"]) == 2

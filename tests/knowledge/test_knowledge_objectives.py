@@ -15,6 +15,7 @@ from ptm_app.data.corruption.knowledge import knowledge_mask, knowledge_units
 from ptm_app.main import main
 from ptm_app.backbones.sense_input import allowed_from_masks
 from ptm_app.objectives.knowledge import allowed_senses_losses
+from ptm_app.objectives.targets import MaskedLM, Supersense
 from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,10 +126,10 @@ def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
     word) W x; S is the supersense head's output matrix, so both sides train it."""
     from ptm_app.objectives.mlm import MaskedLMModule
 
-    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True,
-                            supersense_input=True)
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50},
+                            targets=[MaskedLM(), Supersense(sense_input=True)])
     module.configure_model()
-    S = module.heads["supersense"].classifier.weight  # [45, H]: row s = the embedding of supersense s
+    S = module.target_layers["supersense"].classifier.weight  # [45, H]: row s = the embedding of supersense s
     with torch.no_grad():
         S.copy_(torch.arange(45 * 32, dtype=torch.float32).reshape(45, 32) / 1000)
     module.word_senses[11], module.word_senses[12] = 0b101, 0b010
@@ -146,11 +147,9 @@ def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
     torch.testing.assert_close(module.model_inputs(kept)["inputs_embeds"][0, 2], W[12] + S[1])
     module.model_inputs(batch)["inputs_embeds"].sum().backward()
     assert S.grad[[0, 2]].abs().sum() > 0 and S.grad[1].abs().sum() == 0  # only the visible senses' rows
-    plain = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True)
+    plain = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, targets=[MaskedLM(), Supersense()])
     plain.configure_model()
     assert "inputs_embeds" not in plain.model_inputs(batch)
-    with pytest.raises(PtmError, match="set supersense_objective: true"):
-        MaskedLMModule(backbone_config=TINY_BERT, supersense_input=True)
 
 
 def test_m_is_the_senses_of_tokens_that_stand_alone_as_words():
@@ -234,8 +233,8 @@ def connected(source: Path, **model_args):
 
 
 def test_char_spans_become_token_units_and_masks_keep_them_whole(tmp_path):
-    dm, model = connected(span_corpus(tmp_path / "corpus"), masking="knowledge", supersense_objective=True)
-    assert model.example_format == "knowledge_spans+supersenses"
+    dm, model = connected(span_corpus(tmp_path / "corpus"), targets=[MaskedLM(masking="knowledge"), Supersense()])
+    assert model.example_format == {"knowledge_spans", "supersenses"}
     tok = dm.tokenizer
     item = dm.datasets["train"][0]
     words = tok.convert_ids_to_tokens(item["input_ids"].tolist())
@@ -262,7 +261,7 @@ def test_char_spans_become_token_units_and_masks_keep_them_whole(tmp_path):
                 assert chosen.all() or not chosen.any()
     assert torch.equal(batch["input_ids"], batch["knowledge_views"]["word"]["input_ids"])
 
-    model.knowledge_levels = "mixed"  # one draw with entities, phrases and words as units
+    model.mlm.knowledge_levels = "mixed"  # one draw with entities, phrases and words as units
     mixed = model.make_collator(tok, seed=3)([dm.datasets["train"][(0, k)] for k in range(4)])
     assert "knowledge_views" not in mixed
     for row in range(4):
@@ -277,7 +276,7 @@ def test_char_spans_become_token_units_and_masks_keep_them_whole(tmp_path):
 def test_staged_levels_follow_the_step_fractions():
     from ptm_app.objectives.mlm import MaskedLMModule
 
-    model = MaskedLMModule(backbone_config=TINY_BERT, masking="knowledge", knowledge_stages=[0.25, 0.5])
+    model = MaskedLMModule(backbone_config=TINY_BERT, targets=[MaskedLM(masking="knowledge", knowledge_stages=[0.25, 0.5])])
 
     class Trainer:  # what knowledge_stage reads of Lightning's trainer
         max_steps, estimated_stepping_batches, global_step = 8, 8, 0
@@ -289,21 +288,21 @@ def test_staged_levels_follow_the_step_fractions():
         stages.append(model.knowledge_stage())
     assert stages == [0, 0, 1, 1, 2, 2, 2, 2]  # word, phrase from 2/8, entity from 4/8
     with pytest.raises(Exception, match="knowledge_stages"):
-        MaskedLMModule(backbone_config=TINY_BERT, masking="knowledge", knowledge_stages=[0.7, 0.2])
+        MaskedLMModule(backbone_config=TINY_BERT, targets=[MaskedLM(masking="knowledge", knowledge_stages=[0.7, 0.2])])
 
 
 def test_knowledge_level_options_are_refused_where_they_would_be_ignored():
     from ptm_app.objectives.mlm import MaskedLMModule
 
     with pytest.raises(PtmError, match="apply to masking: knowledge only"):
-        MaskedLMModule(backbone_config=TINY_BERT, masking="whole_word", knowledge_stages=[0.25, 0.5])
+        MaskedLMModule(backbone_config=TINY_BERT, targets=[MaskedLM(masking="whole_word", knowledge_stages=[0.25, 0.5])])
     with pytest.raises(PtmError, match="apply to masking: knowledge only"):
-        MaskedLMModule(backbone_config=TINY_BERT, masking="span", knowledge_levels="mixed")
+        MaskedLMModule(backbone_config=TINY_BERT, targets=[MaskedLM(masking="span", knowledge_levels="mixed")])
     with pytest.raises(PtmError, match="remove knowledge_stages"):
-        MaskedLMModule(backbone_config=TINY_BERT, masking="knowledge", knowledge_levels="mixed",
-                       knowledge_stages=[0.1, 0.2])
-    defaults = MaskedLMModule(backbone_config=TINY_BERT, masking="whole_word")  # what every checkpoint holds
-    assert defaults.knowledge_levels == "staged" and defaults.knowledge_stages == (1 / 3, 2 / 3)
+        MaskedLMModule(backbone_config=TINY_BERT, targets=[MaskedLM(masking="knowledge", knowledge_levels="mixed",
+                                                                    knowledge_stages=[0.1, 0.2])])
+    defaults = MaskedLMModule(backbone_config=TINY_BERT, targets=[MaskedLM(masking="whole_word")])  # what every checkpoint holds
+    assert defaults.mlm.knowledge_levels == "staged" and defaults.mlm.knowledge_stages == (1 / 3, 2 / 3)
 
 
 def bad_line(argv, capsys) -> str:
@@ -525,7 +524,8 @@ def test_knowledge_recipe_without_brown_spans_prepared_is_one_line(tmp_path, mon
 
 def test_bad_knowledge_settings_are_one_line(tiny_corpus, tmp_path, capsys):
     line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_brown.yaml"),
-                     "--model.init_args.knowledge_stages", "[0.7, 0.2]", "--trainer.max_steps", "1"], capsys)
+                     "--model.init_args.targets", json.dumps([{"class_path": "MaskedLM", "init_args": {
+                         "masking": "knowledge", "knowledge_stages": [0.7, 0.2]}}]), "--trainer.max_steps", "1"], capsys)
     assert "knowledge_stages must be two step fractions" in line
     line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_brown.yaml"),
                      "--data.init_args.pairs", json.dumps({"source": "wordnet_lexrel", "text_pair_fieldd": "x"}),
@@ -565,7 +565,7 @@ def test_span_blocks_pack_whole_sentences_of_one_document():
 
 def test_knowledge_objectives_on_other_examples_are_one_line(tmp_path, capsys):
     corpus = span_corpus(tmp_path / "corpus")
-    for recipe, word in (("ernie_brown", "masking: knowledge"), ("sensebert_brown", "supersense_objective")):
+    for recipe, word in (("ernie_brown", "masking: knowledge"), ("sensebert_brown", "Supersense")):
         line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / f"{recipe}.yaml"),
                          "--data.init_args.source", str(corpus), "--data.init_args.examples", "blocks",
                          "--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.max_length",
@@ -587,7 +587,7 @@ def test_bbc_spans_keep_bbc_articles_splits_and_find_phrases():
 def test_a_sensebert_checkpoint_without_the_vocabulary_table_is_one_line():
     from ptm_app.objectives.mlm import MaskedLMModule
 
-    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50}, supersense_objective=True,
-                            supersense_input=True)
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": 50},
+                            targets=[MaskedLM(), Supersense(sense_input=True)])
     with pytest.raises(PtmError, match="predates the vocabulary table M"):
         module.on_load_checkpoint({"state_dict": {"backbone.x": torch.zeros(1)}})

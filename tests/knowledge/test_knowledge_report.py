@@ -23,7 +23,7 @@ def write_summary(run: Path, metrics: dict) -> None:
 def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypatch):
     """Hand-written summaries for the shipped plan's runs: KEPLER's test link prediction fills its link columns,
     the probe file its P@1, the task runs their test metrics; MLM has no link metrics (empty), K-Adapter no POS."""
-    from ptm_app.knowledge_report import collect, load_knowledge_plan, write_knowledge_report
+    from ptm_app.experiments.knowledge_report import collect, load_knowledge_plan, write_knowledge_report
 
     monkeypatch.chdir(ROOT)
     plan = load_knowledge_plan(PLAN)
@@ -70,7 +70,7 @@ def test_table_cells_come_from_the_runs_and_name_their_source(runs_dir, monkeypa
 
 def test_the_figure_draws_each_number_of_the_table_once():
     """One panel per metric column; its bars are the models that have that number, with the table's values."""
-    from ptm_app.knowledge_report import draw
+    from ptm_app.experiments.knowledge_report import draw
 
     columns = ["model", "link MRR", "hypernym P@1"]
     rows = [{"model": "a", "hypernym P@1": 0.1}, {"model": "b", "link MRR": 0.03, "hypernym P@1": 0.2},
@@ -89,7 +89,7 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
     """Each cell of the shipped plan is a config that tests/cli/test_configs.py runs as shipped, in the plan's order
     (pre-training or adapters before the runs that start from them); the full plan is hours of CPU (make knowledge),
     its machinery runs end to end at tiny size below."""
-    from ptm_app.knowledge_report import cells, load_knowledge_plan
+    from ptm_app.experiments.knowledge_report import cells, load_knowledge_plan
     from tests.cli.test_configs import ALL
 
     monkeypatch.chdir(ROOT)
@@ -102,7 +102,7 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
                                                          "mlm/wordnet_pairs", "mlm/brown_pos"]
     assert names[-4:] == ["minilm_k_adapter/adapter_factual", "minilm_k_adapter/adapter_linguistic",
                           "minilm_k_adapter/wordnet_supersense", "minilm_k_adapter/wordnet_pairs"]
-    assert all("--trainer.max_steps" in plan[k] for k in ("pretrain_args", "task_args"))  # equal steps per kind
+    assert all("trainer.max_steps" in plan[k] for k in ("pretrain_set", "task_set"))  # equal steps per kind
 
 
 @pytest.mark.parametrize("change, message", [
@@ -117,6 +117,12 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
                                                            "['heldout']"),
     ({"probe": {"held_out": "false"}}, "probe.held_out must be true or false (got 'false')"),
     ({"probe": {"facts": 1.5}}, "probe.facts must be int (got 1.5)"),
+    ({"task_set": {"--trainer.max_steps": 3}}, "'task_set' maps config keys (without --) to values"),
+    ({"task_set": 250}, "'task_set' maps config keys (without --) to values, e.g. task_set: {"),
+    ({"pretrain_set": ["--trainer.max_steps"]}, "'--trainer.max_steps' is not '--key value'; write the overrides as "
+                                                "a mapping, e.g. pretrain_set: {"),
+    ({"pretrain_args": ["--trainer.max_steps", "9"]}, "give pretrain_set (a mapping of overrides), not also "
+                                                      "pretrain_args"),
 ])
 def test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
@@ -190,18 +196,18 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     monkeypatch.chdir(ROOT)
     corpus = span_corpus(tmp_path / "corpus", n=48)
     (corpus / "test.jsonl").write_text((corpus / "validation.jsonl").read_text())  # pre-training runs are tested
-    tiny_pretrain = ["--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.source",
-                     str(corpus), "--data.init_args.max_length", "32", "--data.init_args.batch_size", "4",
-                     "--data.init_args.tokenizer", json.dumps({"train": "wordpiece", "vocab_size": 300,
-                                                                "min_frequency": 1, "lowercase": True}),
-                     "--trainer.precision", "32-true", "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
-                     "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
-                     "--trainer.enable_progress_bar", "false"]
-    plan = {"name": "kb_tiny", "pretrain_args": tiny_pretrain,
-            "task_args": ["--trainer.precision", "32-true", "--trainer.max_steps", "3", "--trainer.val_check_interval",
-                          "3", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "2",
-                          "--data.init_args.limit_train", "24", "--data.init_args.batch_size", "8",
-                          "--trainer.enable_progress_bar", "false"],
+    tiny_pretrain = {"model.init_args.backbone_config": TINY_BERT, "data.init_args.source": str(corpus),
+                     "data.init_args.max_length": 32, "data.init_args.batch_size": 4,
+                     "data.init_args.tokenizer": {"train": "wordpiece", "vocab_size": 300, "min_frequency": 1,
+                                                  "lowercase": True},
+                     "trainer.precision": "32-true", "trainer.max_steps": 4, "trainer.val_check_interval": 4,
+                     "trainer.limit_val_batches": 1, "trainer.limit_test_batches": 1,
+                     "trainer.enable_progress_bar": False}
+    plan = {"name": "kb_tiny", "pretrain_set": tiny_pretrain,
+            "task_set": {"trainer.precision": "32-true", "trainer.max_steps": 3, "trainer.val_check_interval": 3,
+                         "trainer.limit_val_batches": 1, "trainer.limit_test_batches": 2,
+                         "data.init_args.limit_train": 24, "data.init_args.batch_size": 8,
+                         "trainer.enable_progress_bar": False},
             "probe": {"relation": "hypernym", "facts": 40, "seed": 0},
             "tasks": {"wordnet_supersense": {"config": "configs/finetune/wordnet_supersense_minilm.yaml",
                                              "metric": "acc", "column": "supersense acc"}},
@@ -225,7 +231,8 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
         backbone = yaml.safe_load((runs_dir / f"kb_tiny-{key}-wordnet_supersense" / "config.yaml").read_text())
         assert backbone["model"]["init_args"]["backbone"] == str(runs_dir / f"kb_tiny-{key}-pretrain" / "export")
     sense = yaml.safe_load((runs_dir / "kb_tiny-sensebert-pretrain" / "config.yaml").read_text())
-    assert sense["model"]["init_args"]["supersense_input"] is True and sense["trainer"]["max_steps"] == 4
+    supersense = [t for t in sense["model"]["init_args"]["targets"] if t["class_path"].endswith("Supersense")]
+    assert supersense[0]["init_args"]["sense_input"] is True and sense["trainer"]["max_steps"] == 4
     capsys.readouterr()
     readme = tmp_path / "README.md"
     readme.write_text("# Results\n\n<!-- kb_tiny:start -->\nold\n<!-- kb_tiny:end -->\n\nafter\n")
@@ -239,7 +246,7 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
 def test_numbers_from_an_earlier_pretraining_are_left_out(runs_dir, monkeypatch):
     """Every run records what made it (cell.json); a task run or a probe made from another pre-training than the
     row's current one (its recipe changed and it ran again) is stale and shows nothing."""
-    from ptm_app.knowledge_report import collect, load_knowledge_plan
+    from ptm_app.experiments.knowledge_report import collect, load_knowledge_plan
 
     monkeypatch.chdir(ROOT)
     plan = load_knowledge_plan(PLAN)

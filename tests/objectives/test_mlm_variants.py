@@ -5,6 +5,7 @@ import torch
 from ptm_app.data.collators import MLMCollator
 from ptm_app.data.datasets import SentencePairDataset
 from ptm_app.objectives import MaskedLMModule
+from ptm_app.objectives.targets import MaskedLM, NextSentence, SpanBoundary
 from tests.conftest import TINY_BERT
 
 SPECIAL = (0, 1, 2, 3, 4)  # pad unk cls sep mask
@@ -103,8 +104,8 @@ def test_static_masking_fixes_each_sentence_pair_too():
 
     assert all(pairs(static, e) == pairs(static, 0) for e in range(1, 6))
     assert any(pairs(dynamic, e) != pairs(dynamic, 0) for e in range(1, 6))
-    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, static_masking=True,
-                            sentence_objective="nsp")
+    module = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V},
+                            targets=[MaskedLM(static_masking=True), NextSentence()])
     assert module.hooks().static_copies == 1
     assert MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}).hooks().static_copies is None
 
@@ -116,7 +117,7 @@ def test_the_data_module_builds_static_pairs_for_static_masking(tiny_corpus):
 
     dm = PretrainDataModule(TokenizerSpec(train="wordpiece", vocab_size=200, min_frequency=1), source=str(tiny_corpus),
                             max_length=32, batch_size=4, limit_documents=20)
-    module = MaskedLMModule(backbone_config=TINY_BERT, static_masking=True, static_copies=2, sentence_objective="nsp")
+    module = MaskedLMModule(backbone_config=TINY_BERT, targets=[MaskedLM(static_masking=2), NextSentence()])
     connect(module, dm)
     dm.prepare_data()
     dm.setup("fit")
@@ -125,11 +126,20 @@ def test_the_data_module_builds_static_pairs_for_static_masking(tiny_corpus):
     assert all(torch.equal(pairs[(0, i)]["input_ids"], pairs[(2, i)]["input_ids"]) for i in range(len(pairs)))
 
 
-def test_static_copies_need_static_masking():
-    from ptm_app.errors import PtmError
+def test_static_masking_is_dynamic_or_a_count_of_fixed_copies():
+    """``static_masking``: false (dynamic), true (one fixed mask) or k (k fixed copies, BERT's dupe_factor): one
+    setting, so no count without static masking can be written; a count below 1 is refused by its type."""
+    from jsonargparse import ArgumentParser
 
-    with pytest.raises(PtmError, match="static_copies"):
-        MaskedLMModule(backbone_config=TINY_BERT, static_copies=10)
+    assert [MaskedLM(static_masking=s).static_copies for s in (False, True, 10)] == [None, 1, 10]
+    drawn = MaskedLM(static_masking=10).collator(MLMCollator, pad_token_id=0, vocab_size=V)
+    assert drawn.static and drawn.static_copies == 10
+    assert not MaskedLM().collator(MLMCollator, pad_token_id=0, vocab_size=V).static
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(MaskedLM, "mlm")
+    assert parser.parse_args(["--mlm.static_masking", "10"]).mlm.static_masking == 10
+    with pytest.raises(Exception, match="static_masking"):
+        parser.parse_args(["--mlm.static_masking", "0"])
 
 
 BIG_V = 1000
@@ -191,9 +201,9 @@ def test_sbo_offsets_past_max_span_length_keep_their_own_position():
     b = MLMCollator(pad_token_id=0, mask_token_id=4, special_ids=SPECIAL, vocab_size=V, seed=1, masking="span",
                     word_start=long_words, mlm_probability=0.5, span_p=0.05)(exs)
     assert b["sbo"]["offset"].max() >= 10
-    m = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, masking="span",
-                       span_boundary_objective=True).build()
-    head = m.heads["sbo"]
+    m = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V},
+                       targets=[MaskedLM(masking="span"), SpanBoundary()]).build()
+    head = m.target_layers["sbo"]
     assert head.positions.num_embeddings == TINY_BERT["max_position_embeddings"]
     hidden = torch.randn(1, 40, TINY_BERT["hidden_size"])
     one = torch.zeros(4, dtype=torch.long)
@@ -221,11 +231,11 @@ def test_sentence_pairs_format_and_balance():
 
 
 def test_nsp_loss_is_the_weighted_sum_of_targets():
-    m = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, sentence_objective="nsp",
-                       loss_weights={"mlm": 1.0, "sentence": 0.5}).build()
+    m = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V},
+                       targets=[MaskedLM(weight=1.0), NextSentence(weight=0.5)]).build()
     b = collator()(examples(8))
     b["token_type_ids"] = torch.zeros_like(b["input_ids"])
     b["sentence_labels"] = torch.tensor([0, 1] * 4)
     losses = m._losses(b)
-    assert set(losses) == {"mlm", "sentence", "sentence_acc"}
-    assert torch.allclose(m._total(losses), losses["mlm"] + 0.5 * losses["sentence"])
+    assert set(losses) == {"mlm", "nsp", "nsp_acc"}
+    assert torch.allclose(m._total(losses), losses["mlm"] + 0.5 * losses["nsp"])

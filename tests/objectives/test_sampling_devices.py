@@ -106,7 +106,9 @@ def family(name: str):
     if name == "mlm":
         return MaskedLMModule(backbone_config=bert).build(), mlm_collator()(examples())
     if name == "spanbert":
-        module = MaskedLMModule(backbone_config=bert, masking="span", span_boundary_objective=True).build()
+        from ptm_app.objectives.targets import MaskedLM, SpanBoundary
+
+        module = MaskedLMModule(backbone_config=bert, targets=[MaskedLM(masking="span"), SpanBoundary()]).build()
         return module, mlm_collator(masking="span", word_start=word_start)(examples())
     if name == "clm":
         return CausalLMModule(backbone_config={**TINY_GPT2, "vocab_size": V}).build(), CLMCollator(0)(examples())

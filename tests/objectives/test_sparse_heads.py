@@ -6,6 +6,7 @@ import transformers
 from ptm_app.backbones.build import build_backbone
 from ptm_app.objectives import MaskedLMModule, ReplacedTokenDetectionModule
 from ptm_app.objectives.heads import masked_lm_forward, prediction_head, selected_positions
+from ptm_app.objectives.targets import MaskedLM
 from tests.conftest import TINY_BERT
 
 V = 300
@@ -80,11 +81,12 @@ def test_sparse_path_projects_only_the_masked_rows():
 def test_module_default_is_sparse_and_the_switch_keeps_loss_and_weight_names():
     torch.manual_seed(0)
     sparse = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}).build().eval()
-    dense = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, sparse_prediction=False).build().eval()
+    dense = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V},
+                           targets=[MaskedLM(sparse_prediction=False)]).build().eval()
     dense.load_state_dict(sparse.state_dict())
     inputs, labels = masked_batch(1)
     batch = {**inputs, "labels": labels}
-    assert sparse.sparse_prediction and not dense.sparse_prediction
+    assert sparse.mlm.sparse_prediction and not dense.mlm.sparse_prediction
     assert abs(sparse._losses(batch)["mlm"].item() - dense._losses(batch)["mlm"].item()) < 1e-6
     # the exported model is the plain transformers one: same weight names as BertForMaskedLM's
     reference = transformers.BertForMaskedLM(sparse.backbone.config)
@@ -126,7 +128,7 @@ def test_module_reads_positions_and_an_all_ones_mask_on_the_cpu_before_the_trans
         assert abs(module._losses(moved)["mlm"].item() - before[name]) < 1e-6, name
     staged = module.on_before_batch_transfer({**full, "knowledge_views": {}}, 0)  # labels change with the stage
     assert "mlm_positions" not in staged and "attention_all_ones" not in staged
-    dense = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, sparse_prediction=False)
+    dense = MaskedLMModule(backbone_config={**TINY_BERT, "vocab_size": V}, targets=[MaskedLM(sparse_prediction=False)])
     assert "mlm_positions" not in dense.on_before_batch_transfer(dict(full), 0)
 
 

@@ -9,7 +9,7 @@ from types import ModuleType
 
 from ptm_app import paths
 from ptm_app.data.sources import bbc, bbc_headlines, bible, brown, brown_pos, minilm, smollm2, tweets, wordnet
-from ptm_app.data.sources import bbc_spans, brown_spans, wordnet_kg, wordnet_lexical
+from ptm_app.data.sources import bbc_spans, brown_spans, openmoji, wordnet_kg, wordnet_lexical
 from ptm_app.data.sources import squad, squad_unanswerable, wnut16
 from ptm_app.data.sources.fetch import Artifact
 from ptm_app.errors import PtmError
@@ -72,7 +72,7 @@ SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
                                ("wordnet_choice", wordnet.CHOICE),
                                ("bbc_headlines", bbc_headlines), ("smollm2", smollm2), ("bible_en_es", bible),
                                ("wordnet_lexrel", wordnet_lexical.LEXREL), ("brown_spans", brown_spans),
-                               ("bbc_spans", bbc_spans))}
+                               ("bbc_spans", bbc_spans), ("openmoji", openmoji))}
 SOURCES["wordnet_kg"] = _source("wordnet_kg", wordnet_kg)
 SOURCES["squad"] = _source("squad", squad)
 SOURCES["wnut16"] = _source("wnut16", wnut16)

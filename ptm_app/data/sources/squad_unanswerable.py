@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ptm_app.data.sources import squad
 from ptm_app.data.sources.fetch import progress
-from ptm_app.tasks.metrics import squad_normalize
+from ptm_app.task_kinds.metrics import squad_normalize
 
 ARTIFACT = squad.ARTIFACT
 KIND = "task"

@@ -7,7 +7,7 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from ptm_app.tasks.metrics import SquadMetric
+from ptm_app.task_kinds.metrics import SquadMetric
 
 SPLITS = {"val": "validation", "test": "test", "predict": "test"}
 

@@ -2,7 +2,7 @@
 side by side (issue 16; Qiu et al. 2020 §4.1, Han et al. 2021 on knowledge), from the runs, never typed.
 
 A plan (``configs/sweeps/knowledge_brown.yaml``) names the rows (``models``) and the downstream ``tasks``.  A model
-with ``pretrain`` is pre-trained by that config at the plan's ``pretrain_args`` (the same steps for every row), tested
+with ``pretrain`` is pre-trained by that config with the plan's ``pretrain_set`` (the same steps for every row), tested
 (KEPLER's test is WordNet link prediction: filtered MRR, Hits@k), exported to ``<run>/export``, probed on a LAMA
 cloze of one WordNet relation (``analysis.knowledge_probe``: P@1 over the vocabulary) and fine-tuned on every task
 from that export.  A model without ``pretrain`` is fine-tuned from the tasks' configs as they are (MiniLM); one with
@@ -19,7 +19,6 @@ embeddings, a cloze without an MLM head, a task the row does not run) stays empt
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -29,11 +28,14 @@ from typing import Optional
 from unittest import mock
 
 from ptm_app.config_errors import read_yaml
+from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, overrides, record_cell,
+                                       recorded_fingerprint, run_cell, run_name)
 from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, require_markers, run_path, runs_root, write_between_markers, write_json
 
 PROBE_KEYS = {"relation", "facts", "seed", "held_out"}
-PLAN_KEYS = {"name", "pretrain_args", "task_args", "probe", "link_prediction", "tasks", "models"}
+PLAN_KEYS = {"name", "pretrain_set", "task_set", "probe", "link_prediction", "tasks", "models"}
+OLD_KEYS = {"pretrain_args": "pretrain_set", "task_args": "task_set"}  # lists of argv words, before mappings
 MODEL_KEYS = {"id", "label", "pretrain", "adapters", "tasks"}
 
 
@@ -43,11 +45,20 @@ def load_knowledge_plan(path: str | Path) -> dict:
     if not path.is_file():
         raise PtmError(f"knowledge plan {path} not found; give a YAML file like configs/sweeps/knowledge_brown.yaml")
     plan = read_yaml(path) or {}
+    if not isinstance(plan, dict):
+        raise PtmError(f"knowledge plan {path}: a mapping is expected; see configs/sweeps/knowledge_brown.yaml")
+    for old, new in OLD_KEYS.items():
+        if old in plan:
+            if new in plan:
+                raise PtmError(f"knowledge plan {path}: give {new} (a mapping of overrides), not also {old}")
+            plan[new] = plan.pop(old)
     unknown = set(plan) - PLAN_KEYS
     if unknown or not plan.get("name") or not plan.get("models") or not plan.get("tasks"):
-        raise PtmError(f"knowledge plan {path}: needs 'name', 'tasks' and 'models' (optional 'pretrain_args', "
-                       f"'task_args', 'probe', 'link_prediction'); unknown keys: {sorted(unknown) or 'none'}")
+        raise PtmError(f"knowledge plan {path}: needs 'name', 'tasks' and 'models' (optional 'pretrain_set', "
+                       f"'task_set', 'probe', 'link_prediction'); unknown keys: {sorted(unknown) or 'none'}")
     check_run_name(plan["name"], f"knowledge plan {path}: name")
+    for key in ("pretrain_set", "task_set"):
+        plan[key] = overrides(plan.get(key), f"knowledge plan {path}", key)
     if not isinstance(plan["tasks"], dict) or not isinstance(plan["models"], list) \
             or not all(isinstance(m, dict) for m in plan["models"]):
         raise PtmError(f"knowledge plan {path}: 'tasks' maps task names to settings and 'models' is a list of "
@@ -89,34 +100,32 @@ def run_dir(plan: dict, model: dict, cell: str) -> Path:
     return run_path(f"{plan['name']}-{model['id']}-{cell}", "the knowledge plan's name, model id and cell give")
 
 
-def cells(plan: dict, model: dict) -> list[tuple[dict, list[str]]]:
-    """``(sweep cell, common args)`` in run order: pre-training or adapters first, then the tasks."""
-    out, task_args = [], [str(a) for a in plan.get("task_args") or []]
+def cells(plan: dict, model: dict) -> list[tuple[dict, dict]]:
+    """``(sweep cell, common overrides)`` in run order: pre-training or adapters first, then the tasks."""
+    out, task_set = [], plan.get("task_set") or {}
     task_configs = {task: spec["config"] for task, spec in plan["tasks"].items()}
-    extra: list[str] = []
+    extra: dict[str, str] = {}  # JSON strings, as earlier plans passed them (the cells' fingerprints stay the same)
     if model.get("pretrain"):  # tested on the checkpoint the tasks start from (the export of last.ckpt)
         out.append(({"name": f"{model['id']}/pretrain", "config": model["pretrain"], "test_ckpt": "last"},
-                    [str(a) for a in plan.get("pretrain_args") or []]))
+                    plan.get("pretrain_set") or {}))
         export = str(run_dir(plan, model, "pretrain") / "export")
-        extra = ["--model.init_args.backbone", export, "--data.init_args.tokenizer", json.dumps({"pretrained": export})]
+        extra = {"model.init_args.backbone": export, "data.init_args.tokenizer": json.dumps({"pretrained": export})}
     adapters = model.get("adapters") or {}
     for name, config in adapters.items():
-        out.append(({"name": f"{model['id']}/adapter_{name}", "config": config}, task_args))
+        out.append(({"name": f"{model['id']}/adapter_{name}", "config": config}, task_set))
     if adapters:
         runs = {name: str(run_dir(plan, model, f"adapter_{name}")) for name in adapters}
-        extra = ["--model.init_args.adapters", json.dumps(runs)]
+        extra = {"model.init_args.adapters": json.dumps(runs)}
     if model.get("tasks"):
         task_configs = dict(model["tasks"])
     for task, config in task_configs.items():
-        out.append(({"name": f"{model['id']}/{task}", "config": config, "args": extra}, task_args))
+        out.append(({"name": f"{model['id']}/{task}", "config": config, "set": extra}, task_set))
     return out
 
 
 def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
     """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
     probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
-    from ptm_app.sweep import cell_fingerprint, is_done, record_cell, run_cell, run_name
-
     failed = []
     models = [m for m in plan["models"] if not only or m["id"] in only]
     todo = [(m, cell, common) for m in models for cell, common in cells(plan, m)]
@@ -125,7 +134,7 @@ def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
         where = runs_root() / run_name(plan, cell)
         if any(f.startswith(f"{model['id']}/") for f in failed):
             continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
-        cell_plan = {"name": plan["name"], "common": common, "test": True}
+        cell_plan = {"name": plan["name"], "set": common, "test": True}
         first = cell["name"].endswith("/pretrain") or "/adapter_" in cell["name"]
         starts_from = [] if first else upstream.get(model["id"], [])
         fingerprint = cell_fingerprint(cell_plan, cell, starts_from)
@@ -173,8 +182,6 @@ def probe_models(plan: dict, models: list[dict]) -> None:
     from ptm_app.analysis.knowledge_probe import load_language_model, sample_facts, score_relation, summaries
     from ptm_app.knowledge.seen_pairs import held_out, knowledge_training_pairs
 
-    from ptm_app.sweep import recorded_fingerprint
-
     settings = probe_settings(plan)
     path = probe_file(plan)
     results = json.loads(path.read_text()) if path.is_file() else {}
@@ -220,16 +227,12 @@ def summary_metrics(run: Path) -> dict:
 
 def made_from(run: Path) -> Optional[list[str]]:
     """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
-    from ptm_app.sweep import cell_record
-
     return cell_record(run).get("upstream")
 
 
 def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
     """Rows, columns, and per row and column the run directory and metric key the number came from.  A probe or a
     task run made from an earlier pre-training (or adapters) than the row's current one is left out: stale."""
-    from ptm_app.sweep import recorded_fingerprint
-
     link = plan.get("link_prediction", "test")
     links = {"link MRR": f"test/{link}/mrr", "link Hits@10": f"test/{link}/hits@10",
              "link MRR, unseen entities": f"test/inductive/{link}/mrr"}  # transductive, then inductive
@@ -306,26 +309,29 @@ def write_knowledge_report(plan: dict) -> Path:
     return md
 
 
-def knowledge_report_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py knowledge-report", description=__doc__.splitlines()[0])
-    parser.add_argument("plan", help="the knowledge plan (YAML), e.g. configs/sweeps/knowledge_brown.yaml")
-    parser.add_argument("--collect_only", action="store_true", help="run nothing: the table from the runs there are")
-    parser.add_argument("--only", nargs="*", default=None, help="model ids to run (the table has every row)")
-    parser.add_argument("--readme", help="also put the table into this file (e.g. README.md), between the lines "
-                                         "<!-- <plan name>:start --> and <!-- <plan name>:end -->")
-    args = parser.parse_args(argv)
-    plan = load_knowledge_plan(args.plan)
-    if args.readme:
-        require_markers(args.readme, plan["name"])
-    unknown = sorted(set(args.only or []) - {m["id"] for m in plan["models"]})
+def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[str]] = None,
+                     readme: Optional[str] = None) -> int:
+    """Knowledge-enhanced PTMs side by side: pre-train, export, probe, fine-tune (resumable), then the table.
+
+    Args:
+        plan: the knowledge plan (YAML), e.g. configs/sweeps/knowledge_brown.yaml.
+        collect_only: run nothing: the table from the runs there are.
+        only: model ids to run (the table has every row).
+        readme: also put the table into this file (e.g. README.md), between the lines <!-- <plan name>:start -->
+            and <!-- <plan name>:end -->.
+    """
+    path, plan = plan, load_knowledge_plan(plan)
+    if readme:
+        require_markers(readme, plan["name"])
+    unknown = sorted(set(only or []) - {m["id"] for m in plan["models"]})
     if unknown:
-        raise PtmError(f"--only {' '.join(unknown)}: no such model in {args.plan} "
+        raise PtmError(f"--only {' '.join(unknown)}: no such model in {path} "
                        f"({', '.join(m['id'] for m in plan['models'])})")
-    failed = [] if args.collect_only else run_plan(plan, args.only)
+    failed = [] if collect_only else run_plan(plan, only)
     md = write_knowledge_report(plan)
     print(md.read_text(encoding="utf-8"), end="")
-    if args.readme:
-        write_between_markers(args.readme, plan["name"], md.read_text(encoding="utf-8"))
+    if readme:
+        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
     print(f"wrote {md} (+ .csv, .json, .png) and {md.parent / 'knowledge_runs.json'}")
     if failed:
         raise PtmError(f"knowledge-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")

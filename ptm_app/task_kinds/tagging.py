@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ptm_app.constants import IGNORE_INDEX
-from ptm_app.tasks.metrics import EntityF1, is_bio, token_accuracy
+from ptm_app.task_kinds.metrics import EntityF1, is_bio, token_accuracy
 
 
 def word_tags(labels: list[str], ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:

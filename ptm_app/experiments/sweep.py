@@ -1,9 +1,11 @@
 """``python main.py sweep PLAN.yaml [--only GLOB ...] [--list]``: run a grid of configs (fit, then test from
 the best checkpoint), one run directory per cell, then write the plan's results table with ``report``.
 
-A plan is YAML: ``name`` (run directories are ``<name>-<cell>``), ``common`` (arguments added to every fit and
-test, e.g. a step budget), ``test: true`` to test each cell's best checkpoint (``last`` for cells that do not
-fit), and ``cells``: ``{name, config, args, fit}`` each (``fit: false`` for zero-shot cells that only test).
+A plan is YAML: ``name`` (run directories are ``<name>-<cell>``), ``set`` (config overrides added to every fit and
+test, a mapping of dotted keys to values, e.g. ``{trainer.max_steps: 250}``), ``test: true`` to test each cell's best
+checkpoint (``last`` for cells that do not fit), and ``cells``: ``{name, config, set, fit, test_ckpt}`` each
+(``fit: false`` for zero-shot cells that only test).  Plans written before overrides were mappings (``common`` and
+``args`` as lists of command-line words, ``[--trainer.max_steps, '250']``) still load.
 A cell whose run directory already has test metrics is skipped and an interrupted fit resumes exactly from its
 ``last.ckpt``, so a stopped sweep (Ctrl-C, SIGTERM) continues where it stopped; ``--force`` reruns from scratch.
 Each run directory records what made it (``cell.json``: a hash of the config's settings, the arguments and the
@@ -13,13 +15,12 @@ the runs' ``summary.json`` files.
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -27,28 +28,95 @@ from ptm_app.config_errors import read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, runs_root, write_json
 
-CELL_KEYS = {"name", "config", "args", "fit", "test_ckpt"}
+CELL_KEYS = {"name", "config", "set", "fit", "test_ckpt"}
+PLAN_KEYS = {"name", "set", "test", "cells"}
+OLD_KEYS = {"common": "set", "args": "set"}  # plans from before overrides were mappings: lists of argv words
 CELL_FILE = "cell.json"
+EXAMPLE = "{model.init_args.optim.lr: 1.0e-4, trainer.max_steps: 250}"
 
 
 def load_plan(path: str | Path) -> dict:
+    """The plan, checked, with every cell's overrides as a mapping (``overrides``)."""
     path = Path(path)
     if not path.is_file():
-        raise PtmError(f"sweep plan {path} not found; give a YAML file like configs/adapt/table_minilm.yaml")
+        raise PtmError(f"sweep plan {path} not found; give a YAML file like configs/sweeps/adapt_minilm.yaml")
     plan = read_yaml(path) or {}
-    unknown = set(plan) - {"name", "common", "test", "cells"}
-    if unknown or not plan.get("name") or not plan.get("cells"):
-        raise PtmError(f"sweep plan {path}: needs 'name' and 'cells' (optional 'common', 'test'); "
+    if not isinstance(plan, dict):
+        raise PtmError(f"sweep plan {path}: a mapping with 'name' and 'cells' is expected, not a "
+                       f"{type(plan).__name__}; see configs/sweeps/adapt_minilm.yaml")
+    plan = upgrade(plan, f"sweep plan {path}")
+    unknown = set(plan) - PLAN_KEYS
+    if unknown or not plan.get("name") or not isinstance(plan.get("cells"), list) or not plan["cells"]:
+        raise PtmError(f"sweep plan {path}: needs 'name' and a list of 'cells' (optional 'set', 'test'); "
                        f"unknown keys: {sorted(unknown) or 'none'}")
-    for cell in plan["cells"]:
+    plan["set"] = overrides(plan.get("set"), f"sweep plan {path}")
+    for i, cell in enumerate(plan["cells"]):
+        if not isinstance(cell, dict):
+            raise PtmError(f"sweep plan {path}: cell {i + 1} is a {type(cell).__name__}; each cell is a mapping "
+                           f"with 'name' and 'config' (optional 'set', 'fit', 'test_ckpt')")
+        cell = plan["cells"][i] = upgrade(cell, f"sweep plan {path}: cell {cell.get('name', i + 1)}")
         bad = set(cell) - CELL_KEYS
         if bad or "name" not in cell or "config" not in cell:
             raise PtmError(f"sweep plan {path}: cell {cell.get('name', '?')} needs 'name' and 'config' "
-                           f"(optional 'args', 'fit', 'test_ckpt'); unknown keys: {sorted(bad) or 'none'}")
+                           f"(optional 'set', 'fit', 'test_ckpt'); unknown keys: {sorted(bad) or 'none'}")
         if not Path(cell["config"]).is_file():
             raise PtmError(f"sweep plan {path}: cell {cell['name']}: config {cell['config']} not found")
+        cell["set"] = overrides(cell.get("set"), f"sweep plan {path}: cell {cell['name']}")
         run_name(plan, cell, path)
     return plan
+
+
+def upgrade(entry: dict, where: str) -> dict:
+    """``entry`` with the old list keys (``common``, ``args``) renamed to ``set``; both at once is refused."""
+    old = [k for k in OLD_KEYS if k in entry]
+    if not old:
+        return entry
+    if "set" in entry or len(old) > 1:
+        raise PtmError(f"{where}: give the overrides once, as 'set' (a mapping), not also as {' and '.join(old)}")
+    return {("set" if k == old[0] else k): v for k, v in entry.items()}
+
+
+def overrides(value: Any, where: str, key: str = "set") -> dict[str, Any]:
+    """Config overrides as a mapping ``{dotted.key: value}``; an old list of argv words (``[--key, value, ...]``) is
+    read into one.  Anything else is one line naming the plan and the form."""
+    if value is None:
+        return {}
+    if isinstance(value, list):
+        return _from_argv([str(v) for v in value], where, key)
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k and not k.startswith("-") for k in value):
+        raise PtmError(f"{where}: '{key}' maps config keys (without --) to values, e.g. {key}: {EXAMPLE}; "
+                       f"got {value!r:.80}")
+    return dict(value)
+
+
+def _from_argv(words: list[str], where: str, key: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        option, eq, value = words[i].partition("=")
+        if not option.startswith("--") or len(option) < 3 or (not eq and i + 1 >= len(words)):
+            raise PtmError(f"{where}: {words[i]!r} is not '--key value'; write the overrides as a mapping, e.g. "
+                           f"{key}: {EXAMPLE}")
+        if not eq:
+            value, i = words[i + 1], i + 1
+        found[option[2:]] = value
+        i += 1
+    return found
+
+
+def override_args(values: dict[str, Any]) -> list[str]:
+    """The overrides as command-line words for LightningCLI: a mapping or list value in YAML flow style, a string as
+    it is, ``null`` / ``true`` / ``false`` for None and bools."""
+    words = []
+    for key, value in values.items():
+        if isinstance(value, (dict, list)):
+            text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 30).strip()
+        elif value is None or isinstance(value, bool):
+            text = json.dumps(value)
+        else:
+            text = str(value)
+        words += [f"--{key}", text]
+    return words
 
 
 def run_name(plan: dict, cell: dict, path: str | Path = "sweep plan") -> str:
@@ -70,7 +138,7 @@ def cell_fingerprint(plan: dict, cell: dict, upstream: Sequence[str] = ()) -> st
     the cell's arguments, whether it fits and which checkpoint it tests, and the fingerprints of the cells it starts
     from (``upstream``: a pre-training whose export it fine-tunes), hashed."""
     recipe = {"config": yaml.safe_load(Path(cell["config"]).read_text(encoding="utf-8")),
-              "args": [str(a) for a in [*(plan.get("common") or []), *(cell.get("args") or [])]],
+              "args": [*override_args(plan.get("set") or {}), *override_args(cell.get("set") or {})],
               "fit": cell.get("fit", True), "test_ckpt": cell.get("test_ckpt"), "upstream": list(upstream)}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -113,8 +181,9 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
     from ptm_app.cli import run_lightning
     from ptm_app.config_errors import guarded
 
-    name, common = run_name(plan, cell), [str(a) for a in plan.get("common") or []]
-    base = ["--config", cell["config"], *common, *[str(a) for a in cell.get("args") or []], "--run_name", name]
+    name = run_name(plan, cell)
+    base = ["--config", cell["config"], *override_args(plan.get("set") or {}), *override_args(cell.get("set") or {}),
+            "--run_name", name]
     fingerprint, run_dir = cell_fingerprint(plan, cell, upstream), runs_root() / name
     moved = set_aside_if_stale(run_dir, fingerprint)
     if moved is not None:
@@ -133,40 +202,43 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
     return 0
 
 
-def sweep_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("plan", help="the sweep plan (YAML)")
-    parser.add_argument("--only", nargs="*", default=None, help="cell name globs to run (default: all)")
-    parser.add_argument("--force", action="store_true", help="rerun cells that already have test metrics")
-    parser.add_argument("--list", action="store_true", help="list the cells and their state, run nothing")
-    args = parser.parse_args(argv)
-    plan = load_plan(args.plan)
-    cells = [c for c in plan["cells"] if not args.only or any(fnmatch.fnmatch(c["name"], g) for g in args.only)]
+def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list: bool = False) -> int:
+    """Run a grid of configs (fit + test), one run directory per cell, then its results table.
+
+    Args:
+        plan: the sweep plan (YAML), e.g. configs/sweeps/adapt_minilm.yaml.
+        only: cell name globs to run (default: all).
+        force: rerun cells that already have test metrics.
+        list: list the cells and their state, run nothing.
+    """
+    listing = list
+    path, plan = plan, load_plan(plan)
+    cells = [c for c in plan["cells"] if not only or any(fnmatch.fnmatch(c["name"], g) for g in only)]
     if not cells:
-        raise PtmError(f"--only {' '.join(args.only)} matches no cell of {args.plan}")
+        raise PtmError(f"--only {' '.join(only)} matches no cell of {path}")
     failed = []
     for i, cell in enumerate(cells, 1):
         run_dir = runs_root() / run_name(plan, cell)
         fingerprint = cell_fingerprint(plan, cell)
         done = is_done(run_dir, fingerprint)
-        if args.list:
+        if listing:
             stale = recorded_fingerprint(run_dir) not in (None, fingerprint)
             print(f"{cell['name']:40s} {'done' if done else 'stale' if stale else 'todo'}  {run_dir}")
             continue
-        if done and not args.force:
+        if done and not force:
             print(f"[{i}/{len(cells)}] {cell['name']}: done, skipped")
             continue
         start = time.monotonic()
         print(f"[{i}/{len(cells)}] {cell['name']}: {cell['config']}", flush=True)
-        code = run_cell(plan, cell, fresh=args.force)
+        code = run_cell(plan, cell, fresh=force)
         print(f"[{i}/{len(cells)}] {cell['name']}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
         if code == 143:  # SIGTERM: the cell saved last.ckpt; stop the sweep (rerun it to continue)
             return 143
         if code:
             failed.append(cell["name"])
-    if args.list:
+    if listing:
         return 0
-    from ptm_app.report import write_report
+    from ptm_app.experiments.report import write_report
 
     runs = [str(runs_root() / run_name(plan, c)) for c in plan["cells"] if (runs_root() / run_name(plan, c)).is_dir()]
     if runs:

@@ -11,7 +11,7 @@ rows' order: ``make compress``).  For each row, all in one process:
   safetensors file of a quantized directory, else the safetensors of the model and any off-ramps);
 * CPU latency at batch 1 (per text, over 32 texts each alone: their own lengths and, for early exit, their own
   exit layers) and batch 32 (32 texts padded together; an early exit stops when every text has exited): the median
-  of ``repeats`` rounds, every row timed in turn within each round (``inference.quantize.alternating_medians``),
+  of ``repeats`` rounds, every row timed in turn within each round (``compression.quantize.alternating_medians``),
   and the speed-up against the teacher;
 * the task metric (accuracy or macro F1) on the same examples of ``source``'s ``split``, computed in fp32 as the
   rows are timed, and its percentage of the teacher's; an early-exit row also gets its mean exit layer.
@@ -382,7 +382,7 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.representations import sample_indices
     from ptm_app.analysis.tables import write_table
-    from ptm_app.inference.quantize import alternating_medians, eval_records, latency_batches, timed_call
+    from ptm_app.compression.quantize import alternating_medians, eval_records, latency_batches, timed_call
 
     if repeats < 1:
         raise PtmError(f"repeats: {repeats}; time at least 1 round")
@@ -448,11 +448,3 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     if readme:
         write_between_markers(readme, out.name, "\n".join(t.read_text(encoding="utf-8") for t in tables))
     return out
-
-
-def compress_report_command(argv: list[str]) -> int:
-    from ptm_app.analysis.settings import run_command
-
-    out = run_command(compress_report, argv, "compress-report")
-    print(f"wrote {out}")
-    return 0

@@ -1,6 +1,6 @@
 """Metrics of modules whose ``forward(batch)`` returns one score per label (accuracy, macro-F1, MCC, and the
 positive class's F1 for two-label tasks) or one real value per example (MSE, Pearson and Spearman
-correlation); the ``sequence`` and ``regression`` task types (``tasks.types``) build them.
+correlation); the ``sequence`` and ``regression`` task types (``task_kinds.registry``) build them.
 
 Metric choice follows GLUE (Wang et al. 2019 §3): accuracy for single-sentence tasks, Matthews correlation
 for CoLA-style unbalanced binary tasks, accuracy and the positive class's F1 for pair tasks (MRPC, QQP),

@@ -2,12 +2,11 @@
 built from the runs' ``summary.json`` files (written by ``RunSummary``), never typed by hand."""
 from __future__ import annotations
 
-import argparse
 import csv
 import glob
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_file, runs_root
@@ -78,16 +77,17 @@ def write_report(patterns: list[str], output: str | Path, by: Optional[str] = No
     return md, csv_path
 
 
-def report_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="main.py report", description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="run directories, run names under checkpoints/, or globs")
-    parser.add_argument("--output", default="results", help="output path without suffix (writes .md and .csv)")
-    parser.add_argument("--by", choices=("data", "style", "module", "backbone"),
-                        help="one Markdown table per value of this column (the CSV stays one table)")
-    parser.add_argument("--stages", nargs="+", choices=("test", "val"), default=["test", "val"],
-                        help="whose metrics the Markdown shows (the CSV has all)")
-    args = parser.parse_args(argv)
-    md, csv_path = write_report(args.runs, args.output, args.by, tuple(f"{s}/" for s in args.stages))
+def report(runs: list[str], output: str = "results", by: Optional[Literal["data", "style", "module", "backbone"]] = None,
+           stages: list[Literal["test", "val"]] = ["test", "val"]) -> int:
+    """A results table (Markdown + CSV) from the runs' summary.json files.
+
+    Args:
+        runs: run directories, run names under checkpoints/, or globs.
+        output: output path without suffix (writes .md and .csv).
+        by: one Markdown table per value of this column (the CSV stays one table).
+        stages: whose metrics the Markdown shows (the CSV has all).
+    """
+    md, csv_path = write_report(runs, output, by, tuple(f"{s}/" for s in stages))
     print(md.read_text(), end="")
     print(f"wrote {md} and {csv_path}")
     return 0

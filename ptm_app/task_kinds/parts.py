@@ -1,0 +1,207 @@
+"""The parts a task kind's entry (``task_kinds.registry``) is made of, as small classes:
+
+- head shapes: what the task head reads (the pooled sequence, every token, one pooled row per answer choice), its
+  width, and how its raw output becomes the kind's outputs;
+- losses: ``loss(outputs, batch) -> tensor``;
+- metrics: built per stage, updated from one batch, computed over an epoch, with the main one averaged into
+  multitask ``val/macro``;
+- scores: what ``predict_step`` returns for a batch's outputs (``training.callbacks.score_rows`` writes the rows).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from ptm_app.task_kinds.label_scores import label_metrics, regression_metrics
+from ptm_app.task_kinds.spans import BestSpans, best_span, epoch_answers, span_loss, squad_scores
+from ptm_app.task_kinds.tagging import compute_tagging_metrics, tagging_loss, tagging_metrics, update_tagging_metrics
+
+
+# -- head shapes -------------------------------------------------------------------------------------
+class HeadShape:
+    """A head on the pooled sequence with one output per label."""
+
+    reads = "pooled"
+
+    def width(self, labels: Optional[list[str]]) -> int:
+        return len(labels or [])
+
+    def outputs(self, head_out: torch.Tensor, batch: dict) -> Any:
+        return head_out
+
+
+class Pooled(HeadShape):
+    """Label scores [B, C] from the pooled sequence."""
+
+
+class Value(HeadShape):
+    """One real value [B] per example."""
+
+    def width(self, labels: Optional[list[str]]) -> int:
+        return 1
+
+    def outputs(self, head_out: torch.Tensor, batch: dict) -> torch.Tensor:
+        return head_out.squeeze(-1)
+
+
+class Tokens(HeadShape):
+    """Tag scores [B, T, C] at every token."""
+
+    reads = "tokens"
+
+
+class Spans(HeadShape):
+    """(start, end) logits [B, T] at every token (BERT §4.2)."""
+
+    reads = "tokens"
+
+    def width(self, labels: Optional[list[str]]) -> int:
+        return 2
+
+    def outputs(self, head_out: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return head_out[..., 0], head_out[..., 1]
+
+
+class Choices(HeadShape):
+    """One score per (question, choice) pair, as choice scores [B, choices] (BERT §4.4)."""
+
+    reads = "choices"
+
+    def width(self, labels: Optional[list[str]]) -> int:
+        return 1
+
+    def outputs(self, head_out: torch.Tensor, batch: dict) -> torch.Tensor:
+        return head_out.view(batch["labels"].shape[0], -1)
+
+
+# -- losses ------------------------------------------------------------------------------------------
+class CrossEntropy:
+    """Cross-entropy of the soft-max over label scores, or over a question's choice scores (BERT §4.1, §4.4)."""
+
+    def __call__(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        return nn.functional.cross_entropy(out.float(), batch["labels"])
+
+
+class MeanSquaredError:
+    """Mean-squared error of real values (STS-B; BERT §4.1)."""
+
+    def __call__(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        return nn.functional.mse_loss(out.float(), batch["labels"].float())
+
+
+class TagCrossEntropy:
+    """Cross-entropy over the labelled (first sub-token) positions (``task_kinds.tagging``)."""
+
+    def __call__(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        return tagging_loss(out, batch["labels"])
+
+
+class SpanCrossEntropy:
+    """The mean of the start and end positions' cross-entropies (BERT §4.2)."""
+
+    def __call__(self, out: tuple[torch.Tensor, torch.Tensor], batch: dict) -> torch.Tensor:
+        return span_loss(*out, batch)
+
+
+# -- metrics -----------------------------------------------------------------------------------------
+class Metrics:
+    """``build(labels, positive)`` one stage's metric (``positive``: the positive class of a two-label task); ``update(metric, outputs, batch, settings)``; ``compute(metric,
+    records, tuned)`` the epoch's values (``records()``: the split's examples; ``tuned``: the validation stage's
+    metric, for values tuned there).  ``main``: the value averaged over tasks into multitask ``val/macro``."""
+
+    main = "acc"
+
+    def build(self, labels: Optional[list[str]], positive: Optional[int] = None) -> nn.Module:
+        raise NotImplementedError
+
+    def update(self, metric: nn.Module, out: Any, batch: dict, settings: dict) -> None:
+        metric.update(out.argmax(-1), batch["labels"])
+
+    def compute(self, metric: nn.Module, records: Callable[[], Any], tuned: Optional[nn.Module] = None) -> dict:
+        values = metric.compute()
+        metric.reset()
+        return values
+
+
+class LabelMetrics(Metrics):
+    """``acc``, ``f1_macro``, ``mcc`` and, for two labels, the positive class's ``f1`` (GLUE, Wang et al. 2019 §3)."""
+
+    def build(self, labels: Optional[list[str]], positive: Optional[int] = None) -> nn.Module:
+        return label_metrics(len(labels or []), positive)
+
+
+class RegressionMetrics(Metrics):
+    """Pearson and Spearman correlation and MSE (STS-B)."""
+
+    main = "pearson"
+
+    def build(self, labels: Optional[list[str]], positive: Optional[int] = None) -> nn.Module:
+        return regression_metrics()
+
+    def update(self, metric: nn.Module, out: torch.Tensor, batch: dict, settings: dict) -> None:
+        metric.update(out.float(), batch["labels"].float())
+
+
+class TaggingMetrics(Metrics):
+    """Token accuracy, and entity-level P/R/F1 for BIO tag sets."""
+
+    def build(self, labels: Optional[list[str]], positive: Optional[int] = None) -> nn.Module:
+        return tagging_metrics(labels)
+
+    def update(self, metric: nn.Module, out: torch.Tensor, batch: dict, settings: dict) -> None:
+        update_tagging_metrics(metric, settings["labels"], out.argmax(-1), batch["labels"])
+
+    def compute(self, metric: nn.Module, records: Callable[[], Any], tuned: Optional[nn.Module] = None) -> dict:
+        return compute_tagging_metrics(metric)
+
+
+class SpanMetrics(Metrics):
+    """SQuAD EM / F1 of each example's best span over its windows (Rajpurkar et al. 2016 §5)."""
+
+    main = "f1"
+
+    def build(self, labels: Optional[list[str]], positive: Optional[int] = None) -> nn.Module:
+        return BestSpans()
+
+    def update(self, metric: BestSpans, out, batch: dict, settings: dict) -> None:
+        spans = [best_span(s, e, o, settings.get("n_best", 20), settings.get("max_answer_length", 30))
+                 for s, e, o in zip(*out, batch["offsets"])]
+        score, start, end = (torch.tensor(v, device=out[0].device) for v in zip(*spans))
+        metric.update(batch["examples"], score.float(), start, end)
+
+    def compute(self, metric: BestSpans, records: Callable[[], Any], tuned: Optional[nn.Module] = None) -> dict:
+        split = records()
+        return squad_scores(epoch_answers(metric, split), split)
+
+
+class ChoiceMetrics(Metrics):
+    """``acc``: the share of questions whose highest-scoring choice is the right one."""
+
+    def build(self, labels: Optional[list[str]], positive: Optional[int] = None) -> nn.Module:
+        return MetricCollection({"acc": MulticlassAccuracy(len(labels) if labels else 2, average="micro")})
+
+
+# -- prediction scores -------------------------------------------------------------------------------
+class Scores:
+    """``scores(outputs, module) -> dict`` for ``predict_step`` (``module``: the run's, None for a plain export)."""
+
+    def __call__(self, out: torch.Tensor, module: Optional[nn.Module] = None) -> dict:
+        raise NotImplementedError
+
+
+class Softmax(Scores):
+    """Every label's (or choice's) probability."""
+
+    def __call__(self, out: torch.Tensor, module: Optional[nn.Module] = None) -> dict:
+        return {"probs": torch.softmax(out.float(), dim=-1).cpu()}
+
+
+class Values(Scores):
+    """The predicted real values."""
+
+    def __call__(self, out: torch.Tensor, module: Optional[nn.Module] = None) -> dict:
+        return {"values": out.float().cpu()}
