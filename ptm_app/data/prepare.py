@@ -172,7 +172,9 @@ def _summary(manifest: dict) -> str:
     group = manifest.get("split", {}).get("group_by")
     units = ("sentences", "tokens") if group is None else (_plural(group), "sentences", "tokens")
     extra = "".join(f", {total[k]:,} {k}" for k in units if isinstance(total.get(k), int))
-    return f"{total.get('records', 0):,} records ({sizes}), {len(total.get(_plural(key), {}))} {_plural(key)}{extra}"
+    strata = total.get(_plural(key), {})  # a dict of counts per value, or (e.g. squad's articles) a number
+    return f"{total.get('records', 0):,} records ({sizes}), {strata if isinstance(strata, int) else len(strata)} " \
+           f"{_plural(key)}{extra}"
 
 
 def list_sources() -> None:

@@ -121,10 +121,8 @@ def squad_em(pred: str, golds: Sequence[str]) -> float:
 
 def _f1(pred: str, gold: str) -> float:
     p, g = squad_normalize(pred).split(), squad_normalize(gold).split()
-    if not p or not g:  # SQuAD v2.0 script: empty vs empty is a match, empty vs text is 0
-        return float(p == g)
     same = sum((Counter(p) & Counter(g)).values())
-    if same == 0:
+    if same == 0:  # the v1.1 script: no shared token is 0, even empty vs a gold that normalises to empty ('.')
         return 0.0
     precision, recall = same / len(p), same / len(g)
     return 2 * precision * recall / (precision + recall)

@@ -10,6 +10,7 @@ from types import ModuleType
 from ptm_app import paths
 from ptm_app.data.sources import bbc, bbc_headlines, bible, brown, brown_pos, minilm, smollm2, tweets, wordnet
 from ptm_app.data.sources import bbc_spans, brown_spans, openmoji, wordnet_kg, wordnet_lexical
+from ptm_app.data.sources import squad, squad_unanswerable, wnut16
 from ptm_app.data.sources.fetch import Artifact
 from ptm_app.errors import PtmError
 
@@ -73,6 +74,9 @@ SOURCES: dict[str, Source] = {name: _source(name, mod) for name, mod in
                                ("wordnet_lexrel", wordnet_lexical.LEXREL), ("brown_spans", brown_spans),
                                ("bbc_spans", bbc_spans), ("openmoji", openmoji))}
 SOURCES["wordnet_kg"] = _source("wordnet_kg", wordnet_kg)
+SOURCES["squad"] = _source("squad", squad)
+SOURCES["wnut16"] = _source("wnut16", wnut16)
+SOURCES["squad_unanswerable"] = _source("squad_unanswerable", squad_unanswerable)
 
 
 def prepared_dir(name: str) -> Path:
