@@ -17,7 +17,8 @@ from ptm_app.data.sources.fetch import download_dir
 
 # Big models are not converted again per session: the project's own prepared copy (``make data``) is linked
 # into the temp root when it is current, else prepared like the rest.  Tests must not rewrite them (--force).
-LINKED = ("smollm2",)  # ~540 MB of float32 weights, about a minute to convert from the GGUF
+LINKED = ("smollm2", "squad", "squad_unanswerable")  # ~540 MB of float32 weights, about a minute to convert
+# from the GGUF; SQuAD's 98k questions and the 196k derived pairs (~280 MB, ~25 s): test_benchmark_sources builds them
 
 
 @pytest.fixture(scope="session")
