@@ -140,6 +140,7 @@ def test_the_embed_and_generate_tasks_answer_as_their_commands_in_a_batch(classi
     assert response.status_code == 400 and b'"error"' in response.body
 
 
+@pytest.mark.slow  # ~25 s: two worker processes; the concurrent classifier test serves over HTTP in the default suite
 def test_served_embeddings_over_http_with_two_workers_equal_the_embed_command(classifier_run):
     """The embed task through HTTP, with two worker processes answering concurrent requests: the vectors
     ``embed`` computes."""

@@ -119,7 +119,8 @@ def test_lamb_trains_a_model_down():
     assert loss.item() < 0.7 * first
 
 
-@pytest.mark.parametrize("overlay, state_key", [("lamb_8x_batch", "exp_avg"), ("adafactor_t5", "row_var")])
+@pytest.mark.parametrize("overlay, state_key", [pytest.param("lamb_8x_batch", "exp_avg", marks=pytest.mark.slow),
+                                               ("adafactor_t5", "row_var")])  # lamb: 16 batches of bert, ~30 s
 def test_the_shipped_overlays_train_with_their_optimiser(overlay, state_key, tmp_path, monkeypatch):
     """``configs/optim/`` as shipped on its recipe: the checkpoint's optimiser state is LAMB's (its groups carry the
     trust-ratio flag, 8 batches accumulate per step) or Adafactor's (factored row/column second moments)."""
