@@ -67,12 +67,12 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # MiniLM on BBC), brown_pos_minilm and wordnet_qa_minilm (tests/adaptation/test_token_qa.py trains and predicts with
 # them), the features_* configs (tests/adaptation/test_features_strategies.py), xlm and roberta (test_recipes.py), the
 # optim/ overlays (tests/training/test_large_batch_optim.py runs them as shipped and checks the optimiser's state),
-# wordnet_pairs_minilm (sentence pairs: tests/task_kinds/test_every_kind.py and tests/data cover the path; ~30 s).
+# wordnet_pairs_minilm and wordnet_choice_minilm (tests/task_kinds/test_every_kind.py and test_multiple_choice.py cover
+# those paths; ~20-30 s each), adapt/prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
 # squad_minilm is slow: its first run tokenizes SQuAD's 98k questions into 384-token windows (about a minute).
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
     "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm", "finetune/squad_minilm",
-    "finetune/wordnet_pairs_minilm"} | {
-    "pretrain/unilm", "adapt/prompt_tweets"}
+    "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm"} | {"pretrain/unilm"}
 
 
 def name(config: Path) -> str:
