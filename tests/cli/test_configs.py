@@ -69,10 +69,11 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # optim/ overlays (tests/training/test_large_batch_optim.py runs them as shipped and checks the optimiser's state),
 # wordnet_pairs_minilm and wordnet_choice_minilm (tests/task_kinds/test_every_kind.py and test_multiple_choice.py cover
 # those paths; ~20-30 s each), adapt/prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
-# squad_minilm is slow: its first run tokenizes SQuAD's 98k questions into 384-token windows (about a minute).
+# squad_minilm and squad2_minilm are slow: their first runs tokenize SQuAD's 98k (196k with the derived negatives)
+# questions into 384-token windows (1-2 minutes); tests/adaptation/test_null_answer.py runs the null-answer path.
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
     "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm", "finetune/squad_minilm",
-    "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm"} | {"pretrain/unilm"}
+    "finetune/squad2_minilm", "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm"} | {"pretrain/unilm"}
 
 
 def name(config: Path) -> str:
