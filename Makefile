@@ -61,9 +61,12 @@ analysis: data
 	test -f checkpoints/tweets_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm.yaml
 	test -f checkpoints/lora_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_tweets.yaml
 	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml
+	test -f checkpoints/tweets_minilm_freelb/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm_freelb.yaml
+	$(PY) main.py attack --config configs/analysis/attack_tweets_minilm.yaml --readme docs/results/robustness.md
 	test -f checkpoints/bbc_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/bbc_minilm.yaml
 	test -f checkpoints/lora_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_bbc.yaml
 	$(PY) main.py robustness --config configs/analysis/robustness_bbc_minilm.yaml
+	$(PY) main.py attack --config configs/analysis/attack_bbc_minilm.yaml --readme docs/results/robustness.md
 	test -f checkpoints/bert_mlm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm.yaml
 	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml
 

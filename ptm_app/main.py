@@ -63,6 +63,7 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "attention": Command("ptm_app.analysis.attention:attention", trust=True),
     "knowledge-probe": Command("ptm_app.analysis.knowledge_probe:knowledge_probe", trust=True),
     "robustness": Command("ptm_app.analysis.robustness:robustness", trust=True),
+    "attack": Command("ptm_app.analysis.attack:attack", trust=True),
 }
 
 DESCRIPTION = ("ptm_app: pre-train, adapt, compress, analyse and serve language models.  'python main.py COMMAND "
