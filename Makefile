@@ -46,7 +46,7 @@ test: data
 # The adaptation results table (docs/results/adaptation.md): every style x task cell of the plan, fit + test, then the table.
 # Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
 results: data
-	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml
+	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md
 
 # The tables and figures of docs/analyse.md: every configs/analysis recipe as shipped, into
 # checkpoints/<recipe>/ (the tables there are pasted from their .md files).  The robustness recipe evaluates

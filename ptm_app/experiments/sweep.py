@@ -212,7 +212,8 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
     return 0
 
 
-def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list: bool = False) -> int:
+def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list: bool = False,
+          readme: Optional[str] = None) -> int:
     """Run a grid of configs (fit + test), one run directory per cell, then its results table.
 
     Args:
@@ -220,9 +221,15 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         only: cell name globs to run (default: all).
         force: rerun cells that already have test metrics.
         list: list the cells and their state, run nothing.
+        readme: also put the tables into this file (e.g. docs/results/adaptation.md), between the lines
+            ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the plan's name.
     """
+    from ptm_app.paths import require_markers, write_between_markers
+
     listing = list
     path, plan = plan, load_plan(plan)
+    if readme:
+        require_markers(readme, plan["name"])
     cells = [c for c in plan["cells"] if not only or any(fnmatch.fnmatch(c["name"], g) for g in only)]
     if not cells:
         raise PtmError(f"--only {' '.join(only)} matches no cell of {path}")
@@ -266,6 +273,9 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
             seeds_md = write_seed_report(groups, runs_root() / f"{plan['name']}_seeds", stages)
             print(seeds_md.read_text(), end="")
             print(f"wrote {seeds_md}")
+        if readme:
+            tables = [md] + ([seeds_md] if plan.get("seeds") else [])
+            write_between_markers(readme, plan["name"], "\n".join(t.read_text(encoding="utf-8") for t in tables))
     if failed:
         raise PtmError(f"sweep: {len(failed)} cell(s) failed: {', '.join(failed)}; see their output above")
     return 0

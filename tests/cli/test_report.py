@@ -113,7 +113,12 @@ def test_a_plan_with_seeds_runs_each_cell_per_seed_and_reports_intervals(tiny_co
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     runs = tmp_path / "runs"
-    assert run_main(["sweep", str(path)], runs) == 0
+    page = tmp_path / "results.md"
+    page.write_text("# results\n<!-- s:start -->\nold\n<!-- s:end -->\nafter\n")
+    assert run_main(["sweep", str(path), "--readme", str(page)], runs) == 0
+    written = page.read_text()
+    assert "old" not in written and written.endswith("<!-- s:end -->\nafter\n")
+    assert (runs / "s.md").read_text().strip() in written and (runs / "s_seeds.md").read_text().strip() in written
     accs = []
     for seed in (1, 2):
         cfg = yaml.safe_load((runs / f"s-tiny-full-seed{seed}" / "config.yaml").read_text())
