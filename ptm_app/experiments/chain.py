@@ -19,7 +19,7 @@ from unittest import mock
 from ptm_app.errors import PtmError
 from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, record_cell, recorded_fingerprint,
                                        run_cell, run_name)
-from ptm_app.paths import runs_root
+from ptm_app.paths import require_markers, runs_root, write_between_markers
 
 
 @dataclass(frozen=True)
@@ -112,3 +112,28 @@ def summary_metrics(run: Path) -> dict:
 def made_from(run: Path) -> Optional[list[str]]:
     """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
     return cell_record(run).get("upstream")
+
+
+def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: str, only: Optional[list[str]],
+                  readme: Optional[str], collect_only: bool, run: Callable[[dict, Optional[list[str]]], list[str]],
+                  write: Callable[[dict], Path], also: str) -> int:
+    """A chain report command: check ``--readme``'s markers and ``--only``'s ids (of ``rows``, each a ``kind``) before
+    anything runs, ``run`` the plan (unless ``collect_only``), ``write`` the report, print it and put it into the
+    readme; the failed runs are one line at the end (a run refused as bad input has said its line: exit 2)."""
+    if readme:
+        require_markers(readme, plan["name"])
+    unknown = sorted(set(only or []) - set(rows))
+    if unknown:
+        raise PtmError(f"--only {' '.join(unknown)}: no such {kind} in {path} ({', '.join(rows)})")
+    try:
+        failed = [] if collect_only else run(plan, only)
+    except BadInput:
+        return 2
+    md = write(plan)
+    print(md.read_text(encoding="utf-8"), end="")
+    if readme:
+        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
+    print(f"wrote {md} {also}")
+    if failed:
+        raise PtmError(f"{command}: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
+    return 0

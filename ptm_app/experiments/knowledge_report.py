@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Optional
 
 from ptm_app.config_errors import read_yaml
-from ptm_app.experiments.chain import Link, export_once, export_overrides, made_from, run_chain, summary_metrics
+from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
+                                       summary_metrics)
 from ptm_app.experiments.sweep import overrides, recorded_fingerprint
 from ptm_app.errors import PtmError
-from ptm_app.paths import check_run_name, require_markers, run_path, runs_root, write_between_markers, write_json
+from ptm_app.paths import check_run_name, run_path, runs_root, write_json
 
 PROBE_KEYS = {"relation", "facts", "seed", "held_out"}
 PLAN_KEYS = {"name", "pretrain_set", "task_set", "probe", "link_prediction", "tasks", "models"}
@@ -271,18 +272,6 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
             and <!-- <plan name>:end -->.
     """
     path, plan = plan, load_knowledge_plan(plan)
-    if readme:
-        require_markers(readme, plan["name"])
-    unknown = sorted(set(only or []) - {m["id"] for m in plan["models"]})
-    if unknown:
-        raise PtmError(f"--only {' '.join(unknown)}: no such model in {path} "
-                       f"({', '.join(m['id'] for m in plan['models'])})")
-    failed = [] if collect_only else run_plan(plan, only)
-    md = write_knowledge_report(plan)
-    print(md.read_text(encoding="utf-8"), end="")
-    if readme:
-        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
-    print(f"wrote {md} (+ .csv, .json, .png) and {md.parent / 'knowledge_runs.json'}")
-    if failed:
-        raise PtmError(f"knowledge-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
-    return 0
+    return chain_command("knowledge-report", path, plan, [m["id"] for m in plan["models"]], "model", only, readme,
+                         collect_only, run_plan, write_knowledge_report,
+                         f"(+ .csv, .json, .png) and {runs_root() / plan['name'] / 'knowledge_runs.json'}")

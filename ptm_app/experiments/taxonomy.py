@@ -31,10 +31,10 @@ from typing import Any, Optional
 
 from ptm_app.config_errors import read_yaml
 from ptm_app.errors import PtmError
-from ptm_app.experiments.chain import (BadInput, Link, export_once, export_overrides, made_from, run_chain, summary,
-                                       summary_metrics)
+from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
+                                       summary, summary_metrics)
 from ptm_app.experiments.sweep import overrides, recorded_fingerprint
-from ptm_app.paths import check_run_name, require_markers, run_path, runs_root, write_between_markers, write_json
+from ptm_app.paths import check_run_name, run_path, runs_root, write_json
 
 PLAN_KEYS = {"name", "corpus", "pretrain_set", "task_set", "budgets", "pretrain_seeds", "finetune_seeds", "baseline",
              "tasks", "objectives"}
@@ -456,21 +456,5 @@ def taxonomy_report(plan: str, collect_only: bool = False, only: Optional[list[s
             <!-- <plan name>:start --> and <!-- <plan name>:end -->.
     """
     path, plan = plan, load_taxonomy_plan(plan)
-    if readme:
-        require_markers(readme, plan["name"])
-    unknown = sorted(set(only or []) - {o["id"] for o in plan["objectives"]})
-    if unknown:
-        raise PtmError(f"--only {' '.join(unknown)}: no such objective in {path} "
-                       f"({', '.join(o['id'] for o in plan['objectives'])})")
-    try:
-        failed = [] if collect_only else run_plan(plan, only)
-    except BadInput:
-        return 2
-    md = write_taxonomy_report(plan)
-    print(md.read_text(encoding="utf-8"), end="")
-    if readme:
-        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
-    print(f"wrote {md} (+ .json, .png)")
-    if failed:
-        raise PtmError(f"taxonomy-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
-    return 0
+    return chain_command("taxonomy-report", path, plan, [o["id"] for o in plan["objectives"]], "objective", only,
+                         readme, collect_only, run_plan, write_taxonomy_report, "(+ .json, .png)")
