@@ -182,9 +182,22 @@ def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
     except KeyError:
         config_class = None
     mapping = getattr(auto_class(module.head), "_model_mapping", None)
-    if config_class is None or mapping is None or config_class in mapping:
+    if config_class is None or mapping is None:
         return None
-    return f"transformers has no {module.head} model for {mtype} (the export's architecture)"
+    if config_class not in mapping:
+        return f"transformers has no {module.head} model for {mtype} (the export's architecture)"
+    if module.head == "base" and encoder_decoder(config_class):
+        return (f"frozen features are read from an encoder's hidden states; a {mtype} export is an encoder-decoder, "
+                f"whose base model returns encoder and decoder states apart")
+    return None
+
+
+def encoder_decoder(config_class) -> bool:
+    """Is this transformers config class's default model an encoder-decoder (BART, T5)?"""
+    try:
+        return bool(getattr(config_class(), "is_encoder_decoder", False))
+    except Exception:  # a config that needs arguments: not one of transformers' encoder-decoders
+        return False
 
 
 def links(plan: dict, objectives: list[dict]) -> list[Link]:

@@ -60,6 +60,7 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
         assert entry["values"] == {"p1/f1": metrics[0], "p2/f1": metrics[1]}
         s = summarize(metrics)
         assert (entry["mean"], entry["std"], entry["interval"]) == (s.mean, s.std, list(s.interval))
+        assert f"{s.mean:.4f} ± {s.std:.4f} [{s.interval[0]:.4f}, {s.interval[1]:.4f}] (2 runs)" in out
         assert row["train_flops"] == pytest.approx(sum(flops) / 2)
     assert rows[("electra", "short")]["total_params"] > rows[("mlm", "short")]["total_params"]  # its generator
     check = report["flops_checks"][0]
@@ -71,11 +72,15 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
     assert (vs_floor["diff"], vs_floor["p_perm"]) == (p.diff.mean, p.p_perm)
     assert "tweets" in rows[("electra", "short")]["paired"]["baseline"]
     assert (runs_dir / "taxonomy_quick" / "taxonomy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    redo = runs_dir / "taxonomy_quick-electra-short-p2-tweets-f1" / "summary.json"
+    redo.write_text(json.dumps({**json.loads(redo.read_text()), "metrics": {}}))  # as if killed before its test
     readme = tmp_path / "taxonomy.md"
     readme.write_text("# Taxonomy\n\n<!-- taxonomy_quick:start -->\n<!-- taxonomy_quick:end -->\n")
     assert run_main(["taxonomy-report", str(path), "--readme", str(readme)], runs_dir) == 0
     again = capsys.readouterr().out
-    assert "exit" not in again and "| MLM (token) | short" in again  # every cell was done: nothing ran
+    assert [line.split(":")[0] for line in again.splitlines() if " exit " in line] == ["[8/12] electra/short/p2/tweets/f1"]
+    assert "| MLM (token) | short" in again  # only the unfinished cell ran again
+    assert run_main(["taxonomy-report", str(path), "--collect_only"], runs_dir) == 0
     table = (runs_dir / "taxonomy_quick" / "taxonomy.md").read_text().rstrip()
     assert readme.read_text() == f"# Taxonomy\n\n<!-- taxonomy_quick:start -->\n{table}\n<!-- taxonomy_quick:end -->\n"
 
@@ -138,7 +143,8 @@ def test_report_arithmetic_on_hand_written_runs(runs_dir, monkeypatch):
 def test_the_shipped_plans_load_and_say_which_tasks_a_row_cannot_run(monkeypatch):
     """Both plans load; the full one has every objective family of the issue, the floor, 3 × 3 seeds, two budgets,
     the five tasks and the POS probe; ELMo's BiLSTM cannot run token tasks or QA, BART no tagging (transformers has
-    no such model for their architectures), and the plan lists no cell for them."""
+    no such model for their architectures) nor the frozen-feature probe (an encoder-decoder), and the plan lists no
+    cell for them."""
     from ptm_app.experiments.taxonomy import links, load_taxonomy_plan, why_not
 
     monkeypatch.chdir(ROOT)
@@ -153,6 +159,8 @@ def test_the_shipped_plans_load_and_say_which_tasks_a_row_cannot_run(monkeypatch
     bart = next(o for o in plan["objectives"] if o["id"] == "bart")
     assert "no token_classification model for ptm_bilstm_lm" in why_not(plan, elmo, "brown_pos")
     assert why_not(plan, elmo, "bbc") is None and why_not(plan, bart, "brown_pos") is not None
+    assert "encoder-decoder" in why_not(plan, bart, "pos_probe") and why_not(plan, elmo, "pos_probe") is None
+    assert why_not(plan, bart, "wordnet_qa") is None
     names = [link.cell["name"] for link in links(plan, [elmo])]
     assert "elmo/short/p1/bbc/f1" in names and not any("/brown_pos/" in n or "/wordnet_qa/" in n for n in names)
 
