@@ -194,3 +194,34 @@ def test_a_budget_smaller_than_one_step_is_one_line_and_stops_the_plan(tmp_path,
     err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error")]
     assert len(err) == 1 and "trainer.max_flops=1e+03 is smaller than one optimizer step" in err[0], err
     assert not (runs_dir / "taxonomy_quick-mlm-short-p2-pretrain").exists()  # the plan stopped at the first
+
+
+@pytest.mark.slow
+def test_every_row_of_the_full_plan_pretrains_exports_and_fine_tunes(tmp_path, runs_dir, tiny_corpus, monkeypatch,
+                                                                     capsys):
+    """Every objective of configs/sweeps/taxonomy.yaml with its shape and the shared tokenizer settings, 3 steps on
+    the tiny corpus, exported and fine-tuned 2 steps on one sequence task from its export (2 minutes on a loaded 2-core machine)."""
+    from ptm_app.experiments.chain import run_chain
+    from ptm_app.experiments.taxonomy import links, load_taxonomy_plan
+
+    monkeypatch.chdir(ROOT)
+    plan = yaml.safe_load(FULL.read_text())
+    plan.update({"name": "smoke", "corpus": str(tiny_corpus), "budgets": {"short": 1.0e15}, "pretrain_seeds": [1],
+                 "finetune_seeds": [1], "tasks": {"tweets": plan["tasks"]["tweets"]}})
+    plan["pretrain_set"].update({"trainer.precision": "32-true", "trainer.max_steps": 3,
+                                 "trainer.limit_val_batches": 1})
+    plan["pretrain_set"]["data.init_args.tokenizer"].update({"vocab_size": 300, "min_frequency": 1})
+    plan["task_set"].update({"trainer.precision": "32-true", "data.init_args.source": str(tiny_corpus),
+                             "trainer.max_steps": 2, "trainer.val_check_interval": 2, "trainer.limit_val_batches": 1,
+                             "trainer.limit_test_batches": 1, "data.init_args.limit_train": 16})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    plan = load_taxonomy_plan(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTM_RUNS_DIR", str(runs_dir))
+        assert run_chain(plan["name"], links(plan, plan["objectives"]), "smoke") == []
+    for objective in plan["objectives"]:
+        assert (runs_dir / f"smoke-{objective['id']}-{'init' if objective.get('floor') else 'short'}-p1-pretrain"
+                / "export" / "config.json").is_file(), objective["id"]
+        run = runs_dir / f"smoke-{objective['id']}-{'init' if objective.get('floor') else 'short'}-p1-tweets-f1"
+        assert "test/acc" in json.loads((run / "summary.json").read_text())["metrics"], objective["id"]
