@@ -162,8 +162,9 @@ def model_type(plan: dict, objective: dict) -> Optional[str]:
 
 
 def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
-    """Why a row cannot run a task (None: it can): the plan leaves it out, or transformers has no model of the
-    task's head for the export's architecture."""
+    """Why a row cannot run a task (None: it can): the plan leaves it out (the row's ``tasks``, its ``note`` saying
+    why), transformers has no model of the task's head for the export's architecture, or the task reads frozen
+    features (head ``base``) of an encoder-decoder."""
     if objective.get("tasks") is not None and task not in objective["tasks"]:
         return objective.get("note") or "left out by the plan"
     import transformers
@@ -416,7 +417,7 @@ def draw(plan: dict, rows: list[dict]):
     tasks = list(plan["tasks"])
     fig, axes = new_figure(len(tasks), width=4.6, height=3.4, columns=3)
     for ax, task in zip(axes, tasks):
-        for i, objective in enumerate(o for o in plan["objectives"]):
+        for i, objective in enumerate(plan["objectives"]):
             points = sorted((r["train_flops"], r["tasks"][task]) for r in rows
                             if r["id"] == objective["id"] and r["tasks"].get(task, {}).get("values")
                             and r["train_flops"] and math.isfinite(r["tasks"][task]["mean"]))
