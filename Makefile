@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis compress knowledge bench gpu-check clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick bench gpu-check clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,16 @@ compress: data
 # link prediction embeds every WordNet synset); not part of `make test`.  Writes checkpoints/knowledge_brown/.
 knowledge: data
 	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme docs/results/knowledge.md
+
+# The objective taxonomy (docs/taxonomy.md, docs/results/taxonomy.md): 14 objectives and the no-pre-training floor at
+# two equal training-FLOPs budgets, 3 pre-training x 3 fine-tuning seeds, five tasks and a frozen POS probe.
+# Estimated (not measured) at 4 to 6 hours on 2 CPU cores; resumable cell by cell.  Not part of `make test`.
+# taxonomy-quick: the same machinery on tiny models on Brown (not timed; its numbers check the machinery only).
+taxonomy: data
+	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md
+
+taxonomy-quick: data
+	$(PY) main.py taxonomy-report configs/sweeps/taxonomy_quick.yaml
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).
