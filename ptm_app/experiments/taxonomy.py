@@ -163,8 +163,8 @@ def model_type(plan: dict, objective: dict) -> Optional[str]:
 
 def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
     """Why a row cannot run a task (None: it can): the plan leaves it out (the row's ``tasks``, its ``note`` saying
-    why), transformers has no model of the task's head for the export's architecture, or the task reads frozen
-    features (head ``base``) of an encoder-decoder."""
+    why), or transformers has no model of the task's head for the export's architecture.  (Frozen features of an
+    encoder-decoder are its encoder's layers: ``adaptation.policies.FrozenFeatures``.)"""
     if objective.get("tasks") is not None and task not in objective["tasks"]:
         return objective.get("note") or "left out by the plan"
     import transformers
@@ -187,18 +187,7 @@ def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
         return None
     if config_class not in mapping:
         return f"transformers has no {module.head} model for {mtype} (the export's architecture)"
-    if module.head == "base" and encoder_decoder(config_class):
-        return (f"frozen features are read from an encoder's hidden states; a {mtype} export is an encoder-decoder, "
-                f"whose base model returns encoder and decoder states apart")
     return None
-
-
-def encoder_decoder(config_class) -> bool:
-    """Is this transformers config class's default model an encoder-decoder (BART, T5)?"""
-    try:
-        return bool(getattr(config_class(), "is_encoder_decoder", False))
-    except Exception:  # a config that needs arguments: not one of transformers' encoder-decoders
-        return False
 
 
 def links(plan: dict, objectives: list[dict]) -> list[Link]:
