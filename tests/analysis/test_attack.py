@@ -199,3 +199,24 @@ def test_attack_and_a_freelb_fit_end_to_end(tmp_path, capsys):
     assert run_main(["attack", "--runs", str(qa), "--output_dir", str(tmp_path / "x")], runs) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs a fine-tuned sequence classifier" in err
+
+
+def test_a_freelb_fit_resumes_exactly(tmp_path):
+    """FreeLB draws its random start from torch's generator: a paused run resumed from last.ckpt logs the same
+    losses as the run done whole."""
+    from tests.conftest import TINY_BERT, assert_resumes_exactly, write_jsonl
+    root = tmp_path / "data"
+    for split, seed, n in (("train", 1, 32), ("validation", 2, 8)):
+        write_jsonl(root / f"{split}.jsonl", keyword_rows(n, seed))
+    cfg = {"seed_everything": 3,
+           "trainer": {"max_steps": 4, "accelerator": "cpu", "val_check_interval": 2, "enable_progress_bar": False,
+                       "enable_model_summary": False, "log_every_n_steps": 1},
+           "model": {"class_path": "SequenceClassificationModule",
+                     "init_args": {"backbone_config": TINY_BERT, "optim": {"lr": 6e-3, "warmup": 0},
+                                   "adversarial": {"steps": 2, "init_mag": 0.5}}},
+           "data": {"class_path": "TaskDataModule", "init_args": {
+               "source": str(root), "batch_size": 8, "max_length": 32,
+               "tokenizer": {"train": "wordpiece", "vocab_size": 120, "min_frequency": 1}}}}
+    path = tmp_path / "freelb.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert_resumes_exactly(["fit", "--config", str(path)], tmp_path / "runs", stop=2, steps=4)
