@@ -117,7 +117,7 @@ def given_texts(argv: list[str]) -> bool:
     """``predict`` on given inputs (``--text`` / ``--input`` / ``--question``, or ``--ckpt_path`` or ``--help``
     without ``--config``): ptm_app's own command, not LightningCLI's ``predict --config`` (the data's test split)."""
     names = {a.split("=", 1)[0] for a in argv}
-    if names & {"--text", "--input", "--question"}:
+    if names & {"--text", "--input", "--question", "--image"}:
         return True
     return not names & {"--config", "-c"} and bool(names & {"--ckpt_path", "--help", "-h"})
 

@@ -10,6 +10,7 @@ from ptm_app.objectives.rtd import ReplacedTokenDetectionModule
 from ptm_app.objectives.seq2seq import Seq2SeqDenoisingModule
 from ptm_app.objectives.tlm import TranslationLMModule
 from ptm_app.objectives.unilm import UnifiedLMModule
+from ptm_app.objectives.visualbert import SingleStreamModule
 
 __all__ = ["BiLMModule", "CausalLMModule", "ContrastiveModule", "DualEncoderModule", "LexicalRelationMLMModule", "MaskedLMModule", "PermutationLMModule", "ReplacedTokenDetectionModule",
-           "Seq2SeqDenoisingModule", "TranslationLMModule", "UnifiedLMModule"]
+           "Seq2SeqDenoisingModule", "SingleStreamModule", "TranslationLMModule", "UnifiedLMModule"]

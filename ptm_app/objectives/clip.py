@@ -90,6 +90,11 @@ class DualEncoderModule(PtmModule):
         projection_dim: the shared embedding size.
         logit_scale_init: the initial log of the logit scale (log(1/0.07), CLIP §2.5).
         max_logit_scale: the clip on the logit scale (100, CLIP §2.5).
+        freeze_text: keep the text tower (encoder and pooler) as it is, in eval mode, and train the rest: the ViT,
+            both projections and the temperature (a locked pretrained tower, as LiT: Zhai et al. 2022, there on the
+            image side).  Its outputs are then a fixed function of the caption and are computed once per caption
+            (memoised for the run).  With a tower from scratch its [CLS] output barely depends on the caption at
+            initialisation, and a short run stays at the uniform loss log(batch): lock a pretrained one (MiniLM).
         optim / gradient_checkpointing: see ``PtmModule``.
 
     Logs ``train/loss``, ``train/logit_scale``, and per validation ``val/loss`` and ``val/acc`` (in-batch
@@ -100,7 +105,7 @@ class DualEncoderModule(PtmModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  vision_config: Optional[dict] = None, projection_dim: int = 128,
-                 logit_scale_init: float = CLIP_INIT, max_logit_scale: float = 100.0,
+                 logit_scale_init: float = CLIP_INIT, max_logit_scale: float = 100.0, freeze_text: bool = False,
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False):
         if max_logit_scale <= 1:
             raise PtmError("max_logit_scale must be > 1")
@@ -109,6 +114,8 @@ class DualEncoderModule(PtmModule):
                                                     "num_attention_heads": 4, "intermediate_size": 256})
         self.projection_dim, self.logit_scale_init, self.max_logit_scale = (projection_dim, logit_scale_init,
                                                                            max_logit_scale)
+        self.freeze_text = freeze_text
+        self._text_memo: dict[tuple, torch.Tensor] = {}  # freeze_text: caption ids -> the locked tower's output
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.val_metrics = nn.ModuleDict({name: MeanMetric() for name in ("loss", "acc")})
 
@@ -137,6 +144,15 @@ class DualEncoderModule(PtmModule):
             raise PtmError(f"data.max_length={wanted} is longer than the text tower allows ({limit} positions); "
                            f"set data.init_args.max_length <= {limit}")
 
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.freeze_text:
+            self.backbone.text_model.requires_grad_(False)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._text_memo.clear()
+
     def make_collator(self, tokenizer, seed: int = 0) -> ImageTextCollator:
         return ImageTextCollator(tokenizer.pad_token_id)
 
@@ -146,8 +162,20 @@ class DualEncoderModule(PtmModule):
         return self.backbone.get_image_features(pixel_values=pixel_values).pooler_output
 
     def text_embeds(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Projected (not normalised) caption features."""
-        return self.backbone.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+        """Projected (not normalised) caption features (``get_text_features``; with ``freeze_text`` the locked
+        tower's pooled output is memoised per caption, then projected)."""
+        if not self.freeze_text:
+            return self.backbone.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+        tower = self.backbone.text_model
+        tower.eval()  # locked: no dropout, ever
+        keys = [tuple(row[mask.bool()].tolist()) for row, mask in zip(input_ids, attention_mask)]
+        todo = sorted({k for k in keys if k not in self._text_memo})
+        for key in todo:  # one caption at a time, in float32: its output depends on nothing else
+            with torch.no_grad(), torch.autocast(input_ids.device.type, enabled=False):
+                ids = torch.tensor([key], device=input_ids.device)
+                self._text_memo[key] = tower(input_ids=ids, attention_mask=torch.ones_like(ids)).pooler_output[0]
+        pooled = torch.stack([self._text_memo[k] for k in keys]).to(self.backbone.text_projection.weight.dtype)
+        return self.backbone.text_projection(pooled)
 
     def _losses(self, batch: dict) -> dict[str, torch.Tensor]:
         images = self.image_embeds(batch["pixel_values"])
