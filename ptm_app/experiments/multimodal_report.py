@@ -202,7 +202,7 @@ def draw(run: Path, n: int = 6, top: int = 3):
     for ax, i in zip(np.atleast_1d(axes), picks):
         ax.imshow(pixels[i].numpy())
         ax.set_xticks([]), ax.set_yticks([])
-        best = sim[i].topk(top).indices.tolist()
+        best = sim[i].topk(min(top, sim.size(1))).indices.tolist()
         lines = [("✓ " if j == i else "") + records[j]["caption"][:24] for j in best]
         ax.set_title(f"true: {records[i]['caption'][:24]}", fontsize=7)
         ax.set_xlabel("\n".join(f"{rank + 1}. {text}" for rank, text in enumerate(lines)), fontsize=7)

@@ -148,7 +148,8 @@ def embed_pairs(loaded: LoadedModel, texts: list[str], images: list[str], normal
                 max_length: Optional[int] = None, too_long: str = "truncate") -> tuple[np.ndarray, np.ndarray]:
     """An image–text model's projected features (CLIP §2.3's shared space): ``(text vectors, image vectors)``.
     Pictures are read by ``data.images.load_image`` (SVG rendered, alpha on white, resized to the ViT's side);
-    captions longer than the text tower allows are truncated with a warning, or refused (``too_long``)."""
+    captions longer than the run's ``max_length`` (else the text tower's limit) are truncated with a warning, or
+    refused (``too_long``)."""
     from ptm_app.data.image_text import normalise
     from ptm_app.data.images import load_image
     from ptm_app.inference.predictors import Settings, check_lengths
@@ -157,7 +158,9 @@ def embed_pairs(loaded: LoadedModel, texts: list[str], images: list[str], normal
     if model is None:
         raise PtmError(f"--image needs an image-text model (a DualEncoderModule run or its export); {loaded.ref} is "
                        f"a {loaded.kind}")
-    limit = max_length or max_positions(model.text_model) or 512
+    from ptm_app.inference.predictors import run_data_args
+
+    limit = max_length or run_data_args(loaded.ref).get("max_length") or max_positions(model.text_model) or 512
     text_vectors = torch.zeros(0, model.config.projection_dim)
     if texts:
         check_lengths([len(ids) for ids in loaded.tokenizer(texts)["input_ids"]], limit, Settings(too_long=too_long),

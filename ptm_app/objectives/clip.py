@@ -149,6 +149,20 @@ class DualEncoderModule(PtmModule):
         if self.freeze_text:
             self.backbone.text_model.requires_grad_(False)
 
+    def on_fit_start(self) -> None:
+        """With ``freeze_text``: the locked tower's output for every caption of the data, computed once up front (so
+        what a caption gets does not depend on the batches it came with: a resumed run gets the same)."""
+        if not self.freeze_text or self.data_facts is None or self.tokenizer is None:
+            return
+        captions = sorted({r["caption"] for split in ("train", "validation") for r in
+                           self.data_facts.records(split)["records"]})
+        ids = self.tokenizer(captions, truncation=True, max_length=self.data_facts.max_length)["input_ids"]
+        rows = [torch.tensor(i) for i in ids]
+        from ptm_app.data.collators import pad
+
+        batch = pad(rows, self.tokenizer.pad_token_id).to(self.device)
+        self.text_embeds(batch, pad([torch.ones_like(r) for r in rows], 0).to(self.device))
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         self._text_memo.clear()
@@ -169,11 +183,15 @@ class DualEncoderModule(PtmModule):
         tower = self.backbone.text_model
         tower.eval()  # locked: no dropout, ever
         keys = [tuple(row[mask.bool()].tolist()) for row, mask in zip(input_ids, attention_mask)]
-        todo = sorted({k for k in keys if k not in self._text_memo})
-        for key in todo:  # one caption at a time, in float32: its output depends on nothing else
-            with torch.no_grad(), torch.autocast(input_ids.device.type, enabled=False):
-                ids = torch.tensor([key], device=input_ids.device)
-                self._text_memo[key] = tower(input_ids=ids, attention_mask=torch.ones_like(ids)).pooler_output[0]
+        todo = sorted({k for k in keys if k not in self._text_memo}, key=lambda k: (len(k), k))
+        for length in sorted({len(k) for k in todo}):  # captions of one length together: no padding, in float32
+            same = [k for k in todo if len(k) == length]
+            for start in range(0, len(same), 256):
+                chunk = same[start:start + 256]
+                with torch.no_grad(), torch.autocast(input_ids.device.type, enabled=False):
+                    ids = torch.tensor(chunk, device=input_ids.device)
+                    pooled = tower(input_ids=ids, attention_mask=torch.ones_like(ids)).pooler_output
+                self._text_memo.update(zip(chunk, pooled))
         pooled = torch.stack([self._text_memo[k] for k in keys]).to(self.backbone.text_projection.weight.dtype)
         return self.backbone.text_projection(pooled)
 
