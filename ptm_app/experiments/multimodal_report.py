@@ -170,12 +170,13 @@ def summarise(rows: list[dict]) -> list[dict]:
             line[metric] = f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
             line[f"{metric}_mean"] = mean
         out.append(line)
-    first = rows[0]
-    line = {"model": "chance", "trained on": "", "tested on": "any", "seeds": "",
-            "concepts": first["concepts"]}
-    for metric, value in chance(first["concepts"], first["group_classes"], first["subgroup_classes"]).items():
-        line[metric], line[f"{metric}_mean"] = f"{value:.3f}", value
-    return out + [line]
+    for style in sorted({r["tested on"] for r in rows}):
+        first = next(r for r in rows if r["tested on"] == style)
+        line = {"model": "chance", "trained on": "", "tested on": style, "seeds": "", "concepts": first["concepts"]}
+        for metric, value in chance(first["concepts"], first["group_classes"], first["subgroup_classes"]).items():
+            line[metric], line[f"{metric}_mean"] = f"{value:.3f}", value
+        out.append(line)
+    return out
 
 
 def draw(run: Path, n: int = 6, top: int = 3):
