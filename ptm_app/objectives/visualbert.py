@@ -190,6 +190,15 @@ class SingleStreamModule(PtmModule):
             weighted_mean_update(self.val_metrics[name], value, len(batch["input_ids"]))
 
     def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, stage: str) -> None:
         for name, metric in self.val_metrics.items():
-            self.log(f"val/{name}", metric.compute(), prog_bar=name == "loss")
+            self.log(f"{stage}/{name}", metric.compute(), prog_bar=name == "loss")
             metric.reset()
