@@ -79,7 +79,34 @@ def build_dual_encoder(text_model, vision_config: dict, projection_dim: int, log
     return model
 
 
-class DualEncoderModule(PtmModule):
+class ImageTextModule(PtmModule):
+    """Shared by the image–text objectives: the validation and test metrics are the batch-size-weighted means of
+    what ``evaluated(batch)`` returns (``val_metrics`` holds one ``MeanMetric`` per name), logged as ``val/<name>``
+    and ``test/<name>``."""
+
+    def evaluated(self, batch: dict) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        for name, value in self.evaluated(batch).items():
+            weighted_mean_update(self.val_metrics[name], value, len(batch["input_ids"]))
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, stage: str) -> None:
+        for name, metric in self.val_metrics.items():
+            self.log(f"{stage}/{name}", metric.compute(), prog_bar=name == "loss")
+            metric.reset()
+
+
+class DualEncoderModule(ImageTextModule):
     """CLIP-style dual-encoder pre-training (see the module docstring; docs/multimodal.md).
 
     Args:
@@ -206,21 +233,5 @@ class DualEncoderModule(PtmModule):
         scale = self.backbone.logit_scale.detach().clamp(max=math.log(self.max_logit_scale)).exp()
         return self.log_train_losses(losses["loss"], {"logit_scale": scale}, len(batch["input_ids"]))
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        losses = self._losses(batch)
-        for name, value in losses.items():
-            weighted_mean_update(self.val_metrics[name], value, len(batch["input_ids"]))
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self.validation_step(batch, batch_idx)
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch("test")
-
-    def _log_epoch(self, stage: str) -> None:
-        for name, metric in self.val_metrics.items():
-            self.log(f"{stage}/{name}", metric.compute(), prog_bar=name == "loss")
-            metric.reset()
+    def evaluated(self, batch: dict) -> dict[str, torch.Tensor]:
+        return self._losses(batch)

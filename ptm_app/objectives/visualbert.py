@@ -34,7 +34,7 @@ from torchmetrics import MeanMetric
 from ptm_app.data.collators import pad
 from ptm_app.data.corruption import draw_generator, draw_rng, mlm_mask
 from ptm_app.errors import PtmError
-from ptm_app.training.module import PtmModule, weighted_mean_update
+from ptm_app.objectives.clip import ImageTextModule
 from ptm_app.training.optim import OptimConfig
 
 MATCH, MISMATCH = 0, 1  # transformers' sentence_image_labels
@@ -109,7 +109,7 @@ class SingleStreamCollator:
                 "keys": keys}
 
 
-class SingleStreamModule(PtmModule):
+class SingleStreamModule(ImageTextModule):
     """VisualBERT-style pre-training (see the module docstring; docs/multimodal.md).
 
     Args:
@@ -184,21 +184,6 @@ class SingleStreamModule(PtmModule):
         losses = self._losses(batch)
         return self.log_train_losses(self._total(losses), losses, len(batch["input_ids"]))
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def evaluated(self, batch: dict) -> dict[str, torch.Tensor]:
         losses = self._losses(batch)
-        for name, value in {"loss": self._total(losses), **losses}.items():
-            weighted_mean_update(self.val_metrics[name], value, len(batch["input_ids"]))
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self.validation_step(batch, batch_idx)
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch("test")
-
-    def _log_epoch(self, stage: str) -> None:
-        for name, metric in self.val_metrics.items():
-            self.log(f"{stage}/{name}", metric.compute(), prog_bar=name == "loss")
-            metric.reset()
+        return {"loss": self._total(losses), **losses}
