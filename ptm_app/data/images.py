@@ -8,6 +8,7 @@ are meant for.  A file that does not decode or render is refused in one line nam
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,31 @@ def _is_svg(data: bytes) -> bool:
     return head.startswith(b"<svg") or head.startswith(b"<?xml") and b"<svg" in data[:4096].lower()
 
 
+PX_PER = {"px": 1.0, "pt": 4 / 3, "pc": 16.0, "mm": 96 / 25.4, "cm": 96 / 2.54, "in": 96.0}
+ROOT_SIZE = re.compile(r'(<svg\b[^>]*?\s)(width|height)\s*=\s*"\s*([0-9.]+)\s*(pt|pc|mm|cm|in|px)\s*"', re.S)
+
+
+def px_root_size(svg: str) -> str:
+    """The SVG with its root ``width`` / ``height`` in absolute units (pt, mm ...) written as pixel numbers (what
+    they mean: 1pt = 4/3 px), which resvg otherwise refuses as "an invalid size"."""
+    for _ in range(2):
+        svg = ROOT_SIZE.sub(lambda m: f'{m.group(1)}{m.group(2)}="{float(m.group(3)) * PX_PER[m.group(4)]:g}"', svg,
+                            count=1)
+    return svg
+
+
 def render_svg(data: bytes, size: int, name: str) -> bytes:
     """PNG bytes of the SVG ``data`` rendered at ``size`` × ``size`` (resvg; transparent background)."""
     import resvg_py
 
     try:
-        return resvg_py.svg_to_bytes(svg_string=data.decode("utf-8"), width=size, height=size)
+        text = data.decode("utf-8")
+        try:
+            return resvg_py.svg_to_bytes(svg_string=text, width=size, height=size)
+        except ValueError as exc:
+            if "invalid size" not in str(exc):
+                raise
+            return resvg_py.svg_to_bytes(svg_string=px_root_size(text), width=size, height=size)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PtmError(f"{name}: the SVG does not render ({' '.join(str(exc).split())[:160]}); "
                        f"give a valid SVG file") from None

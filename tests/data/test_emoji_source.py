@@ -140,3 +140,32 @@ def test_prepared_emoji_keeps_every_concept_in_one_split(prepared: Path):
     assert manifest["counts"]["total"]["styles"] == {"openmoji": 4495, "noto": 1794, "gemojione": 1774}
     assert sum(len(r) for r in splits.values()) == manifest["counts"]["total"]["records"] == 8063
     assert {r["style"] for r in splits["test"]} == set(emoji.STYLES)
+
+
+def test_clipart_keeps_titles_used_at_most_three_times_and_renders_point_sizes(tmp_path):
+    from safetensors.numpy import load_file
+
+    from ptm_app.data.sources import clipart
+
+    def svg(title: str, size: str = 'width="72" height="72"') -> bytes:
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:dc="http://purl.org/dc/elements/1.1/" '
+                f'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#" {size}>'
+                f'<metadata><dc:title> {title} </dc:title><rdf:li>Stars</rdf:li></metadata>'
+                f'<rect x="18" y="18" width="36" height="36" fill="#0000ff"/></svg>').encode()
+
+    files = {f"{clipart.ROOT}shapes/stars/s{i}.svg": svg("Gramastar") for i in range(4)}  # a collection name
+    files[clipart.ROOT + "animals/birds/owl.svg"] = svg("Night  Owl", 'width="54pt" height="54pt"')  # 72 px
+    files[clipart.ROOT + "food/apple.svg"] = svg("apple")
+    deb = make_deb(tmp_path / "oc.deb", files)
+    out = tmp_path / "out"
+    out.mkdir()
+    facts = clipart.write([deb], out)
+    records = {json.loads(line)["id"]: json.loads(line) for s in ("train", "validation", "test")
+               for line in (out / f"{s}.jsonl").open()}
+    assert sorted(records) == ["animals/birds/owl.svg", "food/apple.svg"]
+    owl = records["animals/birds/owl.svg"]
+    assert (owl["caption"], owl["group"], owl["subgroup"], owl["keywords"]) == ("night owl", "animals", "birds",
+                                                                                 ["stars"])
+    assert facts["cleaning"]["dropped_title_used_more_than_max"] == 4 and facts["cleaning"]["unrendered"] == []
+    pixels = load_file(str(out / clipart.IMAGES))["pixels"]
+    assert tuple(pixels[owl["image"]][32, 32]) == (0, 0, 255) and tuple(pixels[owl["image"]][2, 2]) == (255, 255, 255)

@@ -141,11 +141,19 @@ def _counts(recs: list[dict]) -> dict:
 def write(archives: list[Path], out: Path) -> dict:
     """Render and decode every picture, write ``images.safetensors`` and the split jsonl files into ``out``
     (inside ``prepare``'s atomic directory); return the manifest facts."""
+    records, pixels, stats = _pictures(archives)
+    stats["notes"] = ("<style>_not_in_openmoji: pictures whose code points name no OpenMoji emoji (dropped); "
+                      "alpha composited on white")
+    return write_pictures(records, pixels, stats, out, DERIVATION)
+
+
+def write_pictures(records: list[dict], pixels: list[np.ndarray], stats: dict, out: Path, derivation: dict) -> dict:
+    """An image-text set's files: ``images.safetensors`` (the pixels, row ``image`` of each record) and the splits,
+    by concept (``SPLIT``); returns the manifest facts."""
     from safetensors.numpy import save_file
 
     from ptm_app.data.prepare import GROUP_SPLIT_METHOD, SEED, FRACTIONS, split_records, write_jsonl
 
-    records, pixels, stats = _pictures(archives)
     for row, rec in enumerate(records):
         rec["image"] = row
     save_file({"pixels": np.stack(pixels)}, str(out / IMAGES))
@@ -157,7 +165,5 @@ def write(archives: list[Path], out: Path) -> dict:
     counts["total"] = _counts(records)
     split = {"seed": SEED, "fractions": FRACTIONS, "by": SPLIT["by"], "group_by": SPLIT["group_by"],
              "method": GROUP_SPLIT_METHOD.format(key=SPLIT["by"], group=SPLIT["group_by"])}
-    stats["notes"] = ("<style>_not_in_openmoji: pictures whose code points name no OpenMoji emoji (dropped); "
-                      "alpha composited on white")
-    return {"split": split, "counts": counts, "cleaning": stats, "derivation": DERIVATION,
+    return {"split": split, "counts": counts, "cleaning": stats, "derivation": derivation,
             "image_size": SIZE, "files": [IMAGES, *(f"{name}.jsonl" for name in splits)]}
