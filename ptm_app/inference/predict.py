@@ -14,6 +14,7 @@ LightningCLI's (``predict --config ...``: the data's test split).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -122,7 +123,7 @@ def rank_captions(loaded: LoadedModel, images: list[str], captions: list[str], m
     from ptm_app.inference.embed import dual_encoder, embed_pairs
 
     texts, pictures = embed_pairs(loaded, captions, images, normalize=True, max_length=max_length, too_long=too_long)
-    scale = dual_encoder(loaded).logit_scale.detach().float().exp()
+    scale = dual_encoder(loaded).logit_scale.detach().float().clamp(max=math.log(100)).exp()  # CLIP §2.5's clip
     cos = torch.from_numpy(pictures) @ torch.from_numpy(texts).T
     probs = torch.softmax(scale * cos, dim=-1)
     rows = []
