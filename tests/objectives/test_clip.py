@@ -107,3 +107,38 @@ def test_resumes_exactly_with_the_learned_temperature_and_exports_a_dual_encoder
         theirs = model(input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=pixels)
         mine = module.backbone(input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=pixels)
     torch.testing.assert_close(theirs.logits_per_image, mine.logits_per_image)
+
+
+def _rank_loss(rank: int, world: int, port: int, images, texts, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        half = len(images) // world
+        mine_i = images[rank * half:(rank + 1) * half].clone().requires_grad_(True)
+        loss, logits, target = clip_loss(mine_i, texts[rank * half:(rank + 1) * half], torch.tensor(math.log(10.0)))
+        loss.backward()
+        out[rank] = (loss.item(), tuple(logits.shape), target.tolist(), mine_i.grad.abs().sum().item())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_negatives_are_gathered_across_ranks():
+    """Two gloo ranks of 3 rows each: every row is scored against all 6 captions (its own at its global index), and
+    the mean of the two ranks' losses is the loss of the whole batch on one process."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(0)
+    images, texts = torch.randn(6, 4), torch.randn(6, 4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_rank_loss, args=(2, port, images, texts, out), nprocs=2, join=True)
+    whole, _, _ = clip_loss(images, texts, torch.tensor(math.log(10.0)))
+    assert (out[0][0] + out[1][0]) / 2 == pytest.approx(whole.item(), rel=1e-5)
+    assert out[0][1] == out[1][1] == (3, 6) and out[0][2] == [0, 1, 2] and out[1][2] == [3, 4, 5]
+    assert out[0][3] > 0 and out[1][3] > 0
