@@ -56,7 +56,11 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "report": Command("ptm_app.experiments.report:report", positional="runs"),
     "sweep": Command("ptm_app.experiments.sweep:sweep", positional="plan"),
     "knowledge-report": Command("ptm_app.experiments.knowledge_report:knowledge_report", positional="plan"),
+<<<<<<< HEAD
     "taxonomy-report": Command("ptm_app.experiments.taxonomy:taxonomy_report", positional="plan"),
+=======
+    "multimodal": Command("ptm_app.experiments.multimodal_report:multimodal", positional="plan"),
+>>>>>>> mm
     "compress-report": Command("ptm_app.experiments.compression_report:compress_report", trust=True),
     "plot": Command("ptm_app.analysis.plot:plot", positional="runs"),
     "probe": Command("ptm_app.analysis.probing:probe", trust=True),
@@ -119,7 +123,7 @@ def given_texts(argv: list[str]) -> bool:
     """``predict`` on given inputs (``--text`` / ``--input`` / ``--question``, or ``--ckpt_path`` or ``--help``
     without ``--config``): ptm_app's own command, not LightningCLI's ``predict --config`` (the data's test split)."""
     names = {a.split("=", 1)[0] for a in argv}
-    if names & {"--text", "--input", "--question"}:
+    if names & {"--text", "--input", "--question", "--image"}:
         return True
     return not names & {"--config", "-c"} and bool(names & {"--ckpt_path", "--help", "-h"})
 
