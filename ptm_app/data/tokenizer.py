@@ -113,24 +113,30 @@ def check_languages(tokenizer, languages: Iterable[str]) -> None:
                        f"{', '.join(known)}); train one on those languages (tokenizer: {{train: unigram}}) or drop them")
 
 
-def unknown_share(tokenizer, text: str) -> float:
-    """The share of ``text``'s pieces that are the unknown token (0 for a tokenizer without one)."""
+def unknown_share(tokenizer, text: str) -> tuple[float, int, int]:
+    """How much of ``text`` the tokenizer cannot write: the share of its non-space characters inside pieces that are
+    the unknown token (a Unigram tokenizer makes a whole unseen word one unknown piece), and the counts of unknown
+    and all pieces.  (0, 0, n) for a tokenizer without an unknown token (byte-level BPE)."""
     unk = tokenizer.unk_token_id
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, spans = enc["input_ids"], enc["offset_mapping"]
     if unk is None or not ids or unk in (tokenizer.eos_token_id, tokenizer.pad_token_id):
-        return 0.0
-    return sum(i == unk for i in ids) / len(ids)
+        return 0.0, 0, len(ids)
+    covered = {i for (a, b), t in zip(spans, ids) if t == unk for i in range(a, b) if not text[i].isspace()}
+    chars = sum(not c.isspace() for c in text)
+    return len(covered) / max(chars, 1), sum(t == unk for t in ids), len(ids)
 
 
 def check_representable(tokenizer, texts: Iterable[str], what: str = "--text") -> None:
-    """Refuse a text in a script the tokenizer cannot write: more than ``UNKNOWN_SHARE_LIMIT`` of its pieces unknown."""
+    """Refuse a text in a script the tokenizer cannot write: more than ``UNKNOWN_SHARE_LIMIT`` of its characters in
+    unknown pieces."""
     for text in texts:
-        share = unknown_share(tokenizer, text)
+        share, unknown, pieces = unknown_share(tokenizer, text)
         if share > UNKNOWN_SHARE_LIMIT:
             shown = text if len(text) <= 40 else text[:37] + "..."
-            raise PtmError(f"{what} {shown!r}: {share:.0%} of its pieces are the unknown token "
-                           f"{tokenizer.unk_token}: the tokenizer cannot represent its script; use a model whose "
-                           f"tokenizer was trained on that language")
+            raise PtmError(f"{what} {shown!r}: {unknown} of its {pieces} pieces are the unknown token "
+                           f"{tokenizer.unk_token} ({share:.0%} of its characters): the tokenizer cannot represent "
+                           f"its script; use a model whose tokenizer was trained on that language")
 
 
 def _train(spec: TokenizerSpec, texts: Iterable[str]):
@@ -161,7 +167,13 @@ def _train(spec: TokenizerSpec, texts: Iterable[str]):
         tok.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=spec.vocab_size, special_tokens=BERT_SPECIALS + extra,
                                           unk_token="[UNK]", show_progress=False)
-        tok.train_from_iterator(texts, trainer=trainer)
+        texts = list(texts)
+        try:
+            tok.train_from_iterator(texts, trainer=trainer)
+        except Exception as exc:  # the Rust trainer's own message, e.g. fewer pieces than characters
+            chars = len({c for t in texts for c in t})
+            raise PtmError(f"tokenizer: Unigram training failed ({exc}); the corpus has {chars} distinct characters: "
+                           f"set tokenizer.vocab_size well above that (now {spec.vocab_size})") from None
         cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]

@@ -22,6 +22,7 @@ import torch
 
 from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import prepended_tokens, transformers_model
+from ptm_app.data.tokenizer import check_representable
 from ptm_app.errors import PtmError
 from ptm_app.inference.inputs import read_texts
 from ptm_app.inference.loading import LoadedModel, load_for_inference
@@ -161,8 +162,11 @@ def embed(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[str]
     texts = text
     if output is not None and Path(output).suffix not in OUTPUT_SUFFIXES:
         raise PtmError(f"--output {output}: use a .npy (array) or .jsonl (text + embedding per line) file")
+    given = bool(texts)
     texts = read_texts(texts, input, text_field)
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
+    if given:
+        check_representable(loaded.tokenizer, texts)
     vectors = embed_texts(loaded, texts, pooling, normalize, batch_size, max_length)
     if output is not None:
         write_embeddings(Path(output), texts, vectors)

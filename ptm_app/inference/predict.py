@@ -95,6 +95,10 @@ def predict(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[st
     """
     texts, questions, contexts = text, question, context
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
+    if texts:
+        from ptm_app.data.tokenizer import check_representable
+
+        check_representable(loaded.tokenizer, texts)
     if backend == "onnxruntime":
         from ptm_app.inference.onnx_export import open_session
 
