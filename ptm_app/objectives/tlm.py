@@ -146,6 +146,8 @@ class TranslationLMModule(MaskedLMModule):
         objective = self.objective()
         loss, _ = self._objective_loss(batch, objective)
         rows = len(self._part(batch, objective)["input_ids"])
+        # train/<objective> keeps its last value in later rows of the log: train/objective names this step's
+        self.log("train/objective", float(self.objectives.index(objective)), batch_size=max(rows, 1))
         return self.log_train_losses(loss, {objective: loss}, rows)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
