@@ -64,8 +64,9 @@ def label(source: str, record: dict) -> str:
 
 def encode(loaded, texts: list[str], lang: str, batch_size: int = 64, max_length: int = 128) -> np.ndarray:
     """Mean-pooled last-layer states of ``texts`` (an XLM model also gets the language's id when it has one)."""
-    from ptm_app.inference.embed import layer_states, pool
+    from ptm_app.inference.embed import default_max_length, layer_states, pool
 
+    max_length = min(max_length, default_max_length(loaded))
     config = loaded.model.config
     lang_id = (getattr(config, "lang2id", None) or {}).get(lang) if getattr(config, "use_lang_emb", False) and \
         getattr(config, "n_langs", 1) > 1 else None
@@ -142,10 +143,14 @@ def evaluate_encoder(ref: str, seeds: list[int], limit: int, limit_train: int, l
             result["retrieval"][f"{source}:{lang}"] = {k: _cell([h], 0) for k, h in hits.items()}
         train_rows = [r for r in _records(source, "train") if str(r.get("en") or "").strip()]
         per_seed: dict[str, list[np.ndarray]] = {lang: [] for lang in langs}
+        chosen = {seed: np.sort(np.random.default_rng(seed).permutation(len(train_rows))[:limit_train])
+                  for seed in seeds}
+        union = sorted(set().union(*(c.tolist() for c in chosen.values())))
+        at = {i: k for k, i in enumerate(union)}  # each training verse encoded once for every seed
+        union_x = encode(loaded, [train_rows[i]["en"] for i in union], "en")
         for seed in seeds:
-            chosen = np.sort(np.random.default_rng(seed).permutation(len(train_rows))[:limit_train])
-            train_x = encode(loaded, [train_rows[i]["en"] for i in chosen], "en")
-            hits = probe_hits(train_x, [label(source, train_rows[i]) for i in chosen],
+            train_x = union_x[[at[i] for i in chosen[seed].tolist()]]
+            hits = probe_hits(train_x, [label(source, train_rows[i]) for i in chosen[seed]],
                               {lang: (vectors[lang], labels) for lang in langs})
             for lang in langs:
                 per_seed[lang].append(hits[lang])
