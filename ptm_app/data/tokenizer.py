@@ -4,8 +4,8 @@ Training uses the ``tokenizers`` library: WordPiece for BERT-style models (Devli
 byte-level BPE for GPT-style ones (Radford et al. 2019 §2.2), and a SentencePiece Unigram LM (Kudo 2018; Kudo &
 Richardson 2018) with BERT-style special tokens, as XLM-R uses (Conneau et al. 2020 §2), trained by the ``tokenizers``
 Unigram trainer.  A multilingual corpus (a mapping language -> texts, ``data.multilingual``) is sampled per language
-with XLM's exponent (Lample & Conneau 2019 §3.1: q_i = p_i^a / sum_j p_j^a, ``alpha``), and the languages are recorded
-beside the tokenizer (``LANGUAGES_FILE``).  A trained tokenizer is cached under ``<data>/.cache/tokenizers/<key>``
+with XLM's exponent (Lample & Conneau 2019 §3.1: q_i = p_i^a / sum_j p_j^a, ``alpha``); the languages are recorded in
+the tokenizer's config (``LANGUAGES_KEY``) and the sampling beside it (``LANGUAGES_FILE``).  A trained tokenizer is cached under ``<data>/.cache/tokenizers/<key>``
 (key = corpus + settings) and saved with every run.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Literal, Mapping, Optional, Union
 
 from ptm_app.data.sources.references import load_error, resolve_pretrained
@@ -22,7 +21,8 @@ from ptm_app.paths import atomic_dir, cache_root
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 GPT_SPECIALS = ["<|endoftext|>", "<|pad|>"]
-LANGUAGES_FILE = "ptm_languages.json"  # beside a tokenizer trained on a multilingual corpus: its languages
+LANGUAGES_FILE = "ptm_languages.json"  # beside a tokenizer trained on a multilingual corpus: the sampling record
+LANGUAGES_KEY = "ptm_languages"  # its languages, in tokenizer_config.json (kept by every save_pretrained: runs, exports)
 UNKNOWN_SHARE_LIMIT = 0.5  # a text whose pieces are more than half [UNK] is in a script the tokenizer cannot write
 Corpus = Union[Iterable[str], Mapping[str, Iterable[str]]]  # texts, or texts per language
 
@@ -87,7 +87,7 @@ def load_tokenizer(spec: TokenizerSpec, corpus: Callable[[], Corpus] | None = No
             from ptm_app.data.multilingual import balanced_texts
 
             texts, record = balanced_texts(texts, spec.alpha)
-        tok = _train(spec, texts)
+        tok = _train(spec, texts, record["languages"] if record else None)
         with atomic_dir(target) as tmp:
             tok.save_pretrained(tmp)
             if record is not None:
@@ -96,12 +96,9 @@ def load_tokenizer(spec: TokenizerSpec, corpus: Callable[[], Corpus] | None = No
 
 
 def tokenizer_languages(tokenizer) -> Optional[list[str]]:
-    """The languages a tokenizer was trained on (``LANGUAGES_FILE`` beside it), or None when it does not say."""
-    where = getattr(tokenizer, "name_or_path", None)
-    path = Path(where) / LANGUAGES_FILE if where else None
-    if path is None or not path.is_file():
-        return None
-    return list(json.loads(path.read_text(encoding="utf-8"))["languages"])
+    """The languages a tokenizer was trained on (``LANGUAGES_KEY`` of its config), or None when it does not say."""
+    languages = (getattr(tokenizer, "init_kwargs", None) or {}).get(LANGUAGES_KEY)
+    return list(languages) if languages else None
 
 
 def check_languages(tokenizer, languages: Iterable[str]) -> None:
@@ -139,7 +136,7 @@ def check_representable(tokenizer, texts: Iterable[str], what: str = "--text") -
                            f"its script; use a model whose tokenizer was trained on that language")
 
 
-def _train(spec: TokenizerSpec, texts: Iterable[str]):
+def _train(spec: TokenizerSpec, texts: Iterable[str], languages: Optional[list[str]] = None):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -197,6 +194,8 @@ def _train(spec: TokenizerSpec, texts: Iterable[str]):
         raise PtmError("tokenizer training produced an almost empty vocabulary; the training corpus is too small")
     if extra:
         names["additional_special_tokens"] = extra
+    if languages:
+        names[LANGUAGES_KEY] = list(languages)
     return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=spec.model_max_length, **names)
 
 
