@@ -20,7 +20,7 @@ import torch
 from torchmetrics import MeanMetric
 
 from ptm_app.constants import IGNORE_INDEX
-from ptm_app.data.collators import MixCollator, TLMCollator
+from ptm_app.data.collators import MixCollator
 from ptm_app.errors import PtmError
 from ptm_app.objectives.mlm import MaskedLMModule
 from ptm_app.objectives.targets import MaskedLM
@@ -100,7 +100,7 @@ class TranslationLMModule(MaskedLMModule):
 
     def make_collator(self, tokenizer, seed: int = 0) -> MixCollator:
         base = super().make_collator(tokenizer, seed)
-        return MixCollator(TLMCollator(**{f: getattr(base, f) for f in base.__dataclass_fields__}))
+        return MixCollator(**{f: getattr(base, f) for f in base.__dataclass_fields__})
 
     # -- XLM's mix of objectives -----------------------------------------------------------------------------
     def objective(self) -> str:
