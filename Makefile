@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick multimodal bench gpu-check clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick multimodal multilingual bench gpu-check clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -98,6 +98,23 @@ taxonomy-quick: data
 # style, one on Noto, one on EmojiOne), each evaluated beside its random init; about 8 min a run on 2 CPU cores.
 multimodal: data
 	$(PY) main.py multimodal configs/sweeps/multimodal_emoji.yaml --readme docs/results/multimodal.md --figure docs/figures/multimodal_emoji.png
+
+# The cross-lingual table (docs/results/multilingual.md, issue 29): four small encoders at equal steps (multilingual
+# BERT MLM, English-only BERT MLM, XLM MLM, XLM MLM+TLM; one shared Unigram vocabulary from the first run), then
+# `crosslingual` with MiniLM as the reference.  About an hour on 2 busy CPU cores; not part of `make test`.
+XL_SMALL := --trainer.max_steps 150 --trainer.val_check_interval 150 --trainer.limit_val_batches 3 --checkpoint_every 150 \
+	--trainer.precision 32-true --data.init_args.max_length 64 --data.init_args.batch_size 16
+XL_BERT := '{"model_type":"bert","hidden_size":128,"num_hidden_layers":2,"num_attention_heads":2,"intermediate_size":256,"max_position_embeddings":128}'
+XL_XLM := '{"model_type":"xlm","emb_dim":128,"n_layers":2,"n_heads":2,"max_position_embeddings":128}'
+XL_TOK := '{"pretrained":"checkpoints/xl_mm_mlm/tokenizer","train":null}'
+multilingual: data
+	$(PY) main.py fit --config configs/pretrain/mmlm.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --run_name xl_mm_mlm
+	$(PY) main.py fit --config configs/pretrain/mmlm.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --data.init_args.languages '[en]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_en_mlm
+	$(PY) main.py fit --config configs/pretrain/xlm_mix.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm
+	$(PY) main.py fit --config configs/pretrain/xlm_mix.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm, tlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm_tlm
+	$(PY) main.py crosslingual --encoder 'English MLM=checkpoints/xl_en_mlm' --encoder 'multilingual MLM=checkpoints/xl_mm_mlm' --encoder 'XLM MLM=checkpoints/xl_xlm_mlm' \
+		--encoder 'XLM MLM+TLM=checkpoints/xl_xlm_mlm_tlm' --encoder 'MiniLM=minilm' --seeds '[0, 1, 2]' --limit 200 --limit_train 500 \
+		--readme docs/results/multilingual.md
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).

@@ -56,11 +56,9 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "report": Command("ptm_app.experiments.report:report", positional="runs"),
     "sweep": Command("ptm_app.experiments.sweep:sweep", positional="plan"),
     "knowledge-report": Command("ptm_app.experiments.knowledge_report:knowledge_report", positional="plan"),
-<<<<<<< HEAD
     "taxonomy-report": Command("ptm_app.experiments.taxonomy:taxonomy_report", positional="plan"),
-=======
     "multimodal": Command("ptm_app.experiments.multimodal_report:multimodal", positional="plan"),
->>>>>>> mm
+    "crosslingual": Command("ptm_app.experiments.crosslingual:crosslingual", trust=True),
     "compress-report": Command("ptm_app.experiments.compression_report:compress_report", trust=True),
     "plot": Command("ptm_app.analysis.plot:plot", positional="runs"),
     "probe": Command("ptm_app.analysis.probing:probe", trust=True),

@@ -68,11 +68,27 @@ def summarize(values: Sequence[float], level: float = 0.95, method: str = "t", r
         return Summary(n, mean, std, (mean - half, mean + half))
     if method != "bootstrap":
         raise PtmError(f"interval method {method!r}: use t or bootstrap")
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(resamples))
-    lo = means[int(math.floor((1 - level) / 2 * (resamples - 1)))]
-    hi = means[int(math.ceil((1 + level) / 2 * (resamples - 1)))]
-    return Summary(n, mean, std, (lo, hi))
+    return Summary(n, mean, std, bootstrap_interval(values, level, resamples, seed))
+
+
+def bootstrap_interval(values: Sequence[float], level: float = 0.95, resamples: int = 10_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean (Efron & Tibshirani 1993, ch. 13): the ``level`` percentiles of
+    the means of ``resamples`` seeded resamples with replacement (e.g. over 0/1 correctness per test example)."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return math.nan, math.nan
+    means = data[np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
+def seed_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` Student-t interval of the mean over seeds (``nan, nan`` for fewer than 2 values)."""
+    summary = summarize(values, level) if len(values) else None
+    return summary.interval if summary is not None and summary.interval is not None else (math.nan, math.nan)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import torch
 
 from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import prepended_tokens, transformers_model
+from ptm_app.data.tokenizer import check_representable
 from ptm_app.errors import PtmError
 from ptm_app.inference.inputs import read_texts
 from ptm_app.inference.loading import LoadedModel, load_for_inference
@@ -205,8 +206,11 @@ def embed(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[str]
     texts = text
     if output is not None and Path(output).suffix not in OUTPUT_SUFFIXES:
         raise PtmError(f"--output {output}: use a .npy (array) or .jsonl (text + embedding per line) file")
+    given = bool(texts)
     texts = read_texts(texts, input, text_field) if (texts or input or not image) else []
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
+    if given:
+        check_representable(loaded.tokenizer, texts)
     if image or dual_encoder(loaded) is not None:
         text_vectors, image_vectors = embed_pairs(loaded, texts, list(image or []), normalize, max_length)
         vectors, texts = np.concatenate([text_vectors, image_vectors]), [*texts, *(f"image:{p}" for p in image or [])]

@@ -104,6 +104,10 @@ def predict(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[st
     if image:
         rows = rank_captions(loaded, list(image), read_inputs(texts, input, text_field)[0], max_length, too_long)
         return _emit(rows, output)
+    if texts:
+        from ptm_app.data.tokenizer import check_representable
+
+        check_representable(loaded.tokenizer, texts)
     if backend == "onnxruntime":
         from ptm_app.inference.onnx_export import open_session
 

@@ -81,7 +81,8 @@ def name(config: Path) -> str:
 
 
 def pretrains(config: Path) -> bool:
-    return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule"))
+    return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule",
+                                                                              "MultilingualDataModule"))
 
 
 def shipped_args(config: Path, base: Optional[Path] = None) -> list[str]:
