@@ -28,7 +28,7 @@ def test_recall_at_k_counts_the_true_column_among_the_top_k():
 
 def test_seed_interval_is_the_student_t_95_percent_half_width():
     mean, half = seed_interval([0.2, 0.4])
-    assert mean == pytest.approx(0.3) and half == pytest.approx(12.706 * 0.1414214 / 1.4142136, rel=1e-5)
+    assert mean == pytest.approx(0.3) and half == pytest.approx(12.7062047 * 0.1414214 / 1.4142136, rel=1e-6)  # t(0.975, 1)
     assert seed_interval([0.5]) == (0.5, None)  # one seed: an observation, no interval
 
 
