@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Literal, Optional
 
 from ptm_app.data.sources.references import load_error, resolve_pretrained
@@ -31,6 +31,8 @@ class TokenizerSpec:
         min_frequency: minimum pair/word frequency when training.
         model_max_length: the longest sequence the tokenizer reports for trained tokenizers.
         sentinels: add N sentinel tokens ``[X0]`` … (T5 span corruption) to a trained tokenizer.
+        special_tokens: more special tokens for a trained tokenizer, kept whole and never split (mBART's language
+            tokens ``[en]``, ``[es]``: ``MultilingualDenoisingDataModule`` adds one per corpus language itself).
     """
 
     pretrained: Optional[str] = None
@@ -40,6 +42,7 @@ class TokenizerSpec:
     min_frequency: int = 2
     model_max_length: int = 512
     sentinels: int = 0
+    special_tokens: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if (self.pretrained is None) == (self.train is None):
@@ -58,7 +61,8 @@ def load_tokenizer(spec: TokenizerSpec, corpus: Callable[[], Iterable[str]] | No
             raise load_error(spec.pretrained, exc) from None
     if corpus is None:
         raise PtmError("tokenizer: 'train' needs a training corpus; use it with a data module that has one")
-    key = hashlib.sha256(json.dumps([asdict(spec), corpus_key], sort_keys=True).encode()).hexdigest()[:16]
+    settings = {k: v for k, v in asdict(spec).items() if k != "special_tokens" or v}  # keys from before it stay
+    key = hashlib.sha256(json.dumps([settings, corpus_key], sort_keys=True).encode()).hexdigest()[:16]
     target = cache_root() / "tokenizers" / f"{spec.train}-{key}"
     if not (target / "tokenizer.json").exists():
         tok = _train(spec, corpus())
@@ -72,6 +76,7 @@ def _train(spec: TokenizerSpec, texts: Iterable[str]):
     from transformers import PreTrainedTokenizerFast
 
     extra = [f"[X{i}]" for i in range(spec.sentinels)]
+    extra += [t for t in dict.fromkeys(spec.special_tokens) if t not in extra + BERT_SPECIALS + GPT_SPECIALS]
     if spec.train == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=spec.lowercase)
