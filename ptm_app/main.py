@@ -56,6 +56,7 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "report": Command("ptm_app.experiments.report:report", positional="runs"),
     "sweep": Command("ptm_app.experiments.sweep:sweep", positional="plan"),
     "knowledge-report": Command("ptm_app.experiments.knowledge_report:knowledge_report", positional="plan"),
+    "translation-report": Command("ptm_app.experiments.translation_report:translation_report", positional="plan"),
     "compress-report": Command("ptm_app.experiments.compression_report:compress_report", trust=True),
     "plot": Command("ptm_app.analysis.plot:plot", positional="runs"),
     "probe": Command("ptm_app.analysis.probing:probe", trust=True),
