@@ -155,7 +155,7 @@ def score_predictions(path: Path, bootstrap: int) -> dict:
         metric = sacrebleu_metric(name)
         score = metric.corpus_score(hyps, [refs])
         sampled = metric.corpus_score(hyps, [refs], n_bootstrap=bootstrap)
-        out[name], out[f"{name}_ci"] = score.score, sampled._ci
+        out[name], out[f"{name}_ci"] = float(score.score), float(sampled._ci)
         out[f"{name}_signature"] = str(metric.get_signature())
     return out
 

@@ -58,6 +58,8 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
     "adapt/headlines_bbc_gpt_prompt": ["pretrain/gpt_clm", "export gpt_clm"],
     "adapt/icl_tweets": ["pretrain/gpt_clm", "export gpt_clm"],
     "demo/finetune_bbc": ["demo/mlm_minilm_bbc", "export demo_mlm"],
+    "finetune/mt_en_es": ["pretrain/mbart", "export mbart"],
+    "finetune/mt_en_es_scratch": ["pretrain/mbart", "export mbart"],  # its tokenizer
     "knowledge/kadapter_wordnet_supersense": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
     "knowledge/kadapter_wordnet_pairs": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
 }
@@ -80,7 +82,8 @@ def name(config: Path) -> str:
 
 
 def pretrains(config: Path) -> bool:
-    return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule"))
+    return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule",
+                                                                              "MultilingualDenoisingDataModule"))
 
 
 def shipped_args(config: Path, base: Optional[Path] = None) -> list[str]:
