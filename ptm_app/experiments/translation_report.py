@@ -121,10 +121,10 @@ def run_translation_plan(plan: dict, only: Optional[list[str]] = None) -> list[s
     export = export_once(pre_run)
     upstream = [recorded_fingerprint(pre_run) or ""]
     failed = []
-    for row in plan["rows"]:
-        if only and row["id"] not in only:
-            continue
-        for seed in plan["seeds"]:
+    for seed in plan["seeds"]:  # seed by seed: every row has its first seed before any has a second
+        for row in plan["rows"]:
+            if only and row["id"] not in only:
+                continue
             cell = finetune_cell(plan, row, seed, export)
             run = runs_root() / run_name(sweep, cell)
             current = recorded_fingerprint(run) == cell_fingerprint(sweep, cell, upstream)

@@ -72,9 +72,12 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # wordnet_pairs_minilm and wordnet_choice_minilm (tests/task_kinds/test_every_kind.py and test_multiple_choice.py cover
 # those paths; ~20-30 s each), adapt/prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
 # squad_minilm is slow: its first run tokenizes SQuAD's 98k questions into 384-token windows (about a minute).
+# mt_en_es and mt_en_es_scratch are slow: each first runs pretrain/mbart (its tokenizer trains on the whole Bible)
+# and exports it (about 3 min on 2 busy cores); tests/objectives/test_mbart.py runs the same chain at tiny size.
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
     "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm", "finetune/squad_minilm",
-    "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm"} | {"pretrain/unilm"}
+    "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm", "finetune/mt_en_es",
+    "finetune/mt_en_es_scratch"} | {"pretrain/unilm"}
 
 
 def name(config: Path) -> str:
