@@ -80,7 +80,8 @@ def test_generated_tables_sit_between_their_commands_markers():
     and ``<!-- name:end -->``), and the Makefile target that regenerates each page names that page."""
     makefile = (ROOT / "Makefile").read_text()
     for page, markers in {"docs/results/compression.md": ["compress_report_bbc", "compress_report_tweets"],
-                          "docs/results/knowledge.md": ["knowledge_brown"]}.items():
+                          "docs/results/knowledge.md": ["knowledge_brown"],
+                          "docs/results/translation.md": ["translation_bible"]}.items():
         text = (ROOT / page).read_text()
         for name in markers:
             block = text.split(f"<!-- {name}:start -->")[1].split(f"<!-- {name}:end -->")[0]

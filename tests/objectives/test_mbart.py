@@ -248,3 +248,13 @@ def test_pretrain_export_translate_export_generate_with_language_tokens(bible, t
                                     pad_token_id=tok.pad_token_id)
     assert raw[0, 0].item() == es
     assert text == tok.decode(raw[0], skip_special_tokens=True)
+
+
+def test_random_init_control_is_the_mbart_architecture_with_the_same_settings():
+    root = Path(__file__).resolve().parents[2] / "configs"
+    mbart, pre, scratch = (yaml.safe_load((root / p).read_text()) for p in
+                           ("pretrain/mbart.yaml", "finetune/mt_en_es.yaml", "finetune/mt_en_es_scratch.yaml"))
+    assert scratch["model"]["init_args"]["backbone_config"] == mbart["model"]["init_args"]["backbone_config"]
+    same = {k: v for k, v in pre["model"]["init_args"].items() if k != "backbone"}
+    assert {k: v for k, v in scratch["model"]["init_args"].items() if k != "backbone_config"} == same
+    assert scratch["data"] == pre["data"] and scratch["trainer"] == pre["trainer"]
