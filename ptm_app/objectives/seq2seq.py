@@ -198,6 +198,9 @@ class Seq2SeqDenoisingModule(LanguageModelModule):
         full_stops = tuple(i for i in (tokenizer.convert_tokens_to_ids(t) for t in (".", "Ġ.")) if i is not None
                            and i != tokenizer.unk_token_id)
         noises = hp.bart_noises or list(MBART_DEFAULT if hp.noise == "mbart" else BART_DEFAULT)
+        misplaced = [n.get("name") for n in noises if "whole_words" in n and n.get("name") != "text_infilling"]
+        if misplaced:
+            raise PtmError(f"bart_noises: whole_words is a text_infilling setting, not {misplaced[0]}'s; remove it there")
         continuation = frozenset()
         if any(n.get("whole_words") for n in noises):
             from ptm_app.data.collators import word_start_table

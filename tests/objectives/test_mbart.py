@@ -258,3 +258,17 @@ def test_random_init_control_is_the_mbart_architecture_with_the_same_settings():
     same = {k: v for k, v in pre["model"]["init_args"].items() if k != "backbone"}
     assert {k: v for k, v in scratch["model"]["init_args"].items() if k != "backbone_config"} == same
     assert scratch["data"] == pre["data"] and scratch["trainer"] == pre["trainer"]
+
+
+def test_mbart_collator_settings_from_the_module():
+    from ptm_app.data.tokenizer import load_tokenizer
+    from ptm_app.objectives.seq2seq import Seq2SeqDenoisingModule
+
+    tok = load_tokenizer(TokenizerSpec(pretrained="minilm"))
+    made = Seq2SeqDenoisingModule(backbone_config=TINY, noise="mbart").make_collator(tok)
+    assert made.bart_noises == MBART_DEFAULT and made.noise == "mbart"
+    assert tok.convert_tokens_to_ids("##s") in made.continuation_ids and tok.convert_tokens_to_ids("the") \
+        not in made.continuation_ids
+    misplaced = [{"name": "token_masking", "rate": 0.1, "whole_words": True}]
+    with pytest.raises(PtmError, match="whole_words is a text_infilling setting, not token_masking's"):
+        Seq2SeqDenoisingModule(backbone_config=TINY, noise="bart", bart_noises=misplaced).make_collator(tok)
