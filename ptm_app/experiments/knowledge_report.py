@@ -31,7 +31,7 @@ from ptm_app.config_errors import read_yaml
 from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, overrides, record_cell,
                                        recorded_fingerprint, run_cell, run_name)
 from ptm_app.errors import PtmError
-from ptm_app.paths import check_run_name, require_markers, run_path, runs_root, write_between_markers, write_json
+from ptm_app.paths import check_run_name, require_markers, run_path, runs_root, write_json
 
 PROBE_KEYS = {"relation", "facts", "seed", "held_out"}
 PLAN_KEYS = {"name", "pretrain_set", "task_set", "probe", "link_prediction", "tasks", "models"}
@@ -328,11 +328,8 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
         raise PtmError(f"--only {' '.join(unknown)}: no such model in {path} "
                        f"({', '.join(m['id'] for m in plan['models'])})")
     failed = [] if collect_only else run_plan(plan, only)
+    from ptm_app.experiments.report import publish
+
     md = write_knowledge_report(plan)
-    print(md.read_text(encoding="utf-8"), end="")
-    if readme:
-        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
-    print(f"wrote {md} (+ .csv, .json, .png) and {md.parent / 'knowledge_runs.json'}")
-    if failed:
-        raise PtmError(f"knowledge-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
-    return 0
+    return publish(md, readme, plan["name"], f"(+ .csv, .json, .png) and {md.parent / 'knowledge_runs.json'}",
+                   "knowledge-report", failed)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_file, runs_root
+from ptm_app.paths import atomic_file, runs_root, write_between_markers
 
 COLUMNS = ["run", "style", "module", "backbone", "data", "trainable_params", "trainable_percent", "last_ckpt_mb",
            "fit_seconds"]
@@ -90,4 +90,16 @@ def report(runs: list[str], output: str = "results", by: Optional[Literal["data"
     md, csv_path = write_report(runs, output, by, tuple(f"{s}/" for s in stages))
     print(md.read_text(), end="")
     print(f"wrote {md} and {csv_path}")
+    return 0
+
+
+def publish(md: Path, readme: Optional[str], name: str, also: str, command: str, failed: list[str]) -> int:
+    """Print a report's table, put it into ``readme`` between ``<!-- name:start/end -->`` (when given), say what was
+    written (``md`` and ``also``), and end in one line naming the runs that failed (the report commands' ending)."""
+    print(md.read_text(encoding="utf-8"), end="")
+    if readme:
+        write_between_markers(readme, name, md.read_text(encoding="utf-8"))
+    print(f"wrote {md} {also}")
+    if failed:
+        raise PtmError(f"{command}: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
     return 0

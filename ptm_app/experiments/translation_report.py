@@ -27,7 +27,7 @@ from ptm_app.config_errors import read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, override_args, overrides, record_cell,
                                        recorded_fingerprint, run_cell, run_name)
-from ptm_app.paths import check_run_name, require_markers, runs_root, write_between_markers, write_json
+from ptm_app.paths import check_run_name, require_markers, runs_root, write_json
 
 PLAN_KEYS = {"name", "pretrain", "set", "seeds", "rows", "bootstrap"}
 ROW_KEYS = {"id", "label", "config", "pretrained"}
@@ -231,11 +231,8 @@ def translation_report(plan: str, collect_only: bool = False, only: Optional[lis
     if unknown:
         raise PtmError(f"--only {' '.join(unknown)}: no such row in {path} ({', '.join(r['id'] for r in plan['rows'])})")
     failed = [] if collect_only else run_translation_plan(plan, only)
+    from ptm_app.experiments.report import publish
+
     md = write_translation_report(plan)
-    print(md.read_text(encoding="utf-8"), end="")
-    if readme:
-        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
-    print(f"wrote {md} (+ .csv, .json) and {md.parent / 'translation_runs.json'}")
-    if failed:
-        raise PtmError(f"translation-report: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
-    return 0
+    return publish(md, readme, plan["name"], f"(+ .csv, .json) and {md.parent / 'translation_runs.json'}",
+                   "translation-report", failed)
