@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis compress knowledge translation bench gpu-check clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick multimodal multilingual translation bench gpu-check clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,7 +46,7 @@ test: data
 # The adaptation results table (docs/results/adaptation.md): every style x task cell of the plan, fit + test, then the table.
 # Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
 results: data
-	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml
+	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md
 
 # The tables and figures of docs/analyse.md: every configs/analysis recipe as shipped, into
 # checkpoints/<recipe>/ (the tables there are pasted from their .md files).  The robustness recipe evaluates
@@ -61,9 +61,12 @@ analysis: data
 	test -f checkpoints/tweets_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm.yaml
 	test -f checkpoints/lora_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_tweets.yaml
 	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml
+	test -f checkpoints/tweets_minilm_freelb/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm_freelb.yaml
+	$(PY) main.py attack --config configs/analysis/attack_tweets_minilm.yaml --readme docs/results/robustness.md
 	test -f checkpoints/bbc_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/bbc_minilm.yaml
 	test -f checkpoints/lora_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_bbc.yaml
 	$(PY) main.py robustness --config configs/analysis/robustness_bbc_minilm.yaml
+	$(PY) main.py attack --config configs/analysis/attack_bbc_minilm.yaml --readme docs/results/robustness.md
 	test -f checkpoints/bert_mlm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm.yaml
 	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml
 
@@ -80,6 +83,38 @@ compress: data
 # link prediction embeds every WordNet synset); not part of `make test`.  Writes checkpoints/knowledge_brown/.
 knowledge: data
 	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme docs/results/knowledge.md
+
+# The objective taxonomy (docs/taxonomy.md, docs/results/taxonomy.md): 14 objectives and the no-pre-training floor at
+# two equal training-FLOPs budgets, 3 pre-training x 3 fine-tuning seeds, five tasks and a frozen POS probe.
+# Estimated (not measured) at 4 to 6 hours on 2 CPU cores; resumable cell by cell.  Not part of `make test`.
+# taxonomy-quick: the same machinery on tiny models on Brown (not timed; its numbers check the machinery only).
+taxonomy: data
+	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md
+
+taxonomy-quick: data
+	$(PY) main.py taxonomy-report configs/sweeps/taxonomy_quick.yaml
+
+# The multimodal table (docs/results/multimodal.md): four CLIP-style runs on the emoji pictures (two seeds on every
+# style, one on Noto, one on EmojiOne), each evaluated beside its random init; about 8 min a run on 2 CPU cores.
+multimodal: data
+	$(PY) main.py multimodal configs/sweeps/multimodal_emoji.yaml --readme docs/results/multimodal.md --figure docs/figures/multimodal_emoji.png
+
+# The cross-lingual table (docs/results/multilingual.md, issue 29): four small encoders at equal steps (multilingual
+# BERT MLM, English-only BERT MLM, XLM MLM, XLM MLM+TLM; one shared Unigram vocabulary from the first run), then
+# `crosslingual` with MiniLM as the reference.  About an hour on 2 busy CPU cores; not part of `make test`.
+XL_SMALL := --trainer.max_steps 150 --trainer.val_check_interval 150 --trainer.limit_val_batches 3 --checkpoint_every 150 \
+	--trainer.precision 32-true --data.init_args.max_length 64 --data.init_args.batch_size 16
+XL_BERT := '{"model_type":"bert","hidden_size":128,"num_hidden_layers":2,"num_attention_heads":2,"intermediate_size":256,"max_position_embeddings":128}'
+XL_XLM := '{"model_type":"xlm","emb_dim":128,"n_layers":2,"n_heads":2,"max_position_embeddings":128}'
+XL_TOK := '{"pretrained":"checkpoints/xl_mm_mlm/tokenizer","train":null}'
+multilingual: data
+	$(PY) main.py fit --config configs/pretrain/mmlm.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --run_name xl_mm_mlm
+	$(PY) main.py fit --config configs/pretrain/mmlm.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --data.init_args.languages '[en]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_en_mlm
+	$(PY) main.py fit --config configs/pretrain/xlm_mix.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm
+	$(PY) main.py fit --config configs/pretrain/xlm_mix.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm, tlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm_tlm
+	$(PY) main.py crosslingual --encoder 'English MLM=checkpoints/xl_en_mlm' --encoder 'multilingual MLM=checkpoints/xl_mm_mlm' --encoder 'XLM MLM=checkpoints/xl_xlm_mlm' \
+		--encoder 'XLM MLM+TLM=checkpoints/xl_xlm_mlm_tlm' --encoder 'MiniLM=minilm' --seeds '[0, 1, 2]' --limit 200 --limit_train 500 \
+		--readme docs/results/multilingual.md
 
 # The translation table (docs/results/translation.md): mBART pre-training on both Bible sides, export, then en->es
 # fine-tuning from it and from random init, 2 seeds each, predicted on the held-out books and scored by sacreBLEU

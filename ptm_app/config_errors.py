@@ -104,7 +104,8 @@ def read_yaml(path: str | os.PathLike):
     from ptm_app.errors import PtmError
 
     try:
-        text = open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
     except UnicodeDecodeError:
         from ptm_app.data.formats import not_utf8
 

@@ -57,6 +57,9 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "sweep": Command("ptm_app.experiments.sweep:sweep", positional="plan"),
     "knowledge-report": Command("ptm_app.experiments.knowledge_report:knowledge_report", positional="plan"),
     "translation-report": Command("ptm_app.experiments.translation_report:translation_report", positional="plan"),
+    "taxonomy-report": Command("ptm_app.experiments.taxonomy:taxonomy_report", positional="plan"),
+    "multimodal": Command("ptm_app.experiments.multimodal_report:multimodal", positional="plan"),
+    "crosslingual": Command("ptm_app.experiments.crosslingual:crosslingual", trust=True),
     "compress-report": Command("ptm_app.experiments.compression_report:compress_report", trust=True),
     "plot": Command("ptm_app.analysis.plot:plot", positional="runs"),
     "probe": Command("ptm_app.analysis.probing:probe", trust=True),
@@ -64,6 +67,7 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "attention": Command("ptm_app.analysis.attention:attention", trust=True),
     "knowledge-probe": Command("ptm_app.analysis.knowledge_probe:knowledge_probe", trust=True),
     "robustness": Command("ptm_app.analysis.robustness:robustness", trust=True),
+    "attack": Command("ptm_app.analysis.attack:attack", trust=True),
 }
 
 DESCRIPTION = ("ptm_app: pre-train, adapt, compress, analyse and serve language models.  'python main.py COMMAND "
@@ -118,7 +122,7 @@ def given_texts(argv: list[str]) -> bool:
     """``predict`` on given inputs (``--text`` / ``--input`` / ``--question``, or ``--ckpt_path`` or ``--help``
     without ``--config``): ptm_app's own command, not LightningCLI's ``predict --config`` (the data's test split)."""
     names = {a.split("=", 1)[0] for a in argv}
-    if names & {"--text", "--input", "--question"}:
+    if names & {"--text", "--input", "--question", "--image"}:
         return True
     return not names & {"--config", "-c"} and bool(names & {"--ckpt_path", "--help", "-h"})
 

@@ -164,3 +164,39 @@ def pytest_runtest_teardown(item):
         rss_mb = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     with open(path, "a") as fh:
         fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {item.nodeid} {rss_mb:.0f}\n")
+
+
+COLOURS = {"red": (230, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 230), "yellow": (240, 220, 40),
+           "black": (10, 10, 10), "purple": (150, 40, 190), "orange": (250, 140, 20), "grey": (128, 128, 128),
+           "pink": (250, 150, 200), "brown": (120, 70, 30)}
+
+
+def image_text_set(root: Path, size: int = 16) -> Path:
+    """A tiny prepared image-text set in the layout of ``data prepare emoji``: one concept per colour (a square
+    drawn as style ``flat`` and a ring as style ``ring``), captioned "a <colour> square"; concepts split 6/2/2."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    pixels, splits = [], {"train": [], "validation": [], "test": []}
+    yy, xx = np.mgrid[:size, :size]
+    ring = np.abs(np.hypot(yy - size / 2 + 0.5, xx - size / 2 + 0.5) - size / 3) < size / 8
+    square = (abs(yy - size / 2 + 0.5) < size / 3) & (abs(xx - size / 2 + 0.5) < size / 3)
+    for i, (name, rgb) in enumerate(COLOURS.items()):
+        split = "train" if i < 6 else "validation" if i < 8 else "test"
+        for style, mask in (("flat", square), ("ring", ring)):
+            img = np.full((size, size, 3), 255, dtype=np.uint8)
+            img[mask] = rgb
+            splits[split].append({"id": f"{style}/{name}", "image": len(pixels), "caption": f"a {name} square",
+                                  "concept": name, "style": style, "skin_tone": False,
+                                  "group": "warm" if i % 2 else "cool", "subgroup": f"shade-{i % 3}"})
+            pixels.append(img)
+    save_file({"pixels": np.stack(pixels)}, str(root / "images.safetensors"))
+    for split, rows in splits.items():
+        write_jsonl(root / f"{split}.jsonl", rows)
+    (root / "manifest.json").write_text(json.dumps({"name": "colours", "image_size": size}))
+    return root
+
+
+TINY_VIT = {"model_type": "vit", "image_size": 16, "patch_size": 4, "hidden_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 64}

@@ -3,6 +3,7 @@
 (``init_from``) and the L2-SP penalty against catastrophic forgetting (Li et al. 2018)."""
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Optional
 
 import torch
@@ -14,6 +15,7 @@ from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.label_scores import positive_index
 from ptm_app.task_kinds.registry import task_kind
+from ptm_app.training.adversarial import FreeLB
 from ptm_app.training.optim import OptimConfig
 
 
@@ -42,6 +44,8 @@ class SequenceClassificationModule(TaskModule):
         kind: the task kind (``task_kinds.registry``): ``sequence`` (one label per text, the default) or another
             kind of this model class (its entry gives the loss, metrics, best-checkpoint metric and predictions);
             it must be the data's kind.
+        adversarial: FreeLB adversarial training in the word-embedding space (``training.adversarial.FreeLB``,
+            Zhu et al. 2020): each step trains on K perturbed copies of the batch; the defence ``attack`` measures.
     """
 
     head = "sequence_classification"
@@ -52,8 +56,11 @@ class SequenceClassificationModule(TaskModule):
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
                  delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None,
-                 kind: Optional[str] = None):
+                 kind: Optional[str] = None, adversarial: Optional[FreeLB] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+        if adversarial is not None:  # checked now; a plain dict in the hparams (weights-only checkpoints)
+            self.hparams["adversarial"] = asdict(adversarial if isinstance(adversarial, FreeLB)
+                                                 else FreeLB(**adversarial))
 
     def can_build(self) -> bool:
         return super().can_build() and (self.hparams.get("labels") is not None or not self.needs_labels)

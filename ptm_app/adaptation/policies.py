@@ -140,9 +140,14 @@ class FrozenFeatures(BackbonePolicy):
         return getattr(backbone.config, "output_dim", None) or backbone.config.hidden_size
 
     def token_features(self, module, batch: dict) -> torch.Tensor:
-        """Per-token features [B, T, D] of the chosen representation (gradients reach only the mix)."""
+        """Per-token features [B, T, D] of the chosen representation (gradients reach only the mix).  An
+        encoder–decoder (BART, T5, MASS) gives its encoder's layers: the features of its input text."""
+        model, inputs = module.backbone, module.model_inputs(batch)
+        if getattr(model.config, "is_encoder_decoder", False):
+            model = model.get_encoder()
+            inputs.pop("token_type_ids", None)
         with torch.no_grad():
-            out = module.backbone(**module.model_inputs(batch), output_hidden_states=self.representation != "top")
+            out = model(**inputs, output_hidden_states=self.representation != "top")
         if self.representation == "embedding":
             return out.hidden_states[0]
         if self.representation == "top":

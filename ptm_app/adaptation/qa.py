@@ -6,6 +6,11 @@ loss is the mean of the two cross-entropies, and a span (i, j) scores S·T_i + E
 contexts come as overlapping windows (``QADataModule``); every window's best span is kept and the best
 over an example's windows, mapped back to characters through the offsets, is its answer, scored with
 SQuAD EM/F1 (``val/em``, ``val/f1``; ``test/*``) once the epoch has seen all windows.
+
+``null_answer`` (SQuAD 2.0, BERT §4.3): a question may have no answer in its context.  Its start and end are
+[CLS] in every window, "no answer" is predicted when the best span's score exceeds ``s_null`` by at most a threshold
+tuned on validation to maximise F1, and the metrics add ``has_ans_em``, ``has_ans_f1``, ``no_ans_acc`` and
+``null_threshold`` (``task_kinds.spans``).  The data must allow such questions (``QADataModule(unanswerable=true)``).
 """
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ import torch
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
 from ptm_app.data.collators import QACollator
-from ptm_app.task_kinds.spans import SPLITS, epoch_answers
+from ptm_app.errors import PtmError
+from ptm_app.task_kinds.spans import SPLITS, Answer, BestSpans, answer_row, epoch_answers
 from ptm_app.training.callbacks import write_predictions
 from ptm_app.training.optim import OptimConfig
 
@@ -34,6 +40,7 @@ class QuestionAnsweringModule(TaskModule):
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
         max_answer_length: longest answer considered, in tokens.
         n_best: start and end candidates per window.
+        null_answer: questions may have no answer (SQuAD 2.0): "no answer" below a threshold tuned on validation.
     """
 
     head = "question_answering"
@@ -43,8 +50,17 @@ class QuestionAnsweringModule(TaskModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
-                 delta_only: bool = True):
+                 delta_only: bool = True, null_answer: bool = False):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
+
+    def connect_data(self, facts) -> None:
+        super().connect_data(facts)
+        if getattr(facts, "unanswerable", False) and not self.hparams.null_answer:
+            raise PtmError("the QA data allows unanswerable questions (data.unanswerable: true) but the model cannot "
+                           "answer 'no answer'; set model.init_args.null_answer: true")
+
+    def build_metrics(self) -> BestSpans:
+        return BestSpans(null_answer=self.hparams.get("null_answer", False))
 
     def make_collator(self, tokenizer, seed: int = 0) -> QACollator:
         return QACollator(pad_token_id=tokenizer.pad_token_id)
@@ -54,8 +70,14 @@ class QuestionAnsweringModule(TaskModule):
         out, virtual = self.backbone(**self.model_inputs(batch)), prepended_tokens(self.backbone)
         return out.start_logits[:, virtual:].float(), out.end_logits[:, virtual:].float()
 
-    def answers(self, stage: str) -> dict[int, tuple[float, int, int, str]]:
-        return epoch_answers(self.stage_metrics[stage], self.data_facts.records(SPLITS[stage]))
+    def null_threshold(self) -> Optional[float]:
+        """τ tuned on validation (None: the model always answers with a span)."""
+        metrics = getattr(self, "stage_metrics", None)
+        val = metrics["val"] if metrics is not None and "val" in metrics else None
+        return float(val.null_threshold) if getattr(val, "null_answer", False) else None
+
+    def answers(self, stage: str) -> dict[int, Answer]:
+        return epoch_answers(self.stage_metrics[stage], self.data_facts.records(SPLITS[stage]), self.null_threshold())
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         self.kind.update(self.stage_metrics["predict"], self(batch), batch, self.eval_settings())
@@ -64,8 +86,7 @@ class QuestionAnsweringModule(TaskModule):
     def on_predict_epoch_end(self) -> None:
         examples = self.data_facts.records(SPLITS["predict"])
         questions, contexts = examples.fields["question"], examples.fields["context"]
-        rows = [{"id": examples.ids[e], "question": questions[e], "context": contexts[e],
-                 "answer": text, "answer_start": start, "answer_end": end,
-                 "score": round(score, 4) if start >= 0 else None}
-                for e, (score, start, end, text) in self.answers("predict").items()]
+        null = self.null_threshold() is not None
+        rows = [{"id": examples.ids[e], "question": questions[e], "context": contexts[e], **answer_row(a, null)}
+                for e, a in self.answers("predict").items()]
         write_predictions(self.trainer, rows)

@@ -77,7 +77,14 @@ class TaskModule(PtmModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         n = self.batch_size(batch)
-        loss = self.kind.loss(self(batch), batch)
+        adversarial = self.hparams.get("adversarial")
+        if adversarial:  # FreeLB: the mean loss over K perturbed copies of the embeddings (training.adversarial)
+            from ptm_app.training.adversarial import FreeLB, freelb_loss
+
+            loss = freelb_loss(FreeLB(**adversarial), self.backbone.get_input_embeddings(), batch,
+                               lambda inputs: self.kind.loss(self(inputs), batch))
+        else:
+            loss = self.kind.loss(self(batch), batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         return self.add_penalties(loss, n)
 

@@ -51,8 +51,9 @@ def run_files(run: str, checkpoint: str) -> tuple[Path, Optional[Path]]:
     return ckpt, config if config.is_file() else None
 
 
-def load_classifier(ckpt: Path):
-    """The ``SequenceClassificationModule`` of a checkpoint (checked, weights-only), in eval mode."""
+def load_classifier(ckpt: Path, purpose: str = "robustness"):
+    """The ``SequenceClassificationModule`` of a checkpoint (checked, weights-only), in eval mode; anything else is
+    refused in one line naming ``purpose`` (the command)."""
     from ptm_app.adaptation.classification import SequenceClassificationModule
     from ptm_app.backbones.build import quiet_transformers
     from ptm_app.checkpoints import CKPT_KEY, as_file, read_checkpoint
@@ -61,7 +62,8 @@ def load_classifier(ckpt: Path):
     module = str(state.get(CKPT_KEY, {}).get("module", ""))
     if not module.endswith(".SequenceClassificationModule"):
         raise PtmError(f"{ckpt} is a {module.rpartition('.')[2] or 'checkpoint of unknown kind'}, not a "
-                       f"SequenceClassificationModule; robustness evaluates a fine-tuned sequence classifier")
+                       f"SequenceClassificationModule with a classifier head; {purpose} needs a fine-tuned sequence "
+                       f"classifier")
     with quiet_transformers():
         model = SequenceClassificationModule.load_from_checkpoint(as_file(state), map_location="cpu")
     if model.tokenizer is None or not model.hparams.labels:

@@ -48,6 +48,9 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     # ptm_app.backbones.bilstm (ELMo, Peters et al. 2018)
     "bilm": ModelClass("BiLSTMForLanguageModeling", None, None,
                        "contextual word representations (ELMo's BiLSTM language model)"),
+    # VisualBERT (Li et al. 2019): one BERT over caption tokens and picture patches, MLM + image-text matching heads
+    "visual_bert": ModelClass("VisualBertForPreTraining", None, None,
+                              "joint picture and caption representations (VisualBERT's single stream)"),
 }
 
 

@@ -257,6 +257,21 @@ class TLMCollator(MLMCollator):
 
 
 @dataclass
+class MixCollator(TLMCollator):
+    """XLM's mix of objectives (Lample & Conneau 2019 §3): each example holds a monolingual block (``mono``, for
+    CLM and MLM) and an aligned pair (``para``, for TLM); both parts are collated as TLM examples (masked, with
+    language and position ids), the pair's masks drawn from other keys (``[key, "para"]``) than the block's.
+    Examples without parts (plain TLM pairs) are collated as ``TLMCollator`` does."""
+
+    def __call__(self, examples: list[dict]) -> dict:
+        if "mono" not in examples[0]:
+            return super().__call__(examples)
+        return {"mono": super().__call__([{**e["mono"], "key": e["key"]} for e in examples]),
+                "para": super().__call__([{**e["para"], "key": [e["key"], "para"]} for e in examples]),
+                "keys": [e["key"] for e in examples]}
+
+
+@dataclass
 class TaggedCollator:
     """Collates with the task's own collator and records the task's name in the batch."""
 

@@ -36,6 +36,7 @@ class DataFacts:
     task: Optional[str] = None  # TaskDataModule: classification | regression
     kind: Optional[str] = None  # labelled data: its task kind (task_kinds.registry)
     languages: Optional[list[str]] = None  # TLM: the two languages of the parallel text
+    unanswerable: bool = False  # QA: questions may have no answer (SQuAD 2.0)
     labels: Callable[[], Optional[list[str]]] = _no_labels  # the label set, from the training split
     label_priors: Callable[[], Optional[list[float]]] = lambda: None  # multi-label: each label's training share
     records: Callable[[str], dict] = _no_records  # a split's examples (ids, texts, targets ...) for predictions

@@ -129,6 +129,7 @@ class _Base(pl.LightningDataModule):
                          max_target_length=getattr(self, "max_target_length", None),
                          task=getattr(self, "task", None), kind=getattr(self, "kind", None),
                          languages=getattr(self, "languages", None),
+                         unanswerable=getattr(self, "unanswerable", False),
                          labels=getattr(self, "label_set", DataFacts.labels),
                          label_priors=getattr(self, "label_priors", DataFacts.label_priors),
                          records=getattr(self, "records", DataFacts.records),

@@ -22,13 +22,21 @@ from ptm_app.errors import DataFormatError, PtmError
 from ptm_app.paths import sha256_file
 
 
-def _answers(path: Path, line: int, record: dict, field: str, context: str) -> tuple[list[str], int]:
-    """Gold answer texts and the first answer's start; the text must sit at its ``answer_start``."""
+def _answers(path: Path, line: int, record: dict, field: str, context: str,
+             unanswerable: bool = False) -> tuple[list[str], int]:
+    """Gold answer texts and the first answer's start (-1 for none: an unanswerable question, allowed only with
+    ``unanswerable``); each text must sit at its ``answer_start``."""
     answers = record[field]
     texts, starts = (answers.get("text"), answers.get("answer_start")) if isinstance(answers, dict) else (None, None)
-    if not isinstance(texts, list) or not isinstance(starts, list) or not texts or len(texts) != len(starts):
-        raise DataFormatError(path, line, f"'{field}' must be {{'text': [...], 'answer_start': [...]}} (SQuAD format) "
-                                          "with at least one answer", "fix the record")
+    if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
+        raise DataFormatError(path, line, f"'{field}' must be {{'text': [...], 'answer_start': [...]}} (SQuAD format)",
+                              "fix the record")
+    if not texts:
+        if not unanswerable:
+            raise DataFormatError(path, line, f"'{field}' has no answer (an unanswerable question)",
+                                  "set data.unanswerable: true and model.init_args.null_answer: true for SQuAD "
+                                  "2.0-style data, or give the answer")
+        return [], -1
     for text, start in zip(texts, starts):
         if not isinstance(start, int) or context[start:start + len(str(text))] != str(text):
             raise DataFormatError(path, line, f"answer {text!r} is not at character {start} of the context",
@@ -63,25 +71,26 @@ def qa_windows(tokenizer, questions: list[str], contexts: list[str], max_length:
 
 
 def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str, answers_field: str, id_field: str,
-              max_length: int, doc_stride: int, max_question_length: int) -> EncodedSplit:
+              max_length: int, doc_stride: int, max_question_length: int, unanswerable: bool = False) -> EncodedSplit:
     """Cut each (question, context) into windows of ``max_length`` tokens overlapping by ``doc_stride``: one row per
     window (the columns of ``qa_windows``, plus ``start``/``end``, the answer's tokens, both 0, the [CLS] token,
-    when the answer is not inside the window); fields ``question``, ``context`` and ``answers`` (gold texts) per
-    example; stats ``truncated_questions``."""
+    when the answer is not inside the window or the question has none); fields ``question``, ``context`` and
+    ``answers`` (gold texts, empty for an unanswerable question) per example; stats ``truncated_questions`` and
+    ``unanswerable``."""
     def build() -> EncodedSplit:
         rows = read_rows(path, (question_field, context_field, answers_field))
         contexts = [str(r[context_field]) for _, r in rows]
-        golds = [_answers(path, line, r, answers_field, c) for (line, r), c in zip(rows, contexts)]
+        golds = [_answers(path, line, r, answers_field, c, unanswerable) for (line, r), c in zip(rows, contexts)]
         questions = [str(r[question_field]) for _, r in rows]
         windows, truncated = qa_windows(tokenizer, questions, contexts, max_length, doc_stride, max_question_length)
         starts, ends = [], []
         for example, window in zip(windows["example"], windows["offsets"]):
             in_context = [o != [-1, -1] for o in window]
-            start_char = golds[example][1]
-            end_char = start_char + len(golds[example][0][0])
+            texts, start_char = golds[example]
+            end_char = start_char + len(texts[0]) if texts else -1
             start = end = 0
             tokens = [t for t, c in enumerate(in_context) if c]
-            if tokens and window[tokens[0]][0] <= start_char and window[tokens[-1]][1] >= end_char:
+            if texts and tokens and window[tokens[0]][0] <= start_char and window[tokens[-1]][1] >= end_char:
                 start = max(t for t in tokens if window[t][0] <= start_char)
                 end = min(t for t in tokens if window[t][1] >= end_char)
             starts.append(start)
@@ -90,10 +99,10 @@ def encode_qa(path: Path, tokenizer, *, question_field: str, context_field: str,
             columns={**windows, "start": starts, "end": ends},
             fields={"question": questions, "context": contexts, "answers": [g[0] for g in golds]},
             lines=[line for line, _ in rows], path=str(path), ids=record_ids(path, rows, id_field),
-            stats={"truncated_questions": truncated})
+            stats={"truncated_questions": truncated, "unanswerable": sum(not g[0] for g in golds)})
 
     key = [sha256_file(path), question_field, context_field, answers_field, id_field, max_length, doc_stride,
-           max_question_length, fast_tokenizer_fingerprint(tokenizer)]
+           max_question_length, fast_tokenizer_fingerprint(tokenizer)] + (["unanswerable"] if unanswerable else [])
     return encoded_split("qa", key, build)
 
 
@@ -133,6 +142,8 @@ class QADataModule(_Base):
         holdout: fraction of training examples held out when the source has no validation split.
         limit_train: use only the windows of the first N training examples.
         group_by_length: batch windows of similar length together (see ``TaskDataModule``).
+        unanswerable: questions may have no answer (empty ``answers`` lists, SQuAD 2.0 / ``squad_unanswerable``):
+            their start and end are [CLS] in every window (BERT §4.3); the model needs ``null_answer: true``.
     """
 
     kind = "qa"
@@ -141,8 +152,10 @@ class QADataModule(_Base):
                  context_field: str = "context", answers_field: str = "answers", id_field: str = "id",
                  max_length: int = 384, doc_stride: Optional[int] = None, max_question_length: Optional[int] = None,
                  batch_size: int = 32, eval_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 1234,
-                 holdout: float = 0.1, limit_train: Optional[int] = None, group_by_length: bool = True):
+                 holdout: float = 0.1, limit_train: Optional[int] = None, group_by_length: bool = True,
+                 unanswerable: bool = False):
         super().__init__(source, tokenizer, batch_size, eval_batch_size, num_workers, seed, holdout)
+        self.unanswerable = unanswerable
         self.group_by_length = group_by_length
         self.question_field, self.context_field = question_field, context_field
         self.answers_field, self.id_field, self.max_length = answers_field, id_field, max_length
@@ -168,7 +181,8 @@ class QADataModule(_Base):
             self.encoded[path] = encode_qa(path, self.load_tokenizer(), question_field=self.question_field,
                                            context_field=self.context_field, answers_field=self.answers_field,
                                            id_field=self.id_field, max_length=self.max_length,
-                                           doc_stride=self.doc_stride, max_question_length=self.max_question_length)
+                                           doc_stride=self.doc_stride, max_question_length=self.max_question_length,
+                                           unanswerable=self.unanswerable)
         return self.encoded[path]
 
     def prepare_data(self) -> None:

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-import time
 from pathlib import Path
 from typing import Optional
-from unittest import mock
 
 from ptm_app.config_errors import read_yaml
-from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, overrides, record_cell,
-                                       recorded_fingerprint, run_cell, run_name)
+from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
+                                       summary_metrics)
+from ptm_app.experiments.sweep import overrides, recorded_fingerprint
 from ptm_app.errors import PtmError
-from ptm_app.paths import check_run_name, require_markers, run_path, runs_root, write_json
+from ptm_app.paths import check_run_name, run_path, runs_root, write_json
 
 PROBE_KEYS = {"relation", "facts", "seed", "held_out"}
 PLAN_KEYS = {"name", "pretrain_set", "task_set", "probe", "link_prediction", "tasks", "models"}
@@ -108,8 +106,7 @@ def cells(plan: dict, model: dict) -> list[tuple[dict, dict]]:
     if model.get("pretrain"):  # tested on the checkpoint the tasks start from (the export of last.ckpt)
         out.append(({"name": f"{model['id']}/pretrain", "config": model["pretrain"], "test_ckpt": "last"},
                     plan.get("pretrain_set") or {}))
-        export = str(run_dir(plan, model, "pretrain") / "export")
-        extra = {"model.init_args.backbone": export, "data.init_args.tokenizer": json.dumps({"pretrained": export})}
+        extra = export_overrides(run_dir(plan, model, "pretrain") / "export")
     adapters = model.get("adapters") or {}
     for name, config in adapters.items():
         out.append(({"name": f"{model['id']}/adapter_{name}", "config": config}, task_set))
@@ -126,49 +123,13 @@ def cells(plan: dict, model: dict) -> list[tuple[dict, dict]]:
 def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
     """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
     probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
-    failed = []
     models = [m for m in plan["models"] if not only or m["id"] in only]
-    todo = [(m, cell, common) for m in models for cell, common in cells(plan, m)]
-    upstream: dict[str, list[str]] = {}  # per model: the fingerprints of its pre-training or adapters
-    for i, (model, cell, common) in enumerate(todo, 1):
-        where = runs_root() / run_name(plan, cell)
-        if any(f.startswith(f"{model['id']}/") for f in failed):
-            continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
-        cell_plan = {"name": plan["name"], "set": common, "test": True}
-        first = cell["name"].endswith("/pretrain") or "/adapter_" in cell["name"]
-        starts_from = [] if first else upstream.get(model["id"], [])
-        fingerprint = cell_fingerprint(cell_plan, cell, starts_from)
-        if first:
-            upstream.setdefault(model["id"], []).append(fingerprint)
-        if not is_done(where, fingerprint):
-            start = time.monotonic()
-            print(f"[{i}/{len(todo)}] {cell['name']}: {cell['config']}", flush=True)
-            with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when given args beside sys.argv's
-                code = run_cell(cell_plan, cell, upstream=starts_from)
-            print(f"[{i}/{len(todo)}] {cell['name']}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
-            if code == 143:
-                raise PtmError(f"knowledge-report stopped by SIGTERM in {cell['name']}; run it again to continue")
-            if code:
-                failed.append(cell["name"])
-                continue
-        else:
-            record_cell(where, fingerprint, cell, starts_from)  # a run from before fingerprints: adopted
-        if cell["name"].endswith("/pretrain"):
-            export_once(where)
+    links = [Link(m["id"], cell, common, first=cell["name"].endswith("/pretrain") or "/adapter_" in cell["name"],
+                  after=export_once if cell["name"].endswith("/pretrain") else None)
+             for m in models for cell, common in cells(plan, m)]
+    failed = run_chain(plan["name"], links, "knowledge-report")
     probe_models(plan, [m for m in models if m.get("pretrain") and f"{m['id']}/pretrain" not in failed])
     return failed
-
-
-def export_once(run: Path) -> Path:
-    """``<run>/export``: the pre-trained model the tasks start from (written once, from ``last.ckpt``)."""
-    out = run / "export"
-    if not (out / "config.json").is_file():
-        from ptm_app.backbones.build import quiet_transformers
-        from ptm_app.export import export_checkpoint
-
-        with quiet_transformers():
-            export_checkpoint(run, out)
-    return out
 
 
 def probe_file(plan: dict) -> Path:
@@ -218,16 +179,6 @@ def probe_settings(plan: dict) -> dict:
 def probe_is_current(result: dict, settings: dict, pretrain: Optional[str]) -> bool:
     """A stored probe result is of this pre-training's export, with the plan's probe settings."""
     return result.get("pretrain") == pretrain and all(result.get(k) == v for k, v in settings.items())
-
-
-def summary_metrics(run: Path) -> dict:
-    summary = run / "summary.json"
-    return json.loads(summary.read_text()).get("metrics", {}) if summary.is_file() else {}
-
-
-def made_from(run: Path) -> Optional[list[str]]:
-    """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
-    return cell_record(run).get("upstream")
 
 
 def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
@@ -321,15 +272,6 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
             and <!-- <plan name>:end -->.
     """
     path, plan = plan, load_knowledge_plan(plan)
-    if readme:
-        require_markers(readme, plan["name"])
-    unknown = sorted(set(only or []) - {m["id"] for m in plan["models"]})
-    if unknown:
-        raise PtmError(f"--only {' '.join(unknown)}: no such model in {path} "
-                       f"({', '.join(m['id'] for m in plan['models'])})")
-    failed = [] if collect_only else run_plan(plan, only)
-    from ptm_app.experiments.report import publish
-
-    md = write_knowledge_report(plan)
-    return publish(md, readme, plan["name"], f"(+ .csv, .json, .png) and {md.parent / 'knowledge_runs.json'}",
-                   "knowledge-report", failed)
+    return chain_command("knowledge-report", path, plan, [m["id"] for m in plan["models"]], "model", only, readme,
+                         collect_only, run_plan, write_knowledge_report,
+                         f"(+ .csv, .json, .png) and {runs_root() / plan['name'] / 'knowledge_runs.json'}")

@@ -93,6 +93,29 @@ def report(runs: list[str], output: str = "results", by: Optional[Literal["data"
     return 0
 
 
+def write_seed_report(groups: dict[str, list[str]], output: str | Path,
+                      stages: tuple[str, ...] = ("test/",)) -> Path:
+    """``output``.md: one row per group of runs (the same cell over seeds), per metric of ``stages`` the mean ± std
+    and 95 % t interval over the runs that logged it (``experiments.stats.summarize``; one run: an observation)."""
+    from ptm_app.experiments.stats import summarize
+
+    summaries = {name: [r for r in collect(runs)] for name, runs in groups.items()}
+    metrics = sorted({k for rows in summaries.values() for r in rows for k in r.get("metrics", {})
+                      if k.startswith(stages) and not k.endswith("_step")})
+    lines = ["| cell | seeds | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
+    for name, rows in summaries.items():
+        cells = []
+        for m in metrics:
+            values = [r["metrics"][m] for r in rows if isinstance(r.get("metrics", {}).get(m), (int, float))]
+            cells.append(summarize(values).text() if values else "")
+        lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    md = Path(output).with_suffix(".md")
+    with atomic_file(md, "w", encoding="utf-8") as fh:
+        fh.write("Mean ± std [95 % t interval] over seeds (experiments.stats); one seed is an observation.\n\n")
+        fh.write("\n".join(lines) + "\n")
+    return md
+
+
 def publish(md: Path, readme: Optional[str], name: str, also: str, command: str, failed: list[str]) -> int:
     """Print a report's table, put it into ``readme`` between ``<!-- name:start/end -->`` (when given), say what was
     written (``md`` and ``also``), and end in one line naming the runs that failed (the report commands' ending)."""

@@ -4,7 +4,9 @@ the best checkpoint), one run directory per cell, then write the plan's results 
 A plan is YAML: ``name`` (run directories are ``<name>-<cell>``), ``set`` (config overrides added to every fit and
 test, a mapping of dotted keys to values, e.g. ``{trainer.max_steps: 250}``), ``test: true`` to test each cell's best
 checkpoint (``last`` for cells that do not fit), and ``cells``: ``{name, config, set, fit, test_ckpt}`` each
-(``fit: false`` for zero-shot cells that only test).  Plans written before overrides were mappings (``common`` and
+(``fit: false`` for zero-shot cells that only test).  ``seeds: [1, 2, 3]`` runs every cell once per seed
+(``seed_everything``; run directories ``<name>-<cell>-seed<N>``) and adds ``<name>_seeds.md``: per cell and metric the
+mean ± std and the 95 % t interval over the seeds (``experiments.stats``).  Plans written before overrides were mappings (``common`` and
 ``args`` as lists of command-line words, ``[--trainer.max_steps, '250']``) still load.
 A cell whose run directory already has test metrics is skipped and an interrupted fit resumes exactly from its
 ``last.ckpt``, so a stopped sweep (Ctrl-C, SIGTERM) continues where it stopped; ``--force`` reruns from scratch.
@@ -29,7 +31,7 @@ from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, runs_root, write_json
 
 CELL_KEYS = {"name", "config", "set", "fit", "test_ckpt"}
-PLAN_KEYS = {"name", "set", "test", "cells"}
+PLAN_KEYS = {"name", "set", "test", "cells", "seeds"}
 OLD_KEYS = {"common": "set", "args": "set"}  # plans from before overrides were mappings: lists of argv words
 CELL_FILE = "cell.json"
 EXAMPLE = "{model.init_args.optim.lr: 1.0e-4, trainer.max_steps: 250}"
@@ -63,6 +65,14 @@ def load_plan(path: str | Path) -> dict:
             raise PtmError(f"sweep plan {path}: cell {cell['name']}: config {cell['config']} not found")
         cell["set"] = overrides(cell.get("set"), f"sweep plan {path}: cell {cell['name']}")
         run_name(plan, cell, path)
+    if "seeds" in plan:
+        from ptm_app.experiments.stats import check_seeds
+
+        seeds = check_seeds(plan["seeds"], f"sweep plan {path}: seeds")
+        plan["cells"] = [{**cell, "name": f"{cell['name']}/seed{seed}", "set": {**cell["set"], "seed_everything": seed},
+                          "base": cell["name"]} for cell in plan["cells"] for seed in seeds]
+        for cell in plan["cells"]:
+            run_name(plan, cell, path)
     return plan
 
 
@@ -202,7 +212,8 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
     return 0
 
 
-def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list: bool = False) -> int:
+def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list: bool = False,
+          readme: Optional[str] = None) -> int:
     """Run a grid of configs (fit + test), one run directory per cell, then its results table.
 
     Args:
@@ -210,9 +221,15 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         only: cell name globs to run (default: all).
         force: rerun cells that already have test metrics.
         list: list the cells and their state, run nothing.
+        readme: also put the tables into this file (e.g. docs/results/adaptation.md), between the lines
+            ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the plan's name.
     """
+    from ptm_app.paths import require_markers, write_between_markers
+
     listing = list
     path, plan = plan, load_plan(plan)
+    if readme:
+        require_markers(readme, plan["name"])
     cells = [c for c in plan["cells"] if not only or any(fnmatch.fnmatch(c["name"], g) for g in only)]
     if not cells:
         raise PtmError(f"--only {' '.join(only)} matches no cell of {path}")
@@ -242,10 +259,23 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
 
     runs = [str(runs_root() / run_name(plan, c)) for c in plan["cells"] if (runs_root() / run_name(plan, c)).is_dir()]
     if runs:
-        md, _ = write_report(runs, runs_root() / plan["name"], by="data", stages=("test/",) if plan.get("test") else
-                             ("val/",))
+        stages = ("test/",) if plan.get("test") else ("val/",)
+        md, _ = write_report(runs, runs_root() / plan["name"], by="data", stages=stages)
         print(md.read_text(), end="")
         print(f"wrote {md} and {md.with_suffix('.csv')}")
+        if plan.get("seeds"):
+            from ptm_app.experiments.report import write_seed_report
+
+            groups: dict[str, list[str]] = {}
+            for c in plan["cells"]:
+                if (runs_root() / run_name(plan, c)).is_dir():
+                    groups.setdefault(c["base"], []).append(str(runs_root() / run_name(plan, c)))
+            seeds_md = write_seed_report(groups, runs_root() / f"{plan['name']}_seeds", stages)
+            print(seeds_md.read_text(), end="")
+            print(f"wrote {seeds_md}")
+        if readme:
+            tables = [md] + ([seeds_md] if plan.get("seeds") else [])
+            write_between_markers(readme, plan["name"], "\n".join(t.read_text(encoding="utf-8") for t in tables))
     if failed:
         raise PtmError(f"sweep: {len(failed)} cell(s) failed: {', '.join(failed)}; see their output above")
     return 0

@@ -13,13 +13,11 @@ in their weights alone).  Each fine-tuning then ``predict``s the test split from
 The table scores every row's predictions with sacreBLEU (``task_kinds.metrics.sacrebleu_metric``: cased BLEU, 13a,
 and chrF2): per seed the corpus score and its 95 % bootstrap interval over test verses (sacreBLEU's
 ``n_bootstrap``, Koehn 2004), per row the mean over seeds and a 95 % Student-t interval across seeds
-(``seed_interval``; with one seed there is none: one seed is an observation).
+(``seed_mean_interval``; with one seed there is none: one seed is an observation).
 """
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -31,20 +29,15 @@ from ptm_app.paths import check_run_name, require_markers, runs_root, write_json
 
 PLAN_KEYS = {"name", "pretrain", "set", "seeds", "rows", "bootstrap"}
 ROW_KEYS = {"id", "label", "config", "pretrained"}
-# two-sided 95 % Student-t quantiles t(0.975, df), df = 1..30 (above 30: the normal's 1.96 is within 2 %)
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
-def seed_interval(values: list[float]) -> tuple[float, Optional[float]]:
-    """Mean over seeds and the half-width of its 95 % Student-t interval (None for a single seed)."""
-    if not values:
-        raise ValueError("no values")
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, None
-    t = T975[len(values) - 2] if len(values) - 1 <= len(T975) else 1.96
-    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+def seed_mean_interval(values: list[float]) -> tuple[float, Optional[float]]:
+    """Mean over seeds and the half-width of its 95 % Student-t interval (``experiments.stats.summarize``); None for
+    a single seed (an observation)."""
+    from ptm_app.experiments.stats import summarize
+
+    summary = summarize(values)
+    return summary.mean, None if summary.interval is None else (summary.interval[1] - summary.interval[0]) / 2
 
 
 def load_translation_plan(path: str | Path) -> dict:
@@ -180,8 +173,8 @@ def collect(plan: dict) -> tuple[list[dict], dict]:
                 seeds[seed] = {"run": str(run), **score_predictions(predictions, plan["bootstrap"])}
         if not seeds:
             continue
-        bleu = seed_interval([s["bleu"] for s in seeds.values()])
-        chrf = seed_interval([s["chrf"] for s in seeds.values()])
+        bleu = seed_mean_interval([s["bleu"] for s in seeds.values()])
+        chrf = seed_mean_interval([s["chrf"] for s in seeds.values()])
         per_seed = "; ".join(f"{seed}: {s['bleu']:.2f} ± {s['bleu_ci']:.2f} / {s['chrf']:.2f} ± {s['chrf_ci']:.2f}"
                              for seed, s in seeds.items())
         table.append({"model": row.get("label") or row["id"], "seeds": len(seeds),

@@ -22,6 +22,7 @@ import torch
 
 from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import prepended_tokens, transformers_model
+from ptm_app.data.tokenizer import check_representable
 from ptm_app.errors import PtmError
 from ptm_app.inference.inputs import read_texts
 from ptm_app.inference.loading import LoadedModel, load_for_inference
@@ -137,10 +138,52 @@ def write_embeddings(path: Path, texts: list[str], vectors: np.ndarray) -> None:
             fh.write(json.dumps({"text": text, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
 
 
+def dual_encoder(loaded: LoadedModel):
+    """The transformers ``VisionTextDualEncoderModel`` of an image–text run or export, else None."""
+    model = transformers_model(loaded.model)
+    return model if type(model).__name__ == "VisionTextDualEncoderModel" else None
+
+
+@torch.no_grad()
+def embed_pairs(loaded: LoadedModel, texts: list[str], images: list[str], normalize: bool = False,
+                max_length: Optional[int] = None, too_long: str = "truncate") -> tuple[np.ndarray, np.ndarray]:
+    """An image–text model's projected features (CLIP §2.3's shared space): ``(text vectors, image vectors)``.
+    Pictures are read by ``data.images.load_image`` (SVG rendered, alpha on white, resized to the ViT's side);
+    captions longer than the run's ``max_length`` (else the text tower's limit) are truncated with a warning, or
+    refused (``too_long``)."""
+    from ptm_app.data.image_text import normalise
+    from ptm_app.data.images import load_image
+    from ptm_app.inference.predictors import Settings, check_lengths
+
+    model = dual_encoder(loaded)
+    if model is None:
+        raise PtmError(f"--image needs an image-text model (a DualEncoderModule run or its export); {loaded.ref} is "
+                       f"a {loaded.kind}")
+    from ptm_app.inference.predictors import run_data_args
+
+    limit = max_length or run_data_args(loaded.ref).get("max_length") or max_positions(model.text_model) or 512
+    text_vectors = torch.zeros(0, model.config.projection_dim)
+    if texts:
+        check_lengths([len(ids) for ids in loaded.tokenizer(texts)["input_ids"]], limit, Settings(too_long=too_long),
+                      "the text tower's max_length")
+        enc = loaded.tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt")
+        text_vectors = model.get_text_features(input_ids=enc["input_ids"],
+                                               attention_mask=enc["attention_mask"]).pooler_output.float()
+    image_vectors = torch.zeros(0, model.config.projection_dim)
+    if images:
+        size = model.config.vision_config.image_size
+        pixels = normalise(torch.from_numpy(np.stack([load_image(path, size) for path in images])))
+        image_vectors = model.get_image_features(pixel_values=pixels).pooler_output.float()
+    if normalize:
+        text_vectors = torch.nn.functional.normalize(text_vectors, dim=-1)
+        image_vectors = torch.nn.functional.normalize(image_vectors, dim=-1)
+    return text_vectors.numpy(), image_vectors.numpy()
+
+
 def embed(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[str] = None, text_field: str = "text",
           pooling: Optional[Literal[POOLINGS]] = None, normalize: bool = False, batch_size: int = 32,
           max_length: Optional[int] = None, output: Optional[str] = None, similarity: bool = False,
-          trust_checkpoint: bool = False) -> np.ndarray:
+          trust_checkpoint: bool = False, image: Optional[list[str]] = None) -> np.ndarray:
     """Sentence embeddings from a run, checkpoint, export or prepared model (minilm).
 
     Writes them to ``output``, prints the cosine matrix (``similarity``) or prints JSONL rows.
@@ -157,13 +200,22 @@ def embed(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[str]
         output: FILE.npy or FILE.jsonl (default: JSONL rows on the console).
         similarity: print the cosine similarity matrix of the texts.
         trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
+        image: an image-text model (a DualEncoderModule run or its export): a picture to embed (PNG, JPEG, SVG ...;
+            repeatable); texts and pictures land in one space (rows: texts first, then pictures).
     """
     texts = text
     if output is not None and Path(output).suffix not in OUTPUT_SUFFIXES:
         raise PtmError(f"--output {output}: use a .npy (array) or .jsonl (text + embedding per line) file")
-    texts = read_texts(texts, input, text_field)
+    given = bool(texts)
+    texts = read_texts(texts, input, text_field) if (texts or input or not image) else []
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
-    vectors = embed_texts(loaded, texts, pooling, normalize, batch_size, max_length)
+    if given:
+        check_representable(loaded.tokenizer, texts)
+    if image or dual_encoder(loaded) is not None:
+        text_vectors, image_vectors = embed_pairs(loaded, texts, list(image or []), normalize, max_length)
+        vectors, texts = np.concatenate([text_vectors, image_vectors]), [*texts, *(f"image:{p}" for p in image or [])]
+    else:
+        vectors = embed_texts(loaded, texts, pooling, normalize, batch_size, max_length)
     if output is not None:
         write_embeddings(Path(output), texts, vectors)
         print(f"wrote {len(texts)} embeddings of dimension {vectors.shape[1]} to {output}")

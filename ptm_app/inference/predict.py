@@ -14,11 +14,13 @@ LightningCLI's (``predict --config ...``: the data's test split).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal, Optional
 
 import torch
 
+from ptm_app.inference.inputs import read_inputs
 from ptm_app.inference.loading import LoadedModel, load_for_inference
 from ptm_app.inference.predictors import PRECISIONS, TOO_LONG, Settings, precision_context, refuse
 from ptm_app.paths import atomic_file
@@ -63,7 +65,8 @@ def predict(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[st
             context: Optional[list[str]] = None, words_field: str = "words", question_field: str = "question",
             context_field: str = "context", too_long: Literal[TOO_LONG] = "truncate",
             backend: Literal["torch", "onnxruntime"] = "torch",
-            precision: Literal[PRECISIONS] = "run", choices_field: str = "choices") -> list[dict]:
+            precision: Literal[PRECISIONS] = "run", choices_field: str = "choices",
+            image: Optional[list[str]] = None) -> list[dict]:
     """Labels with probabilities, label sets, values, word tags, answer spans, choices or generated text for given inputs, from a
     fine-tuned run or export (with --config instead: LightningCLI's predict over the data's test split).
 
@@ -92,9 +95,19 @@ def predict(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[st
         backend: onnxruntime: run the export directory's model.onnx (export --format onnx).
         precision: run: bf16 autocast when the run predicted in bf16 (precision auto on a CPU with native bf16, or
             bf16-mixed), else fp32; 32 / bf16: force one.
+        image: an image-text model (a DualEncoderModule run or export): a picture (repeatable) whose given captions
+            (--text / --input) are ranked, CLIP's zero-shot classifier (§3.1.2): probabilities are the softmax of the
+            learned logit scale times the cosine similarities over the captions.
     """
     texts, questions, contexts = text, question, context
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
+    if image:
+        rows = rank_captions(loaded, list(image), read_inputs(texts, input, text_field)[0], max_length, too_long)
+        return _emit(rows, output)
+    if texts:
+        from ptm_app.data.tokenizer import check_representable
+
+        check_representable(loaded.tokenizer, texts)
     if backend == "onnxruntime":
         from ptm_app.inference.onnx_export import open_session
 
@@ -104,6 +117,28 @@ def predict(ckpt_path: str, text: Optional[list[str]] = None, input: Optional[st
                                                         id_field))
     rows = predict_rows(loaded, examples, ids, batch_size, max_length, too_long, shown, progress=input is not None,
                         precision=precision)
+    return _emit(rows, output)
+
+
+def rank_captions(loaded: LoadedModel, images: list[str], captions: list[str], max_length: Optional[int] = None,
+                  too_long: str = "truncate") -> list[dict]:
+    """One row per picture: the captions from most to least likely (``probability``: softmax over the captions of
+    ``exp(logit_scale) · cosine``, as the model scores pairs; ``similarity``: the cosine)."""
+    from ptm_app.inference.embed import dual_encoder, embed_pairs
+
+    texts, pictures = embed_pairs(loaded, captions, images, normalize=True, max_length=max_length, too_long=too_long)
+    scale = dual_encoder(loaded).logit_scale.detach().float().clamp(max=math.log(100)).exp()  # CLIP §2.5's clip
+    cos = torch.from_numpy(pictures) @ torch.from_numpy(texts).T
+    probs = torch.softmax(scale * cos, dim=-1)
+    rows = []
+    for path, p, c in zip(images, probs, cos):
+        order = p.argsort(descending=True).tolist()
+        rows.append({"image": path, "ranking": [{"text": captions[j], "probability": round(p[j].item(), 6),
+                                                 "similarity": round(c[j].item(), 6)} for j in order]})
+    return rows
+
+
+def _emit(rows: list[dict], output: Optional[str]) -> list[dict]:
     lines = [json.dumps(row, ensure_ascii=False) for row in rows]
     if output is None:
         print("\n".join(lines))

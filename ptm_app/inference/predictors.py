@@ -235,7 +235,7 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     from ptm_app.data.qa_data import QADataModule, QADataset, qa_windows
     from ptm_app.data.encoded import EncodedSplit
     from ptm_app.task_kinds.parts import SpanMetrics
-    from ptm_app.task_kinds.spans import BestSpans, epoch_answers
+    from ptm_app.task_kinds.spans import BestSpans, answer_row, epoch_answers
 
     module = loaded.module
     args = run_data_args(loaded.ref, QADataModule)
@@ -260,9 +260,9 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
         metrics.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
-    answers = epoch_answers(spans, features)
-    return [{"question": q, "context": c, "answer": answers[e][3], "answer_start": answers[e][1],
-             "answer_end": answers[e][2], "score": round(answers[e][0], 4) if answers[e][1] >= 0 else None}
+    threshold = module.null_threshold() if module is not None and hasattr(module, "null_threshold") else None
+    answers = epoch_answers(spans, features, threshold)  # "no answer" below the run's tuned τ (SQuAD 2.0)
+    return [{"question": q, "context": c, **answer_row(answers[e], threshold is not None)}
             for e, (q, c) in enumerate(pairs)]
 
 

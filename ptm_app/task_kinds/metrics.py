@@ -115,8 +115,9 @@ def squad_normalize(text: str) -> str:
 
 
 def squad_em(pred: str, golds: Sequence[str]) -> float:
-    """1.0 if the normalised prediction equals any normalised gold answer."""
-    return float(any(squad_normalize(pred) == squad_normalize(g) for g in golds))
+    """1.0 if the normalised prediction equals any normalised gold answer; no gold answers (an unanswerable
+    question, SQuAD 2.0) count as the one gold answer ``""``, as the v2.0 script."""
+    return float(any(squad_normalize(pred) == squad_normalize(g) for g in (golds or [""])))
 
 
 def _f1(pred: str, gold: str) -> float:
@@ -129,8 +130,11 @@ def _f1(pred: str, gold: str) -> float:
 
 
 def squad_f1(pred: str, golds: Sequence[str]) -> float:
-    """Bag-of-tokens F1 between the normalised prediction and the best-matching gold answer."""
-    return max((_f1(pred, g) for g in golds), default=0.0)
+    """Bag-of-tokens F1 between the normalised prediction and the best-matching gold answer; for an unanswerable
+    question (no gold answers) 1.0 for an empty prediction and 0.0 otherwise (the v2.0 script)."""
+    if not golds:
+        return float(not squad_normalize(pred))
+    return max(_f1(pred, g) for g in golds)
 
 
 class SquadMetric(Metric):

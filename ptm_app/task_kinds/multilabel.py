@@ -73,6 +73,7 @@ class LabelSetScores(Metric):
     (``thresholds``, a persistent buffer: saved with the module)."""
 
     full_state_update = False
+    tuned_on_validation = True  # training.callbacks.LastCheckpoint saves again after validation
 
     def __init__(self, num_labels: int, **kwargs) -> None:
         super().__init__(**kwargs)

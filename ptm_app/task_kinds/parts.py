@@ -17,7 +17,8 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ptm_app.task_kinds.label_scores import label_metrics, regression_metrics
-from ptm_app.task_kinds.spans import BestSpans, best_span, epoch_answers, span_loss, squad_scores
+from ptm_app.task_kinds.spans import (BestSpans, best_span, epoch_answers, span_loss, squad_scores,
+                                     tune_null_threshold, with_null)
 from ptm_app.task_kinds.tagging import compute_tagging_metrics, tagging_loss, tagging_metrics, update_tagging_metrics
 
 
@@ -160,7 +161,9 @@ class TaggingMetrics(Metrics):
 
 
 class SpanMetrics(Metrics):
-    """SQuAD EM / F1 of each example's best span over its windows (Rajpurkar et al. 2016 §5)."""
+    """SQuAD EM / F1 of each example's best span over its windows (Rajpurkar et al. 2016 §5); with a null answer
+    (``BestSpans(null_answer=True)``, BERT §4.3), "no answer" below the threshold τ tuned on validation, and the
+    HasAns / NoAns split (``task_kinds.spans``)."""
 
     main = "f1"
 
@@ -171,11 +174,21 @@ class SpanMetrics(Metrics):
         spans = [best_span(s, e, o, settings.get("n_best", 20), settings.get("max_answer_length", 30))
                  for s, e, o in zip(*out, batch["offsets"])]
         score, start, end = (torch.tensor(v, device=out[0].device) for v in zip(*spans))
-        metric.update(batch["examples"], score.float(), start, end)
+        null = (out[0][:, 0] + out[1][:, 0]).float()  # s_null = S·C + E·C, [CLS] at token 0 of every window
+        metric.update(batch["examples"], score.float(), start, end, null)
 
     def compute(self, metric: BestSpans, records: Callable[[], Any], tuned: Optional[nn.Module] = None) -> dict:
         split = records()
-        return squad_scores(epoch_answers(metric, split), split)
+        answers = epoch_answers(metric, split)
+        if not getattr(metric, "null_answer", False):
+            return squad_scores(answers, split)
+        if tuned is None or tuned is metric or not hasattr(tuned, "null_threshold"):  # validation: tune τ here
+            golds = split.fields["answers"]
+            if any(not golds[e] for e in answers):
+                metric.null_threshold.fill_(tune_null_threshold(answers, golds))
+            tuned = metric
+        threshold = tuned.null_threshold
+        return {**squad_scores(with_null(answers, float(threshold)), split), "null_threshold": threshold.float()}
 
 
 class ChoiceMetrics(Metrics):

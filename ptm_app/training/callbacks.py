@@ -69,6 +69,7 @@ class LastCheckpoint(Callback):
         self.stopping = False
         self._previous: dict[int, object] = {}
         self._trainer = None
+        self._saved_at = -1  # the optimizer step last.ckpt was written at
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._install(signal.SIGINT, self._on_sigint)
@@ -113,10 +114,22 @@ class LastCheckpoint(Callback):
         epoch_end = batch_idx + 1 >= trainer.num_training_batches
         if stop or periodic or epoch_end:
             trainer.save_checkpoint(self.path, weights_only=False)  # the full state: optimizer, loops, callbacks
+            self._saved_at = step
         if stop:
             trainer.should_stop = self.stopping = True
             if sigterm:
                 trainer._signal_connector.received_sigterm = True  # Lightning stops after this batch (exit 143)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        """A validation right after a step that wrote ``last.ckpt`` (the last step, an epoch's end, a periodic save)
+        may tune values the module keeps (the multi-label cuts, the QA null threshold): ``last.ckpt`` is written
+        again with them, as Lightning's ``ModelCheckpoint`` saves after validation, so an export or a resume of the
+        finished run uses what its last validation chose."""
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self._saved_at != trainer.global_step:
+            return
+        if not any(getattr(m, "tuned_on_validation", False) for m in pl_module.modules()):
+            return  # nothing validation tunes: the step's checkpoint is already the state
+        trainer.save_checkpoint(self.path, weights_only=False)
 
     def on_train_end(self, trainer, pl_module) -> None:
         """Give SIGTERM back to Lightning's handler before Lightning's teardown restores the one before it: put back

@@ -249,7 +249,7 @@ class PtmModule(pl.LightningModule):
         return loss
 
     def model_inputs(self, batch: dict) -> dict:
-        keep = ("input_ids", "attention_mask", "token_type_ids")
+        keep = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")  # embeddings: FreeLB's perturbed
         inputs = {k: batch[k] for k in keep if k in batch}
         if "document_ids" in batch:  # packed documents: block-diagonal attention, position ids per document
             from ptm_app.backbones.attention import packed_document_inputs

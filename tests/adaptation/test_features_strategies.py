@@ -126,6 +126,24 @@ def test_representations_give_different_features():
     assert torch.allclose(feats["top"], (top * mask).sum(1) / mask.sum(1), atol=1e-6)  # masked mean
 
 
+@pytest.mark.parametrize("model_type", ["bart", "t5"])
+def test_an_encoder_decoder_gives_its_encoders_layers(model_type):
+    shape = ({"d_model": 16, "encoder_layers": 2, "decoder_layers": 1, "encoder_attention_heads": 2,
+              "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "max_position_embeddings": 32}
+             if model_type == "bart" else {"d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 2,
+                                            "num_decoder_layers": 1, "num_heads": 2})
+    torch.manual_seed(0)
+    module = FeatureExtractionModule(backbone_config={"model_type": model_type, "vocab_size": 60, **shape},
+                                     labels=LABELS, representation="scalar_mix").build()
+    b = batch()
+    with torch.no_grad():
+        states = module.backbone.get_encoder()(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                               output_hidden_states=True).hidden_states
+    assert len(states) == 3 and module.mix.weights.numel() == 3  # the embeddings + 2 encoder layers
+    expected = module.mix(states, b["attention_mask"])
+    assert torch.allclose(module.features_policy.token_features(module, b), expected)
+
+
 def test_feature_extraction_on_the_elmo_bilstm_from_a_checkpoint(tmp_path):
     from ptm_app.backbones.bilstm import BiLSTMConfig, BiLSTMForLanguageModeling
 

@@ -160,7 +160,7 @@ def test_post_processing_picks_the_best_context_span_never_the_question(long_con
     spans = BestSpans()  # the best window of each example wins
     spans.update(torch.tensor([0, 0, 1]), torch.tensor([3.0, 7.0, 1.0]), torch.tensor([0, 5, 2]),
                  torch.tensor([4, 9, 3]))
-    assert spans.compute() == {0: (7.0, 5, 9), 1: (1.0, 2, 3)}
+    assert spans.compute() == {0: (7.0, 5, 9, float("-inf")), 1: (1.0, 2, 3, float("-inf"))}  # no null score given
 
 
 # -- one-line data errors ----------------------------------------------------------------------------

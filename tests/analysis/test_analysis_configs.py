@@ -12,12 +12,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs" / "analysis").glob("*.yaml"))
 SLOW = {"probe_mlp_minilm_smollm2", "knowledge_probe_smollm2",  # load the 135M-parameter SmolLM2: about 30 s
         "robustness_tweets_minilm", "robustness_bbc_minilm",  # fine-tune MiniLM for 2 steps first
-        "probe_own_pretrained"}  # pre-trains BERT for 2 steps first
+        "probe_own_pretrained",  # pre-trains BERT for 2 steps first
+        "attack_tweets_minilm", "attack_bbc_minilm"}  # fine-tune MiniLM for 2 steps first (2-3 classifiers)
 TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5"],
         "contextuality": ["--sentences", "30", "--baseline_pairs", "200"],
         "attention": ["--sentences", "4"],
         "knowledge-probe": ["--facts_per_relation", "3"],
-        "robustness": ["--examples", "8"]}
+        "robustness": ["--examples", "8"],
+        "attack": ["--examples", "4"]}
 # the runs a recipe reads from checkpoints/: the option naming them, and the configs that make them (run for 2 steps)
 # before the prepared models the recipe also names
 RUNS_MADE_FIRST = {
@@ -25,6 +27,11 @@ RUNS_MADE_FIRST = {
                                                 ROOT / "configs" / "adapt" / "lora_tweets.yaml"]),
     "robustness_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml",
                                              ROOT / "configs" / "adapt" / "lora_bbc.yaml"]),
+    "attack_tweets_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "tweets_minilm.yaml",
+                                            ROOT / "configs" / "adapt" / "lora_tweets.yaml",
+                                            ROOT / "configs" / "finetune" / "tweets_minilm_freelb.yaml"]),
+    "attack_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml",
+                                         ROOT / "configs" / "adapt" / "lora_bbc.yaml"]),
     "probe_own_pretrained": ("--models", ["minilm"], [ROOT / "configs" / "pretrain" / f"{name}.yaml"
                                                       for name in ("bert_mlm",)])}
 COMMANDS = {"knowledge_probe": "knowledge-probe"}  # file-name prefix -> command, where the two differ
@@ -36,7 +43,7 @@ def command_of(config: Path) -> str:
 
 def test_catalogue_has_the_analysis_recipes():
     assert {command_of(p) for p in CONFIGS} >= {"probe", "contextuality", "attention", "knowledge-probe",
-                                                "robustness"}
+                                                "robustness", "attack"}
 
 
 def test_make_analysis_runs_every_recipe():
@@ -75,6 +82,9 @@ def test_recipe_runs_at_tiny_size(config, tmp_path, capsys, monkeypatch):
                                                       "typo_replace", "word_dropout", "synonym"}
         assert all(0.0 <= r["accuracy"] <= 1.0 and r["examples"] == 8 for r in rows)
         assert {r["model"] for r in rows} == {fit.stem for fit in RUNS_MADE_FIRST[config.stem][2]}
+    elif command == "attack":
+        assert [r["model"] for r in rows] == [fit.stem for fit in RUNS_MADE_FIRST[config.stem][2]]
+        assert all(r["examples"] == 4 and 0.0 <= r["attacked_accuracy"] <= r["clean_accuracy"] for r in rows)
     elif command == "knowledge-probe":
         assert {r["relation"] for r in rows} >= {"hypernym", "antonym", "all"}
         assert all(r["p_at_1"] is None or 0.0 <= r["p_at_1"] <= r["p_at_10"] <= 1.0 for r in rows)

@@ -71,12 +71,13 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # optim/ overlays (tests/training/test_large_batch_optim.py runs them as shipped and checks the optimiser's state),
 # wordnet_pairs_minilm and wordnet_choice_minilm (tests/task_kinds/test_every_kind.py and test_multiple_choice.py cover
 # those paths; ~20-30 s each), adapt/prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
-# squad_minilm is slow: its first run tokenizes SQuAD's 98k questions into 384-token windows (about a minute).
+# squad_minilm and squad2_minilm are slow: their first runs tokenize SQuAD's 98k (196k with the derived negatives)
+# questions into 384-token windows (1-2 minutes); tests/adaptation/test_null_answer.py runs the null-answer path.
 # mt_en_es and mt_en_es_scratch are slow: each first runs pretrain/mbart (its tokenizer trains on the whole Bible)
 # and exports it (about 3 min on 2 busy cores); tests/objectives/test_mbart.py runs the same chain at tiny size.
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
     "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm", "finetune/squad_minilm",
-    "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm", "finetune/mt_en_es",
+    "finetune/squad2_minilm", "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm", "finetune/mt_en_es",
     "finetune/mt_en_es_scratch"} | {"pretrain/unilm"}
 
 
@@ -86,6 +87,7 @@ def name(config: Path) -> str:
 
 def pretrains(config: Path) -> bool:
     return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule",
+                                                                              "MultilingualDataModule",
                                                                               "MultilingualDenoisingDataModule"))
 
 

@@ -104,6 +104,37 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     assert json.loads((runs / "grid-tiny-bitfit.stale-1" / "summary.json").read_text())["global_step"] == 2
 
 
+def test_a_plan_with_seeds_runs_each_cell_per_seed_and_reports_intervals(tiny_corpus, tmp_path, capsys):
+    from ptm_app.experiments.stats import summarize
+
+    config = classifier_config(tiny_corpus, tmp_path, steps=2, val_every=2, val_batches=1)
+    plan = {"name": "s", "set": {"trainer.max_steps": 2}, "seeds": [1, 2],
+            "cells": [{"name": "tiny/full", "config": str(config)}]}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    runs = tmp_path / "runs"
+    page = tmp_path / "results.md"
+    page.write_text("# results\n<!-- s:start -->\nold\n<!-- s:end -->\nafter\n")
+    assert run_main(["sweep", str(path), "--readme", str(page)], runs) == 0
+    written = page.read_text()
+    assert "old" not in written and written.endswith("<!-- s:end -->\nafter\n")
+    assert (runs / "s.md").read_text().strip() in written and (runs / "s_seeds.md").read_text().strip() in written
+    accs = []
+    for seed in (1, 2):
+        cfg = yaml.safe_load((runs / f"s-tiny-full-seed{seed}" / "config.yaml").read_text())
+        assert cfg["seed_everything"] == seed
+        accs.append(json.loads((runs / f"s-tiny-full-seed{seed}" / "summary.json").read_text())["metrics"]["test/acc"])
+    text = (runs / "s_seeds.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| tiny/full |"))
+    cells = row.split(" | ")
+    assert cells[1] == "2" and summarize(accs).text() in row
+    plan["seeds"] = [1, "two"]
+    path.write_text(yaml.safe_dump(plan))
+    capsys.readouterr()
+    assert run_main(["sweep", str(path)], runs) == 2
+    assert "seeds: 'two' is not an integer seed" in capsys.readouterr().err
+
+
 def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
     """``--by data --stages test``: a table per data set holding only the test metrics its runs have; the CSV
     keeps every run and metric in one table."""

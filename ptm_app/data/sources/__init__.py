@@ -10,7 +10,7 @@ from types import ModuleType
 from ptm_app import paths
 from ptm_app.data.sources import bbc, bbc_headlines, bible, brown, brown_pos, minilm, smollm2, tweets, wordnet
 from ptm_app.data.sources import bbc_spans, brown_spans, openmoji, wordnet_kg, wordnet_lexical
-from ptm_app.data.sources import squad, squad_unanswerable, wnut16
+from ptm_app.data.sources import clipart, emoji, quran, squad, squad_unanswerable, wnut16
 from ptm_app.data.sources.fetch import Artifact
 from ptm_app.errors import PtmError
 
@@ -77,6 +77,9 @@ SOURCES["wordnet_kg"] = _source("wordnet_kg", wordnet_kg)
 SOURCES["squad"] = _source("squad", squad)
 SOURCES["wnut16"] = _source("wnut16", wnut16)
 SOURCES["squad_unanswerable"] = _source("squad_unanswerable", squad_unanswerable)
+SOURCES["emoji"] = _source("emoji", emoji)
+SOURCES["clipart"] = _source("clipart", clipart)
+SOURCES["quran"] = _source("quran", quran)
 
 
 def prepared_dir(name: str) -> Path:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -122,12 +122,23 @@ def fetch(art: Artifact) -> Path:
 
 def deb_files(deb: Path, wanted: Collection[str]) -> dict[str, bytes]:
     """The files ``wanted`` (paths without a leading './') from a Debian package's data.tar.* member."""
-    def bad(why: str) -> PtmError:
-        return PtmError(f"{deb}: {why}; delete the file and re-run `python main.py data prepare`")
+    out = deb_tree(deb, lambda name: name in wanted)
+    missing = sorted(set(wanted) - set(out))
+    if missing:
+        raise _bad_deb(deb, f"its data.tar lacks {', '.join(missing)}")
+    return out
 
+
+def _bad_deb(deb: Path, why: str) -> PtmError:
+    return PtmError(f"{deb}: {why}; delete the file and re-run `python main.py data prepare`")
+
+
+def deb_tree(deb: Path, keep: Callable[[str], bool]) -> dict[str, bytes]:
+    """The regular files of a Debian package's data.tar.* member whose path (without a leading './') ``keep``
+    accepts, by path."""
     with open(deb, "rb") as fh:
         if fh.read(8) != b"!<arch>\n":
-            raise bad("not a Debian package (no ar archive header)")
+            raise _bad_deb(deb, "not a Debian package (no ar archive header)")
         while len(header := fh.read(60)) == 60:
             name = header[:16].decode("ascii", "replace").strip().rstrip("/")
             size = int(header[48:58].decode("ascii", "replace").strip() or 0)
@@ -137,15 +148,11 @@ def deb_files(deb: Path, wanted: Collection[str]) -> dict[str, bytes]:
                 continue
             try:
                 with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tf:
-                    out = {m.name.removeprefix("./"): tf.extractfile(m).read()
-                           for m in tf if m.isfile() and m.name.removeprefix("./") in wanted}
+                    return {m.name.removeprefix("./"): tf.extractfile(m).read()
+                            for m in tf if m.isfile() and keep(m.name.removeprefix("./"))}
             except (tarfile.TarError, EOFError, OSError) as exc:
-                raise bad(f"cannot read {name} ({exc})") from exc
-            missing = sorted(set(wanted) - set(out))
-            if missing:
-                raise bad(f"{name} lacks {', '.join(missing)}")
-            return out
-    raise bad("no data.tar member")
+                raise _bad_deb(deb, f"cannot read {name} ({exc})") from exc
+    raise _bad_deb(deb, "no data.tar member")
 
 
 def progress(items: Iterable[T], description: str) -> Iterable[T]:

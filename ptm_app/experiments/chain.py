@@ -1,0 +1,139 @@
+"""Chains of sweep cells: a first run (a pre-training, an adapter) and the runs that start from what it made (its
+export, fine-tuned per task), as ``knowledge-report`` and ``taxonomy-report`` run them.
+
+Every run is a sweep cell (``sweep.run_cell``): resumed from ``last.ckpt`` when interrupted, skipped when it has test
+metrics and was made by the same recipe.  A run that starts from a first run records that run's fingerprint
+(``cell.json``'s ``upstream``), so a changed pre-training reruns its fine-tunings and a report leaves out any number
+made from an earlier one (``made_from``).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+from unittest import mock
+
+from ptm_app.errors import PtmError
+from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, record_cell, recorded_fingerprint,
+                                       run_cell, run_name)
+from ptm_app.paths import require_markers, runs_root, write_between_markers
+
+
+@dataclass(frozen=True)
+class Link:
+    """One run of a chain: ``row`` (the chain it belongs to), the sweep ``cell``, the ``common`` overrides it shares
+    with its kind of run, whether it is a ``first`` run (the others start from the row's first runs), ``after``:
+    what to do with its run directory once it is done (export a pre-training), and ``fitted``: for a run that is
+    only fitted, never tested (a pre-training whose module has no test step), when its fit is complete."""
+
+    row: str
+    cell: dict
+    common: dict
+    first: bool
+    after: Optional[Callable[[Path], object]] = None
+    fitted: Optional[Callable[[Path], bool]] = None
+
+
+def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input: bool = False) -> list[str]:
+    """Run every link that is not done, in order; a row whose first run failed runs nothing more.  Returns the
+    names of the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line); with
+    ``stop_on_bad_input`` a run refused as bad input (exit 2, its one line printed) stops the chain too, raised as
+    ``BadInput`` (nothing more to print)."""
+    failed, upstream = [], {}  # per row: the fingerprints of its first runs
+    for i, link in enumerate(links, 1):
+        where = runs_root() / run_name({"name": plan_name}, link.cell)
+        if any(f == link.row for f, _ in failed):
+            continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
+        cell_plan = {"name": plan_name, "set": link.common, "test": link.fitted is None}
+        starts_from = [] if link.first else upstream.get(link.row, [])
+        fingerprint = cell_fingerprint(cell_plan, link.cell, starts_from)
+        if link.first:
+            upstream.setdefault(link.row, []).append(fingerprint)
+        if link.fitted is None:
+            done = is_done(where, fingerprint)
+        else:
+            done = recorded_fingerprint(where) in (None, fingerprint) and link.fitted(where)
+        if not done:
+            start = time.monotonic()
+            print(f"[{i}/{len(links)}] {link.cell['name']}: {link.cell['config']}", flush=True)
+            with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when given args beside sys.argv's
+                code = run_cell(cell_plan, link.cell, upstream=starts_from)
+            print(f"[{i}/{len(links)}] {link.cell['name']}: exit {code} after {time.monotonic() - start:.0f} s",
+                  flush=True)
+            if code == 143:
+                raise PtmError(f"{command} stopped by SIGTERM in {link.cell['name']}; run it again to continue")
+            if code == 2 and stop_on_bad_input:
+                raise BadInput(link.cell["name"])
+            if code:
+                failed.append((link.row, link.cell["name"]))
+                continue
+        else:
+            record_cell(where, fingerprint, link.cell, starts_from)  # a run from before fingerprints: adopted
+        if link.after is not None:
+            link.after(where)
+    return [name for _, name in failed]
+
+
+class BadInput(Exception):
+    """A run of a chain refused its input (its one line is printed); the command exits 2 without more."""
+
+
+def export_once(run: Path) -> Path:
+    """``<run>/export``: the pre-trained model the tasks start from (written once, from ``last.ckpt``)."""
+    out = run / "export"
+    if not (out / "config.json").is_file():
+        from ptm_app.backbones.build import quiet_transformers
+        from ptm_app.export import export_checkpoint
+
+        with quiet_transformers():
+            export_checkpoint(run, out)
+    return out
+
+
+def export_overrides(export: Path) -> dict[str, str]:
+    """A task config's overrides that start it from ``export`` (its weights and its tokenizer); JSON strings, as the
+    first plans passed them (the cells' fingerprints stay the same)."""
+    return {"model.init_args.backbone": str(export), "data.init_args.tokenizer": json.dumps({"pretrained": str(export)})}
+
+
+def summary(run: Path) -> dict:
+    """``<run>/summary.json`` ({} when the run has none)."""
+    path = run / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def summary_metrics(run: Path) -> dict:
+    return summary(run).get("metrics", {})
+
+
+def made_from(run: Path) -> Optional[list[str]]:
+    """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
+    return cell_record(run).get("upstream")
+
+
+def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: str, only: Optional[list[str]],
+                  readme: Optional[str], collect_only: bool, run: Callable[[dict, Optional[list[str]]], list[str]],
+                  write: Callable[[dict], Path], also: str) -> int:
+    """A chain report command: check ``--readme``'s markers and ``--only``'s ids (of ``rows``, each a ``kind``) before
+    anything runs, ``run`` the plan (unless ``collect_only``), ``write`` the report, print it and put it into the
+    readme; the failed runs are one line at the end (a run refused as bad input has said its line: exit 2)."""
+    if readme:
+        require_markers(readme, plan["name"])
+    unknown = sorted(set(only or []) - set(rows))
+    if unknown:
+        raise PtmError(f"--only {' '.join(unknown)}: no such {kind} in {path} ({', '.join(rows)})")
+    try:
+        failed = [] if collect_only else run(plan, only)
+    except BadInput:
+        return 2
+    md = write(plan)
+    print(md.read_text(encoding="utf-8"), end="")
+    if readme:
+        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
+    print(f"wrote {md} {also}")
+    if failed:
+        raise PtmError(f"{command}: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
+    return 0
