@@ -102,8 +102,9 @@ MODULE_WEIGHTS, MODULE_CONFIG = "module_weights.safetensors", "module_config.jso
 
 
 def save_module_weights(ckpt: dict, directory: Path) -> bool:
-    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any weights
-    or a delta that only the module's settings describe (PET's ``soft_prompt_tokens``: the module rebuilds it)."""
+    """Write the checkpoint's non-backbone weights and the module's class + hyper-parameters, if it has any weights,
+    a delta that only the module's settings describe (PET's ``soft_prompt_tokens``: the module rebuilds it) or
+    settings that inference needs (``module_settings``: a translation model's language tokens)."""
     extra, aliases, seen = {}, {}, {}
     training_only = tuple(ckpt[CKPT_KEY].get("training_only", ()))  # e.g. a distillation projection
     owned = tuple(ckpt[CKPT_KEY].get("module_backbone_keys", ()))  # backbone parts the module owns (K-Adapter)
@@ -116,8 +117,8 @@ def save_module_weights(ckpt: dict, directory: Path) -> bool:
             aliases[key] = seen[storage]
         else:
             seen[storage], extra[key] = key, value.contiguous()
-    if not extra and not ckpt[CKPT_KEY].get("delta"):
-        return False
+    if not extra and not ckpt[CKPT_KEY].get("delta") and not ckpt[CKPT_KEY].get("module_settings"):
+        return False  # module_settings: settings inference needs (a translation model's languages)
     from safetensors.torch import save_file
 
     hparams = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in ("backbone", "backbone_config",

@@ -56,6 +56,7 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "report": Command("ptm_app.experiments.report:report", positional="runs"),
     "sweep": Command("ptm_app.experiments.sweep:sweep", positional="plan"),
     "knowledge-report": Command("ptm_app.experiments.knowledge_report:knowledge_report", positional="plan"),
+    "translation-report": Command("ptm_app.experiments.translation_report:translation_report", positional="plan"),
     "taxonomy-report": Command("ptm_app.experiments.taxonomy:taxonomy_report", positional="plan"),
     "multimodal": Command("ptm_app.experiments.multimodal_report:multimodal", positional="plan"),
     "crosslingual": Command("ptm_app.experiments.crosslingual:crosslingual", trust=True),

@@ -23,7 +23,8 @@ PACKAGES = ("ptm_app.objectives", "ptm_app.adaptation", "ptm_app.compression", "
 DATA_MODULES = ("ptm_app.data.datamodules", "ptm_app.data.choice_data", "ptm_app.data.generation_data",
                 "ptm_app.data.mlm_pairs", "ptm_app.data.multilingual", "ptm_app.data.multitask", "ptm_app.data.parallel", "ptm_app.data.prompt_data",
                 "ptm_app.data.qa_data", "ptm_app.data.tagging_data", "ptm_app.data.multilabel_data",
-                "ptm_app.knowledge.data", "ptm_app.data.image_text")
+                "ptm_app.knowledge.data", "ptm_app.data.image_text",
+                "ptm_app.data.language_corpora")
 CALLBACK_MODULES = ("ptm_app.training.compile", "ptm_app.training.unfreezing")
 
 

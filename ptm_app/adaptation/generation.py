@@ -17,6 +17,11 @@ Three ways to get a generator, one setting (``architecture``):
   Sequence Generation Tasks", §2 and §3: BERT2BERT).  Source: ``[CLS] source [SEP]``; decoder: ``[CLS] target``
   → ``target [SEP]``.  With no pre-trained seq2seq model offline, this is the realistic pre-trained generator.
 
+Translation (Qiu et al. 2020 §7.5) is an ``encoder_decoder`` with ``source_language`` / ``target_language``: as
+mBART fine-tunes (Liu et al. 2020 §3.1, Fig. 1), the encoder reads ``source [EOS] <src>`` and the decoder starts
+from ``<tgt>`` (the language tokens of ``data.language_corpora``), so a model pre-trained by
+``configs/pretrain/mbart.yaml`` sees the layout of its pre-training.
+
 By default the architecture follows the backbone: ``encoder_decoder`` if its config is an encoder–decoder, else
 ``decoder`` (a bidirectional encoder is refused there); ``bert2bert`` is always asked for explicitly.
 
@@ -35,10 +40,12 @@ from torch import nn
 
 from ptm_app.adaptation.policies import fine_tuning_policies
 from ptm_app.backbones.build import build_backbone, max_positions, model_dir
+from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.backbones.delta import DeltaSpec, as_delta_spec, prepended_tokens, transformers_model
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.data.collators import pad
 from ptm_app.data.contract import DataFacts
+from ptm_app.data.language_corpora import language_token, language_token_id
 from ptm_app.data.sources.references import load_error
 from ptm_app.errors import PtmError
 from ptm_app.objectives.seq2seq import seq2seq_token_ids
@@ -143,7 +150,8 @@ class GenerationModule(PtmModule):
     """Fine-tune a generator on source → target pairs (``data.generation_data.Seq2SeqDataModule``).
 
     Logs ``train/loss``, ``val/loss`` (teacher-forced cross-entropy of the target tokens), and from generated
-    text ``val/rougeL`` (ROUGE-L F-measure) and ``val/bleu`` (corpus BLEU-4), likewise ``test/*`` (see
+    text ``val/rougeL`` (ROUGE-L F-measure), ``val/bleu`` (sacreBLEU corpus BLEU-4) and ``val/chrf`` (sacreBLEU
+    chrF2), likewise ``test/*`` (see
     ``task_kinds.metrics.GenerationScores``); the best checkpoint is the one with the highest ``val/rougeL``.
     ``predict`` writes ``predictions.jsonl``: id, source text, reference target and the generated text.
 
@@ -157,7 +165,10 @@ class GenerationModule(PtmModule):
         max_new_tokens: longest generation; default ``data.max_target_length + 1`` (room for EOS).
         length_penalty / no_repeat_ngram_size: beam-search settings of transformers' ``generate``.
         bleu_lowercase: compute BLEU on lowercased text (an uncased tokenizer such as MiniLM's generates
-            lowercase; ROUGE-L always lowercases).
+            lowercase; ROUGE-L always lowercases; chrF is always cased).
+        source_language / target_language: language codes (``en``, ``es``) of a translation model (both or
+            neither; ``encoder_decoder`` only): the source ends with ``[EOS] [<source>]`` and the decoder starts
+            from ``[<target>]``; the tokenizer must have both tokens (an mBART pre-training's has).
         delta: parameter-efficient tuning (``backbones.delta.DeltaSpec``): lora, ia3, prefix, prompt, ptuning,
             houlsby, pfeiffer, pals or bitfit; only the delta (+ BERT2BERT's new cross-attention) trains.
         delta_only: checkpoints then hold only the trained tensors; the frozen base is rebuilt from ``backbone``.
@@ -170,9 +181,16 @@ class GenerationModule(PtmModule):
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  architecture: Optional[Architecture] = None, prompt: str = "\nTL;DR:", num_beams: int = 1,
                  max_new_tokens: Optional[int] = None, length_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                 bleu_lowercase: bool = True, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+                 bleu_lowercase: bool = True, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
+                 source_language: Optional[str] = None, target_language: Optional[str] = None):
         if architecture not in (None, *HEAD):
             raise PtmError(f"architecture={architecture!r}: use one of {', '.join(HEAD)}")
+        if (source_language is None) != (target_language is None):
+            raise PtmError("a translation model needs both model.init_args.source_language and target_language "
+                           "(or neither)")
+        for code in (source_language, target_language):
+            if code is not None:
+                language_token(code)
         if num_beams < 1 or (max_new_tokens is not None and max_new_tokens < 1):
             raise PtmError("num_beams and max_new_tokens must be at least 1")
         self.architecture = resolve_architecture(architecture, backbone, backbone_config)
@@ -181,6 +199,9 @@ class GenerationModule(PtmModule):
             raise PtmError("architecture=bert2bert warm-starts from a pre-trained encoder: "
                            "set model.init_args.backbone (e.g. minilm)")
         self.head = HEAD[self.architecture]
+        if source_language is not None and self.architecture != "encoder_decoder":
+            raise PtmError(f"source_language/target_language take an encoder-decoder (mBART's layout); this "
+                           f"model is a {self.architecture}")
         spec = as_delta_spec(delta)
         if self.architecture == "bert2bert" and spec is not None and not spec.train_head:
             raise PtmError("architecture=bert2bert: the decoder's cross-attention and LM head start random and must "
@@ -192,6 +213,11 @@ class GenerationModule(PtmModule):
 
     def make_policies(self) -> list:
         return fine_tuning_policies(self.hparams.delta, self.hparams.delta_only)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.hparams.source_language is not None:  # the export keeps the languages (export.save_module_weights)
+            checkpoint[CKPT_KEY]["module_settings"] = True
 
     # -- building -----------------------------------------------------------------------------
     def can_build(self) -> bool:  # a saved EncoderDecoderModel config has no top-level vocab_size
@@ -245,6 +271,8 @@ class GenerationModule(PtmModule):
                      tok.bos_token_id)
         if isinstance(eos, list):
             eos = eos[0]
+        if self.hparams.target_language is not None:  # mBART: the decoder starts from the target language's token
+            start = language_token_id(tok, self.hparams.target_language)
         if eos is None or (self.architecture != "decoder" and start is None):
             raise PtmError("the backbone and tokenizer define no end-of-sequence / decoder start token; "
                            "use a tokenizer with [SEP] or an EOS token")
@@ -281,8 +309,10 @@ class GenerationModule(PtmModule):
                                   prefix=() if bos is None else (bos,))
         if self.architecture == "bert2bert":
             prefix, suffix = (tokenizer.cls_token_id,), (tokenizer.sep_token_id,)
-        else:  # our T5/BART pre-training's layout: content + EOS
+        else:  # our T5/BART pre-training's layout: content + EOS (+ the source language's token: mBART)
             prefix, suffix = (), (ids["eos_token_id"],)
+            if self.hparams.source_language is not None:
+                suffix += (language_token_id(tokenizer, self.hparams.source_language),)
         return EncoderDecoderCollator(pad_token_id=ids["pad_token_id"], eos_token_id=ids["eos_token_id"],
                                       decoder_start_token_id=ids["decoder_start_token_id"], source_prefix=prefix,
                                       source_suffix=suffix)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Literal, Mapping, Optional, Union
 
 from ptm_app.data.sources.references import load_error, resolve_pretrained
@@ -43,6 +43,8 @@ class TokenizerSpec:
         alpha: on a multilingual corpus, train on sentences sampled per language with probability
             q_i = p_i^alpha / sum_j p_j^alpha (XLM §3.1; p_i = language i's share of the sentences): 1 keeps the
             corpus's proportions, lower values up-sample the low-resource languages (XLM: 0.5, XLM-R: 0.3).
+        special_tokens: more special tokens for a trained tokenizer, kept whole and never split (mBART's language
+            tokens ``[en]``, ``[es]``: ``MultilingualDenoisingDataModule`` adds one per corpus language itself).
     """
 
     pretrained: Optional[str] = None
@@ -53,6 +55,7 @@ class TokenizerSpec:
     model_max_length: int = 512
     sentinels: int = 0
     alpha: float = 1.0
+    special_tokens: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if (self.pretrained is None) == (self.train is None):
@@ -79,6 +82,8 @@ def load_tokenizer(spec: TokenizerSpec, corpus: Callable[[], Corpus] | None = No
     settings = asdict(spec)
     if settings["alpha"] == 1.0:
         del settings["alpha"]  # the cache keys of tokenizers trained before alpha existed
+    if not settings["special_tokens"]:
+        del settings["special_tokens"]  # ... and before special_tokens existed
     key = hashlib.sha256(json.dumps([settings, corpus_key], sort_keys=True).encode()).hexdigest()[:16]
     target = cache_root() / "tokenizers" / f"{spec.train}-{key}"
     if not (target / "tokenizer.json").exists():
@@ -141,6 +146,7 @@ def _train(spec: TokenizerSpec, texts: Iterable[str], languages: Optional[list[s
     from transformers import PreTrainedTokenizerFast
 
     extra = [f"[X{i}]" for i in range(spec.sentinels)]
+    extra += [t for t in dict.fromkeys(spec.special_tokens) if t not in extra + BERT_SPECIALS + GPT_SPECIALS]
     if spec.train == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=spec.lowercase)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from ptm_app.errors import PtmError
-from ptm_app.paths import atomic_file, runs_root
+from ptm_app.paths import atomic_file, runs_root, write_between_markers
 
 COLUMNS = ["run", "style", "module", "backbone", "data", "trainable_params", "trainable_percent", "last_ckpt_mb",
            "fit_seconds"]
@@ -114,3 +114,15 @@ def write_seed_report(groups: dict[str, list[str]], output: str | Path,
         fh.write("Mean ± std [95 % t interval] over seeds (experiments.stats); one seed is an observation.\n\n")
         fh.write("\n".join(lines) + "\n")
     return md
+
+
+def publish(md: Path, readme: Optional[str], name: str, also: str, command: str, failed: list[str]) -> int:
+    """Print a report's table, put it into ``readme`` between ``<!-- name:start/end -->`` (when given), say what was
+    written (``md`` and ``also``), and end in one line naming the runs that failed (the report commands' ending)."""
+    print(md.read_text(encoding="utf-8"), end="")
+    if readme:
+        write_between_markers(readme, name, md.read_text(encoding="utf-8"))
+    print(f"wrote {md} {also}")
+    if failed:
+        raise PtmError(f"{command}: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
+    return 0

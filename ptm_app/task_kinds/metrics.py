@@ -158,33 +158,77 @@ class SquadMetric(Metric):
         return {"em": (self.em / n).float(), "f1": (self.f1 / n).float()}
 
 
-# -- generation --------------------------------------------------------------------------------------
+# -- generation ----------------------------------------------------------------------------------------------
+def sacrebleu_metric(name: str, lowercase: bool = False):
+    """sacreBLEU's own metric object (Post 2018): ``bleu`` (corpus BLEU-4, Papineni et al. 2002 §2, ``13a``
+    tokenization, sacreBLEU's default exponential smoothing) or ``chrf`` (chrF2, Popović 2015: character 6-grams,
+    β = 2).  The one place ptm_app scores BLEU and chrF."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if name == "bleu":
+        return BLEU(tokenize="13a", lowercase=lowercase)
+    if name == "chrf":
+        return CHRF(lowercase=lowercase)
+    raise ValueError(f"unknown sacreBLEU metric {name!r}: bleu or chrf")
+
+
+class SacreScore(Metric):
+    """A corpus-level sacreBLEU score accumulated across batches (and ranks) as sacreBLEU's sufficient statistics
+    (n-gram matches and totals, lengths), summed, then scored by sacreBLEU: equal to ``corpus_score`` over all
+    sentences at once.  A fraction in [0, 1] (sacreBLEU reports x100)."""
+
+    full_state_update = False
+
+    def __init__(self, name: str, lowercase: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.metric = sacrebleu_metric(name, lowercase)
+        size = len(self.metric._extract_corpus_statistics(["a"], [["a"]])[0])
+        self.add_state("stats", default=torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("n", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, preds: Sequence[str], references: Sequence[str]) -> None:
+        if preds:
+            rows = self.metric._extract_corpus_statistics(list(preds), [list(references)])
+            self.stats += torch.tensor(rows, dtype=torch.float64).sum(0)
+            self.n += len(preds)
+
+    def compute(self) -> torch.Tensor:
+        if not self.n:
+            return torch.tensor(0.0)
+        stats = [int(round(v)) for v in self.stats.tolist()]
+        return torch.tensor(self.metric._compute_score_from_stats(stats).score / 100.0)
+
+
 class GenerationScores(nn.Module):
-    """ROUGE-L and corpus BLEU of generated texts against one reference each, via torchmetrics.
+    """ROUGE-L, corpus BLEU and chrF of generated texts against one reference each.
 
     ``rougeL``: the LCS F-measure of Lin 2004 §3 (ROUGE-L), per pair and averaged, on lowercased alphanumeric
-    tokens as Google's ``rouge_score`` tokenizes them (no stemming: no nltk needed).  ``bleu``: corpus BLEU-4
-    (Papineni et al. 2002 §2, brevity penalty over the corpus) with sacreBLEU's ``13a`` tokenization and no
-    smoothing (Post 2018); lowercased unless ``bleu_lowercase`` is false.  Both are fractions in [0, 1].
+    tokens as Google's ``rouge_score`` tokenizes them (no stemming: no nltk needed), via torchmetrics.  ``bleu``
+    and ``chrf``: sacreBLEU's corpus BLEU and chrF (``SacreScore``); BLEU lowercased unless ``bleu_lowercase`` is
+    false, chrF cased.  All are fractions in [0, 1].
     """
 
     def __init__(self, bleu_lowercase: bool = True):
         super().__init__()
-        from torchmetrics.text import ROUGEScore, SacreBLEUScore
+        from torchmetrics.text import ROUGEScore
 
         self.rouge = ROUGEScore(rouge_keys="rougeL")
-        self.bleu = SacreBLEUScore(tokenize="13a", lowercase=bleu_lowercase)
+        self.bleu = SacreScore("bleu", lowercase=bleu_lowercase)
+        self.chrf = SacreScore("chrf")
 
     def update(self, preds: Sequence[str], references: Sequence[str]) -> None:
         preds, references = list(preds), list(references)
         if len(preds) != len(references):
             raise ValueError(f"{len(preds)} generations for {len(references)} references")
         self.rouge.update(preds, references)
-        self.bleu.update(preds, [[r] for r in references])
+        self.bleu.update(preds, references)
+        self.chrf.update(preds, references)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        return {"rougeL": self.rouge.compute()["rougeL_fmeasure"].float(), "bleu": self.bleu.compute().float()}
+        return {"rougeL": self.rouge.compute()["rougeL_fmeasure"].float(), "bleu": self.bleu.compute().float(),
+                "chrf": self.chrf.compute().float()}
 
     def reset(self) -> None:
         self.rouge.reset()
         self.bleu.reset()
+        self.chrf.reset()

@@ -58,6 +58,8 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
     "adapt/headlines_bbc_gpt_prompt": ["pretrain/gpt_clm", "export gpt_clm"],
     "adapt/icl_tweets": ["pretrain/gpt_clm", "export gpt_clm"],
     "demo/finetune_bbc": ["demo/mlm_minilm_bbc", "export demo_mlm"],
+    "finetune/mt_en_es": ["pretrain/mbart", "export mbart"],
+    "finetune/mt_en_es_scratch": ["pretrain/mbart", "export mbart"],  # its tokenizer
     "knowledge/kadapter_wordnet_supersense": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
     "knowledge/kadapter_wordnet_pairs": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
 }
@@ -71,9 +73,12 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # those paths; ~20-30 s each), adapt/prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
 # squad_minilm and squad2_minilm are slow: their first runs tokenize SQuAD's 98k (196k with the derived negatives)
 # questions into 384-token windows (1-2 minutes); tests/adaptation/test_null_answer.py runs the null-answer path.
+# mt_en_es and mt_en_es_scratch are slow: each first runs pretrain/mbart (its tokenizer trains on the whole Bible)
+# and exports it (about 3 min on 2 busy cores); tests/objectives/test_mbart.py runs the same chain at tiny size.
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
     "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm", "finetune/squad_minilm",
-    "finetune/squad2_minilm", "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm"} | {"pretrain/unilm"}
+    "finetune/squad2_minilm", "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm", "finetune/mt_en_es",
+    "finetune/mt_en_es_scratch"} | {"pretrain/unilm"}
 
 
 def name(config: Path) -> str:
@@ -82,7 +87,8 @@ def name(config: Path) -> str:
 
 def pretrains(config: Path) -> bool:
     return yaml.safe_load(config.read_text())["data"]["class_path"].endswith(("PretrainDataModule", "KeplerDataModule",
-                                                                              "MultilingualDataModule"))
+                                                                              "MultilingualDataModule",
+                                                                              "MultilingualDenoisingDataModule"))
 
 
 def shipped_args(config: Path, base: Optional[Path] = None) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Optional, Sequence
 
 from ptm_app.data.corruption.spans import Span, equilibrium_offset, whole_word_spans
 
@@ -100,11 +100,28 @@ def replace_spans(ids: Sequence[int], spans: Sequence[Span], *, mask_token_id: i
     return out + list(ids[position:])
 
 
+def word_to_token_spans(word_spans: Sequence[Span], words: Sequence[Span], n_tokens: int) -> list[Span]:
+    """Spans over words → spans over their tokens (an empty word span ``(w, w)`` → the empty span at word w's first
+    token, or at the end)."""
+    start = lambda w: words[w][0] if w < len(words) else n_tokens  # noqa: E731
+    return [(start(a), words[b - 1][1] if b > a else start(a)) for a, b in word_spans]
+
+
 def text_infilling(
-    ids: Sequence[int], rng: random.Random, *, rate: float = 0.3, poisson_lambda: float = 3.0, mask_token_id: int
+    ids: Sequence[int], rng: random.Random, *, rate: float = 0.3, poisson_lambda: float = 3.0, mask_token_id: int,
+    continuation_ids: Optional[Collection[int]] = None,
 ) -> list[int]:
-    """Text infilling (BART §2.2): Poisson(3) spans, each replaced by a single ``[MASK]``."""
-    spans = infilling_spans(len(ids), rng, rate=rate, poisson_lambda=poisson_lambda)
+    """Text infilling (BART §2.2): Poisson(3) spans, each replaced by a single ``[MASK]``.
+
+    With ``continuation_ids`` (the ids of word-internal pieces, WordPiece's ``##``) the spans and the rate count
+    whole words, as mBART does (Liu et al. 2020 §2.2: "mask 35% of the words in each instance by random sampling
+    a span length according to a Poisson distribution (λ = 3.5)")."""
+    if continuation_ids is None:
+        spans = infilling_spans(len(ids), rng, rate=rate, poisson_lambda=poisson_lambda)
+    else:
+        words = whole_word_spans([t not in continuation_ids for t in ids]) if ids else []
+        spans = word_to_token_spans(infilling_spans(len(words), rng, rate=rate, poisson_lambda=poisson_lambda),
+                                    words, len(ids))
     return replace_spans(ids, spans, mask_token_id=mask_token_id)
 
 

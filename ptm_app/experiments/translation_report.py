@@ -1,0 +1,231 @@
+"""``python main.py translation-report PLAN.yaml [--collect_only] [--readme docs/results/translation.md]``: machine
+translation from an mBART pre-training against the same model from random init (Qiu et al. 2020 §7.5; Liu et al.
+2020 §3.1), scored by sacreBLEU on the held-out books, from the runs, never typed.
+
+A plan (``configs/sweeps/translation_bible.yaml``) names the pre-training (``pretrain``: a config and its overrides),
+the fine-tuning ``rows`` (a config each; ``pretrained: true`` starts from the pre-training's export), the ``seeds``
+every row is fine-tuned with and the overrides all fine-tunings share (``set``).  Every run is a sweep cell
+(``sweep.run_cell``: run directory ``<plan>-<cell>``, resumed from ``last.ckpt`` when interrupted, recorded in
+``cell.json``); the pre-training is exported once to ``<run>/export``, whose tokenizer every row reads (the rows differ
+in their weights alone).  Each fine-tuning then ``predict``s the test split from ``last.ckpt`` (greedy translations,
+``predictions.jsonl``), skipped when the predictions are there and the cell's recipe and pre-training are unchanged.
+
+The table scores every row's predictions with sacreBLEU (``task_kinds.metrics.sacrebleu_metric``: cased BLEU, 13a,
+and chrF2): per seed the corpus score and its 95 % bootstrap interval over test verses (sacreBLEU's
+``n_bootstrap``, Koehn 2004), per row the mean over seeds and a 95 % Student-t interval across seeds
+(``seed_mean_interval``; with one seed there is none: one seed is an observation).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from ptm_app.config_errors import read_yaml
+from ptm_app.errors import PtmError
+from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, override_args, overrides, record_cell,
+                                       recorded_fingerprint, run_cell, run_name)
+from ptm_app.paths import check_run_name, require_markers, runs_root, write_json
+
+PLAN_KEYS = {"name", "pretrain", "set", "seeds", "rows", "bootstrap"}
+ROW_KEYS = {"id", "label", "config", "pretrained"}
+
+
+def seed_mean_interval(values: list[float]) -> tuple[float, Optional[float]]:
+    """Mean over seeds and the half-width of its 95 % Student-t interval (``experiments.stats.summarize``); None for
+    a single seed (an observation)."""
+    from ptm_app.experiments.stats import summarize
+
+    summary = summarize(values)
+    return summary.mean, None if summary.interval is None else (summary.interval[1] - summary.interval[0]) / 2
+
+
+def load_translation_plan(path: str | Path) -> dict:
+    """The plan, checked: its configs exist, row ids are plain unique names, seeds are integers."""
+    path = Path(path)
+    if not path.is_file():
+        raise PtmError(f"translation plan {path} not found; give a YAML file like "
+                       f"configs/sweeps/translation_bible.yaml")
+    plan = read_yaml(path) or {}
+    if not isinstance(plan, dict) or set(plan) - PLAN_KEYS or not {"name", "pretrain", "rows", "seeds"} <= set(plan):
+        raise PtmError(f"translation plan {path}: needs 'name', 'pretrain', 'rows' and 'seeds' (optional 'set', "
+                       f"'bootstrap'); see configs/sweeps/translation_bible.yaml")
+    check_run_name(plan["name"], f"translation plan {path}: name")
+    plan["set"] = overrides(plan.get("set"), f"translation plan {path}")
+    pre = plan["pretrain"]
+    if not isinstance(pre, dict) or set(pre) - {"config", "set"} or "config" not in pre:
+        raise PtmError(f"translation plan {path}: 'pretrain' takes 'config' and 'set'")
+    pre["set"] = overrides(pre.get("set"), f"translation plan {path}", "pretrain.set")
+    seeds = plan["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                          for s in seeds) or len(set(seeds)) != len(seeds):
+        raise PtmError(f"translation plan {path}: 'seeds' is a list of different integers, e.g. [1, 2, 3]")
+    rows = plan["rows"]
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise PtmError(f"translation plan {path}: 'rows' is a list of {{id, label, config, pretrained}}")
+    for row in rows:
+        if set(row) - ROW_KEYS or not {"id", "config"} <= set(row):
+            raise PtmError(f"translation plan {path}: row {row.get('id', '?')} takes {', '.join(sorted(ROW_KEYS))} "
+                           f"('id' and 'config' required)")
+        check_run_name(str(row["id"]), f"translation plan {path}: row id")
+    ids = [r["id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        raise PtmError(f"translation plan {path}: row ids repeat ({', '.join(map(str, ids))})")
+    for config in [pre["config"], *(r["config"] for r in rows)]:
+        if not Path(config).is_file():
+            raise PtmError(f"translation plan {path}: config {config} not found")
+    bootstrap = plan.setdefault("bootstrap", 1000)
+    if not isinstance(bootstrap, int) or isinstance(bootstrap, bool) or bootstrap < 2:
+        raise PtmError(f"translation plan {path}: 'bootstrap' is the number of resamples (at least 2), e.g. 1000")
+    return plan
+
+
+def pretrain_cell(plan: dict) -> dict:
+    return {"name": "pretrain", "config": plan["pretrain"]["config"], "set": plan["pretrain"]["set"]}
+
+
+def finetune_cell(plan: dict, row: dict, seed: int, export: Path) -> dict:
+    """The row's fine-tuning with ``seed``: the plan's overrides, the export's tokenizer (and weights if
+    ``pretrained``)."""
+    given = {**plan["set"], "seed_everything": seed, "data.init_args.tokenizer": {"pretrained": str(export)}}
+    if row.get("pretrained"):
+        given["model.init_args.backbone"] = str(export)
+    return {"name": f"{row['id']}-seed{seed}", "config": row["config"], "set": given}
+
+
+def fit_plan(plan: dict) -> dict:
+    """The sweep plan the cells run under: fit only (the test split is predicted, then scored here)."""
+    return {"name": plan["name"], "set": {}, "test": False}
+
+
+def run_translation_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
+    """Pre-train, export, fine-tune every row and seed, predict the test split; the failed cells' names."""
+    from ptm_app.cli import run_lightning
+    from ptm_app.config_errors import guarded
+    from ptm_app.experiments.knowledge_report import export_once
+
+    sweep = fit_plan(plan)
+    pre = pretrain_cell(plan)
+    pre_run, fingerprint = runs_root() / run_name(sweep, pre), cell_fingerprint(sweep, pre)
+    if (pre_run / "export" / "config.json").is_file() and recorded_fingerprint(pre_run) in (None, fingerprint):
+        record_cell(pre_run, fingerprint, pre)  # exported already (a run made by hand is adopted as it is)
+    elif run_cell(sweep, pre):
+        return ["pretrain"]
+    export = export_once(pre_run)
+    upstream = [recorded_fingerprint(pre_run) or ""]
+    failed = []
+    for seed in plan["seeds"]:  # seed by seed: every row has its first seed before any has a second
+        for row in plan["rows"]:
+            if only and row["id"] not in only:
+                continue
+            cell = finetune_cell(plan, row, seed, export)
+            run = runs_root() / run_name(sweep, cell)
+            current = recorded_fingerprint(run) == cell_fingerprint(sweep, cell, upstream)
+            if current and cell_record(run).get("upstream") == upstream and (run / "predictions.jsonl").is_file():
+                print(f"{cell['name']}: done, skipped", flush=True)
+                continue
+            code = run_cell(sweep, cell, upstream=upstream)
+            if not code:
+                argv = ["predict", "--config", cell["config"], *override_args(cell["set"]), "--run_name",
+                        run_name(sweep, cell), "--ckpt_path", "last"]
+                code = guarded(run_lightning, argv)
+            if code:
+                failed.append(cell["name"])
+    return failed
+
+
+def score_predictions(path: Path, bootstrap: int) -> dict:
+    """sacreBLEU BLEU and chrF of ``predictions.jsonl`` (``generated`` against ``target``), each with its 95 %
+    bootstrap interval over the verses (Koehn 2004; sacreBLEU's ``n_bootstrap``)."""
+    from ptm_app.task_kinds.metrics import sacrebleu_metric
+
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not rows:
+        raise PtmError(f"{path} holds no predictions; run the cell's predict again")
+    hyps, refs = [r["generated"] for r in rows], [r["target"] for r in rows]
+    out = {"verses": len(rows)}
+    for name in ("bleu", "chrf"):
+        metric = sacrebleu_metric(name)
+        score = metric.corpus_score(hyps, [refs])
+        sampled = metric.corpus_score(hyps, [refs], n_bootstrap=bootstrap)
+        out[name], out[f"{name}_ci"] = float(score.score), float(sampled._ci)
+        out[f"{name}_signature"] = str(metric.get_signature())
+    return out
+
+
+def _cell(mean: float, half: Optional[float]) -> str:
+    return f"{mean:.2f}" if half is None else f"{mean:.2f} ± {half:.2f}"
+
+
+def collect(plan: dict) -> tuple[list[dict], dict]:
+    """Table rows (one per plan row with predictions) and, per row, the runs and per-seed scores behind them.  A
+    run made from an earlier pre-training than the current one is left out (stale)."""
+    sweep = fit_plan(plan)
+    pre_run = runs_root() / run_name(sweep, pretrain_cell(plan))
+    upstream = [recorded_fingerprint(pre_run) or ""]
+    table, sources = [], {}
+    for row in plan["rows"]:
+        seeds = {}
+        for seed in plan["seeds"]:
+            run = runs_root() / run_name(sweep, finetune_cell(plan, row, seed, pre_run / "export"))
+            predictions = run / "predictions.jsonl"
+            if predictions.is_file() and cell_record(run).get("upstream") == upstream:
+                seeds[seed] = {"run": str(run), **score_predictions(predictions, plan["bootstrap"])}
+        if not seeds:
+            continue
+        bleu = seed_mean_interval([s["bleu"] for s in seeds.values()])
+        chrf = seed_mean_interval([s["chrf"] for s in seeds.values()])
+        per_seed = "; ".join(f"{seed}: {s['bleu']:.2f} ± {s['bleu_ci']:.2f} / {s['chrf']:.2f} ± {s['chrf_ci']:.2f}"
+                             for seed, s in seeds.items())
+        table.append({"model": row.get("label") or row["id"], "seeds": len(seeds),
+                      "test verses": next(iter(seeds.values()))["verses"], "BLEU": _cell(*bleu), "chrF": _cell(*chrf),
+                      "per seed: BLEU / chrF (95 % bootstrap)": per_seed})
+        sources[row["id"]] = seeds
+    return table, sources
+
+
+COLUMNS = ["model", "seeds", "test verses", "BLEU", "chrF", "per seed: BLEU / chrF (95 % bootstrap)"]
+
+
+def write_translation_report(plan: dict) -> Path:
+    """``translation.md|csv|json`` and ``translation_runs.json`` in ``<runs>/<plan name>/``."""
+    from ptm_app.analysis.tables import write_table
+
+    rows, sources = collect(plan)
+    out = runs_root() / plan["name"]
+    signature = next((s["bleu_signature"] for seeds in sources.values() for s in seeds.values()), "")
+    md = write_table(rows, COLUMNS, out / "translation",
+                     f"English → Spanish on the held-out Bible books ({plan['name']}): sacreBLEU BLEU and chrF, "
+                     f"mean over seeds ± 95 % t-interval")
+    write_json(out / "translation_runs.json", sources)
+    if signature:
+        with open(md, "a", encoding="utf-8") as fh:
+            fh.write(f"\nBLEU signature `{signature}`; chrF signature "
+                     f"`{next(iter(next(iter(sources.values())).values()))['chrf_signature']}`.\n")
+    return md
+
+
+def translation_report(plan: str, collect_only: bool = False, only: Optional[list[str]] = None,
+                       readme: Optional[str] = None) -> int:
+    """Machine translation, pre-trained (mBART) against random init: pre-train, export, fine-tune per seed, predict
+    the held-out books (resumable), then the sacreBLEU table.
+
+    Args:
+        plan: the translation plan (YAML), e.g. configs/sweeps/translation_bible.yaml.
+        collect_only: run nothing: the table from the runs there are.
+        only: row ids to run (the table has every row that has predictions).
+        readme: also put the table into this file (e.g. docs/results/translation.md), between the lines
+            <!-- <plan name>:start --> and <!-- <plan name>:end -->.
+    """
+    path, plan = plan, load_translation_plan(plan)
+    if readme:
+        require_markers(readme, plan["name"])
+    unknown = sorted(set(only or []) - {r["id"] for r in plan["rows"]})
+    if unknown:
+        raise PtmError(f"--only {' '.join(unknown)}: no such row in {path} ({', '.join(r['id'] for r in plan['rows'])})")
+    failed = [] if collect_only else run_translation_plan(plan, only)
+    from ptm_app.experiments.report import publish
+
+    md = write_translation_report(plan)
+    return publish(md, readme, plan["name"], f"(+ .csv, .json) and {md.parent / 'translation_runs.json'}",
+                   "translation-report", failed)
