@@ -19,7 +19,7 @@ from unittest import mock
 from ptm_app.errors import PtmError
 from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, record_cell, recorded_fingerprint,
                                        run_cell, run_name)
-from ptm_app.paths import require_markers, runs_root, write_between_markers
+from ptm_app.paths import require_markers, runs_root
 
 
 @dataclass(frozen=True)
@@ -129,11 +129,6 @@ def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: st
         failed = [] if collect_only else run(plan, only)
     except BadInput:
         return 2
-    md = write(plan)
-    print(md.read_text(encoding="utf-8"), end="")
-    if readme:
-        write_between_markers(readme, plan["name"], md.read_text(encoding="utf-8"))
-    print(f"wrote {md} {also}")
-    if failed:
-        raise PtmError(f"{command}: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")
-    return 0
+    from ptm_app.experiments.report import publish
+
+    return publish(write(plan), readme, plan["name"], also, command, failed)
