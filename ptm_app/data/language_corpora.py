@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ptm_app.data.cache import cached_json
-from ptm_app.data.datamodules import _Base, holdout_split, resolve_source
+from ptm_app.data.datamodules import _Base, check_batch_sizes, holdout_split, resolve_source
 from ptm_app.data.datasets import _index
 from ptm_app.data.formats import read_records
 from ptm_app.data.tokenizer import TokenizerSpec, tokenizer_fingerprint
@@ -135,6 +135,10 @@ class MultilingualDenoisingDataModule(_Base):
     def __init__(self, corpora: list[LanguageCorpus], tokenizer: TokenizerSpec, max_length: int = 128,
                  sampling_alpha: float = 0.7, batch_size: int = 32, eval_batch_size: Optional[int] = None,
                  num_workers: int = 0, seed: int = 1234, holdout: float = 0.05, limit_documents: Optional[int] = None):
+        check_batch_sizes(batch_size, eval_batch_size)
+        if isinstance(corpora, (str, dict)) or not all(isinstance(c, (LanguageCorpus, dict)) for c in corpora or []):
+            raise PtmError(f"data.init_args.corpora: a list of {{language, source, text_field}}, one per language; "
+                           f"got {corpora!r:.80}")
         corpora = [c if isinstance(c, LanguageCorpus) else LanguageCorpus(**c) for c in corpora or []]
         if not corpora:
             raise PtmError("data.init_args.corpora is empty; give one {language, source, text_field} per language")

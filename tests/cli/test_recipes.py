@@ -30,7 +30,9 @@ TINY = {  # per model_type: the recipe's architecture at toy width (the objectiv
     "ptm_bilstm_lm": dict(embedding_dim=32, hidden_size=128, num_layers=2),
     "xlm": dict(emb_dim=32, n_layers=2, n_heads=2, max_position_embeddings=64),
 }
-RECIPES = sorted((ROOT / "configs" / "pretrain").glob("*.yaml"))
+# the text recipes; the image-text ones (clip_emoji, visualbert_emoji) train, resume exactly (with CLIP's learned
+# temperature) and export in tests/objectives/test_clip.py and test_visualbert.py
+RECIPES = sorted(p for p in (ROOT / "configs" / "pretrain").glob("*.yaml") if not p.stem.endswith("_emoji"))
 
 
 def tiny_args(config: Path, steps: int) -> list[str]:
@@ -92,7 +94,8 @@ def test_recipe_overfits_one_fixed_batch(config, tmp_path, monkeypatch):
     from ptm_app.cli import PtmCLI
 
     monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path))
-    steps = 80 if "elmo" in config.stem else 40  # an LSTM memorises more slowly than attention
+    # an LSTM memorises more slowly than attention; XLM's mix trains each of CLM, MLM and TLM every third step
+    steps = 80 if config.stem in ("elmo", "xlm_mix") else 40
     cli = PtmCLI(args=[*tiny_args(config, steps=steps), "--model.init_args.optim.lr", "3e-2" if "elmo" in config.stem else "3e-3",
                        "--model.init_args.optim.warmup", "0", "--model.init_args.optim.schedule", "constant"], run=False)
     module, dm = cli.model, cli.datamodule

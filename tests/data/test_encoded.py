@@ -64,7 +64,7 @@ def test_every_labelled_kind_is_one_split_type_built_once(tmp_path):
     assert splits["tagged"].stats == {"truncated_words": 0, "empty_words": 0}
     qa = splits["qa"]
     assert len(qa.columns["input_ids"]) == len(qa.columns["example"]) > 2  # more windows than records
-    assert qa.fields["answers"] == [["the cat"], ["the park"]] and qa.stats == {"truncated_questions": 0}
+    assert qa.fields["answers"] == [["the cat"], ["the park"]] and qa.stats == {"truncated_questions": 0, "unanswerable": 0}
     choice = splits["choice"]
     assert [len(q) for q in choice.columns["input_ids"]] == [3, 3] and choice.fields["label"] == [0, 1]
     assert tok.convert_ids_to_tokens(splits["seq2seq"].columns["target_ids"][1]) == ["dogs", "run"]

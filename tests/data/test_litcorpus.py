@@ -414,9 +414,9 @@ def test_tokenizer_training_on_a_glob_streams_the_texts(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "p" / "b.jsonl", rows[50:])
     real, given, pulled = tokenizer_mod._train, [], []
 
-    def spy(spec, texts):
+    def spy(spec, texts, *rest):
         given.append(texts)
-        return real(spec, (pulled.append(t) or t for t in texts))
+        return real(spec, (pulled.append(t) or t for t in texts), *rest)
 
     monkeypatch.setattr(tokenizer_mod, "_train", spy)
     spec = TokenizerSpec(train="wordpiece", vocab_size=300, min_frequency=1)
