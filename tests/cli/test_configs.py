@@ -73,11 +73,12 @@ BEFORE = {  # configs that start from another run: those runs first, as shipped 
 # those paths; ~20-30 s each), adapt/prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
 # squad_minilm and squad2_minilm are slow: their first runs tokenize SQuAD's 98k (196k with the derived negatives)
 # questions into 384-token windows (1-2 minutes); tests/adaptation/test_null_answer.py runs the null-answer path.
+# tweets_minilm_freelb (two passes a step) is slow: tests/analysis/test_attack.py fits and resumes FreeLB.
 # mt_en_es and mt_en_es_scratch are slow: each first runs pretrain/mbart (its tokenizer trains on the whole Bible)
 # and exports it (about 3 min on 2 busy cores); tests/objectives/test_mbart.py runs the same chain at tiny size.
 CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
     "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm", "finetune/squad_minilm",
-    "finetune/squad2_minilm", "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm", "finetune/mt_en_es",
+    "finetune/squad2_minilm", "finetune/tweets_minilm_freelb", "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm", "finetune/mt_en_es",
     "finetune/mt_en_es_scratch"} | {"pretrain/unilm"}
 
 

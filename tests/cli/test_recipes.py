@@ -32,7 +32,10 @@ TINY = {  # per model_type: the recipe's architecture at toy width (the objectiv
 }
 # the text recipes; the image-text ones (clip_emoji, visualbert_emoji) train, resume exactly (with CLIP's learned
 # temperature) and export in tests/objectives/test_clip.py and test_visualbert.py
-RECIPES = sorted(p for p in (ROOT / "configs" / "pretrain").glob("*.yaml") if not p.stem.endswith("_emoji"))
+# mmlm and xlm_mix (about a minute together) are slow here: tests/objectives/test_multilingual_lm.py checks their
+# objectives, and their resume and as-shipped runs are slow tests there too
+RECIPES = [pytest.param(p, marks=pytest.mark.slow) if p.stem in ("mmlm", "xlm_mix") else p
+           for p in sorted((ROOT / "configs" / "pretrain").glob("*.yaml")) if not p.stem.endswith("_emoji")]
 
 
 def tiny_args(config: Path, steps: int) -> list[str]:
@@ -60,7 +63,7 @@ def test_every_representative_model_has_a_recipe():
             "elmo"} <= names and "gpt_clm" in names
 
 
-@pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("config", RECIPES, ids=lambda p: getattr(p, "stem", None))
 def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
     runs = tmp_path / "runs"
     args = tiny_args(config, steps=6)
@@ -86,7 +89,7 @@ def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
     assert all(torch.equal(got[k], expected[k]) for k in expected)
 
 
-@pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("config", RECIPES, ids=lambda p: getattr(p, "stem", None))
 def test_recipe_overfits_one_fixed_batch(config, tmp_path, monkeypatch):
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader
