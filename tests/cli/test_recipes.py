@@ -34,8 +34,8 @@ TINY = {  # per model_type: the recipe's architecture at toy width (the objectiv
 # temperature) and export in tests/objectives/test_clip.py and test_visualbert.py
 # mmlm and xlm_mix (about a minute together) are slow here: tests/objectives/test_multilingual_lm.py checks their
 # objectives, and their resume and as-shipped runs are slow tests there too
-RECIPES = [pytest.param(p, marks=pytest.mark.slow) if p.stem in ("mmlm", "xlm_mix") else p
-           for p in sorted((ROOT / "configs" / "pretrain").glob("*.yaml")) if not p.stem.endswith("_emoji")]
+RECIPE_FILES = [p for p in sorted((ROOT / "configs" / "pretrain").glob("*.yaml")) if not p.stem.endswith("_emoji")]
+RECIPES = [pytest.param(p, marks=pytest.mark.slow) if p.stem in ("mmlm", "xlm_mix") else p for p in RECIPE_FILES]
 
 
 def tiny_args(config: Path, steps: int) -> list[str]:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli.test_recipes import RECIPES, tiny_args
+from tests.cli.test_recipes import RECIPE_FILES, tiny_args
 from tests.conftest import run_main
 
 pytest.importorskip("litdata")
 
-CORPUS_RECIPES = [c for c in RECIPES if yaml.safe_load(c.read_text())["data"]["class_path"] == "PretrainDataModule"]
+CORPUS_RECIPES = [c for c in RECIPE_FILES if yaml.safe_load(c.read_text())["data"]["class_path"] == "PretrainDataModule"]
 STEPS = 3
 # in the default suite: one recipe per kind of reading (NSP sentence pairs, span masking, permutation LM, a
 # bidirectional LSTM LM, causal LM blocks), ~5 s each; the other ten (~80 s) run with `make test-slow`
