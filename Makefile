@@ -102,6 +102,7 @@ multimodal: data
 # The cross-lingual table (docs/results/multilingual.md, issue 29): four small encoders at equal steps (multilingual
 # BERT MLM, English-only BERT MLM, XLM MLM, XLM MLM+TLM; one shared Unigram vocabulary from the first run), then
 # `crosslingual` with MiniLM as the reference.  About an hour on 2 busy CPU cores; not part of `make test`.
+# fp32 (32-true) on every machine: the committed cross-lingual table was measured in fp32
 XL_SMALL := --trainer.max_steps 150 --trainer.val_check_interval 150 --trainer.limit_val_batches 3 --checkpoint_every 150 \
 	--trainer.precision 32-true --data.init_args.max_length 64 --data.init_args.batch_size 16
 XL_BERT := '{"model_type":"bert","hidden_size":128,"num_hidden_layers":2,"num_attention_heads":2,"intermediate_size":256,"max_position_embeddings":128}'

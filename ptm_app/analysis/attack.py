@@ -153,7 +153,7 @@ def attack_one(victim: Victim, text: str, gold: int, synonyms: dict, word_class:
             changed = list(current)
             changed[i] = option
             tried.append(changed)
-        sims = similar([_window(current, i)] * len(tried), [_window(c, i) for c in tried])
+        sims = similar(_window(current, i), [_window(c, i) for c in tried])
         kept = [(c, s, o) for c, s, o in zip(tried, sims, options) if s >= similarity]
         if not kept:
             continue
@@ -172,20 +172,21 @@ def attack_one(victim: Victim, text: str, gold: int, synonyms: dict, word_class:
 
 
 class MiniLMSimilarity:
-    """Cosine of mean-pooled all-MiniLM-L6-v2 embeddings of text pairs (the Universal Sentence Encoder's stand-in)."""
+    """Cosine of mean-pooled all-MiniLM-L6-v2 embeddings (the Universal Sentence Encoder's stand-in)."""
 
     def __init__(self, model: str = "minilm"):
         from ptm_app.inference.loading import load_for_inference
 
         self.loaded = load_for_inference(model)
 
-    def __call__(self, first: list[str], second: list[str]) -> list[float]:
+    def __call__(self, original: str, changed: list[str]) -> list[float]:
+        """The cosine of each changed text with the original (embedded once)."""
         from ptm_app.inference.embed import embed_texts
 
-        if not first:
+        if not changed:
             return []
-        vectors = torch.from_numpy(embed_texts(self.loaded, first + second, pooling="mean", normalize=True))
-        return (vectors[:len(first)] * vectors[len(first):]).sum(-1).tolist()
+        vectors = torch.from_numpy(embed_texts(self.loaded, [original, *changed], pooling="mean", normalize=True))
+        return (vectors[1:] @ vectors[0]).tolist()
 
 
 def summary(name: str, outcomes: list[Outcome]) -> dict:
@@ -205,7 +206,7 @@ def draw(rows: list[dict]):
 
     fig, (ax,) = new_figure(1, columns=1)
     names = [r["model"] for r in rows]
-    x = torch.arange(len(rows)).tolist()
+    x = list(range(len(rows)))
     ax.bar([i - 0.2 for i in x], [r["clean_accuracy"] for r in rows], width=0.4, label="clean")
     ax.bar([i + 0.2 for i in x], [r["attacked_accuracy"] for r in rows], width=0.4, label="under attack")
     for i, r in zip(x, rows):

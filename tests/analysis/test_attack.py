@@ -54,7 +54,7 @@ MAIN = {"good": "adj", "film": "noun", "fine": "adj"}
 
 def test_the_attack_flips_with_the_most_similar_candidate_and_counts_its_queries():
     victim = RuleVictim()
-    similar = lambda a, b: [0.95 if "fine" in x else 0.9 for x in b]  # noqa: E731
+    similar = lambda original, changed: [0.95 if "fine" in x else 0.9 for x in changed]  # noqa: E731
     out = attack_one(victim, "a good film", 0, SYNONYMS, MAIN, similar, 0.84, 50, 1.0)
     # 1 query for the text, 2 deletions (good, film), then 'good' first (deleting it drops P(pos) most): its two
     # candidates both flip?  'fine' keeps pos (0.6), 'bad' flips (0.2): 'bad' is the only flip
@@ -64,7 +64,7 @@ def test_the_attack_flips_with_the_most_similar_candidate_and_counts_its_queries
 
 def test_the_similarity_constraint_can_stop_the_attack():
     victim = RuleVictim()
-    strict = lambda a, b: [0.5 for _ in b]  # noqa: E731
+    strict = lambda original, changed: [0.5 for _ in changed]  # noqa: E731
     out = attack_one(victim, "a good film", 0, SYNONYMS, MAIN, strict, 0.84, 50, 1.0)
     assert out.status == "failure" and out.changes == [] and out.queries == 3  # no candidate was ever queried
     wrong = attack_one(RuleVictim(), "a good film", 1, SYNONYMS, MAIN, strict, 0.84, 50, 1.0)
@@ -81,7 +81,8 @@ class CountVictim(RuleVictim):
 
 
 def test_without_a_flip_only_a_candidate_that_lowers_the_gold_probability_is_kept():
-    synonyms, main, same = {"good": {"adj": ("fine",)}}, {"good": "adj"}, lambda a, b: [1.0] * len(b)  # noqa: E731
+    synonyms, main = {"good": {"adj": ("fine",)}}, {"good": "adj"}
+    same = lambda original, changed: [1.0] * len(changed)  # noqa: E731
     out = attack_one(CountVictim(), "good good", 0, synonyms, main, same, 0.84, 50, 1.0)
     # the first 'good' -> 'fine' lowers P(pos) 0.9 -> 0.6 (kept, no flip); the second flips it (0.3)
     assert out.status == "success" and out.adversarial == "fine fine" and len(out.changes) == 2
