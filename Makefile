@@ -49,26 +49,26 @@ results: data
 	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md
 
 # The tables and figures of docs/analyse.md: every configs/analysis recipe as shipped, into
-# checkpoints/<recipe>/ (the tables there are pasted from their .md files).  The robustness recipe evaluates
-# the tweet and BBC classifiers, and the probe of ptm_app's own recipe the small BERT run, each made
+# checkpoints/<recipe>/, each writing its tables between its markers there and its picture to docs/figures/.
+# The robustness recipe evaluates the tweet and BBC classifiers, and the probe of ptm_app's own recipe the small BERT run, each made
 # first when it is not there.  Slow (about two hours on 2 CPU cores); not part of `make test`.
 analysis: data
-	$(PY) main.py probe --config configs/analysis/probe_minilm.yaml
-	$(PY) main.py probe --config configs/analysis/probe_mlp_minilm_smollm2.yaml
-	$(PY) main.py contextuality --config configs/analysis/contextuality_minilm.yaml
-	$(PY) main.py attention --config configs/analysis/attention_minilm.yaml
-	$(PY) main.py knowledge-probe --config configs/analysis/knowledge_probe_smollm2.yaml
+	$(PY) main.py probe --config configs/analysis/probe_minilm.yaml --readme docs/analyse.md
+	$(PY) main.py probe --config configs/analysis/probe_mlp_minilm_smollm2.yaml --readme docs/analyse.md
+	$(PY) main.py contextuality --config configs/analysis/contextuality_minilm.yaml --readme docs/analyse.md
+	$(PY) main.py attention --config configs/analysis/attention_minilm.yaml --readme docs/analyse.md
+	$(PY) main.py knowledge-probe --config configs/analysis/knowledge_probe_smollm2.yaml --readme docs/analyse.md
 	test -f checkpoints/tweets_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm.yaml
 	test -f checkpoints/lora_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_tweets.yaml
-	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml
+	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml --readme docs/analyse.md
 	test -f checkpoints/tweets_minilm_freelb/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm_freelb.yaml
 	$(PY) main.py attack --config configs/analysis/attack_tweets_minilm.yaml --readme docs/results/robustness.md
 	test -f checkpoints/bbc_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/bbc_minilm.yaml
 	test -f checkpoints/lora_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_bbc.yaml
-	$(PY) main.py robustness --config configs/analysis/robustness_bbc_minilm.yaml
+	$(PY) main.py robustness --config configs/analysis/robustness_bbc_minilm.yaml --readme docs/analyse.md
 	$(PY) main.py attack --config configs/analysis/attack_bbc_minilm.yaml --readme docs/results/robustness.md
 	test -f checkpoints/bert_mlm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm.yaml
-	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml
+	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml --readme docs/analyse.md
 
 # The compression tables (docs/results/compression.md, issue 14): every configs/compress recipe for the BBC and the tweets teachers
 # (each report config names the command of each row; --make_missing true runs the ones not yet made, in order),

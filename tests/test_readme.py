@@ -84,7 +84,10 @@ def test_generated_tables_sit_between_their_commands_markers():
                           "docs/results/knowledge.md": ["knowledge_brown"],
                           "docs/results/robustness.md": ["attack_tweets_minilm"],
                           "docs/results/adaptation.md": ["adapt_minilm"],
-                          "docs/results/translation.md": ["translation_bible"]}.items():
+                          "docs/results/translation.md": ["translation_bible"],
+                          "docs/analyse.md": ["probe_minilm", "probe_own_pretrained", "probe_mlp_minilm_smollm2",
+                                              "contextuality_minilm", "attention_minilm", "knowledge_probe_smollm2",
+                                              "robustness_tweets_minilm", "robustness_bbc_minilm"]}.items():
         text = (ROOT / page).read_text()
         for name in markers:
             block = text.split(f"<!-- {name}:start -->")[1].split(f"<!-- {name}:end -->")[0]

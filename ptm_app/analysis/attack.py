@@ -249,18 +249,17 @@ def attack(runs: list[str], checkpoint: Literal["best", "last"] = "best",
     resolved = dict(locals())
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.representations import sample_indices
-    from ptm_app.analysis.tables import write_table
+    from ptm_app.analysis.tables import check_readme, show, write_table
     from ptm_app.data.datamodules import resolve_source
     from ptm_app.data.tasks import read_labelled
-    from ptm_app.paths import atomic_file, require_markers, write_between_markers
+    from ptm_app.paths import atomic_file
 
     if not 0.0 <= similarity <= 1.0 or not 0.0 < max_perturbed <= 1.0 or max_candidates < 1:
         raise PtmError("attack: similarity must be in [0, 1], max_perturbed in (0, 1] and max_candidates >= 1")
     synonyms, word_class = wordnet_pos_synonyms()
     similar = MiniLMSimilarity(similarity_model)
     out = Path(output_dir) if output_dir else run_path(run_name)
-    if readme:
-        require_markers(readme, out.name)
+    check_readme(readme, out)
     rows, adversarial = [], []
     for run in runs:
         ckpt, config = run_files(run, checkpoint)
@@ -300,7 +299,5 @@ def attack(runs: list[str], checkpoint: Literal["best", "last"] = "best",
                      "TextFooler-style synonym attack (success rate = flipped / correctly classified; words "
                      "perturbed over successful attacks)")
     save_png(draw(rows), out / "attack.png")
-    if readme:
-        write_between_markers(readme, out.name, md.read_text(encoding="utf-8"))
-    print(md.read_text(encoding="utf-8"), end="")
+    show([md], readme, out, out / "attack.png")
     return out

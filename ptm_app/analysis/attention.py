@@ -116,7 +116,7 @@ def draw(rows: list[dict]):
 
 def attention(models: list[str] = ["minilm"], split: Literal["train", "validation", "test"] = "test",
               sentences: Optional[int] = 200, max_length: int = 128, seed: int = 0, run_name: str = "attention",
-              output_dir: Optional[str] = None) -> Path:
+              output_dir: Optional[str] = None, readme: Optional[str] = None) -> Path:
     """Per-head entropy, attention to [CLS], [SEP] and punctuation, and mean attended distance.
 
     Args:
@@ -128,14 +128,17 @@ def attention(models: list[str] = ["minilm"], split: Literal["train", "validatio
         seed: the sentence sample.
         run_name: output directory name under the runs root (checkpoints/).
         output_dir: output directory (overrides run_name).
+        readme: also put the tables into this page (e.g. docs/analyse.md), between the lines
+            ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the output directory's name.
     """
     resolved = dict(locals())
     from ptm_app.analysis.figures import save_png
-    from ptm_app.analysis.tables import write_table
+    from ptm_app.analysis.tables import check_readme, show, write_table
 
     task = PROBE_TASKS["brown_pos"]
     prepared_dir(task.name)
     out = Path(output_dir) if output_dir else run_path(run_name)
+    check_readme(readme, out)
     examples = load_examples(task, split, sentences, seed)
     rows, best = [], []
     for ref in models:
@@ -165,8 +168,7 @@ def attention(models: list[str] = ["minilm"], split: Literal["train", "validatio
                                       "words"], out / "attention_relations",
                                "Word relations (Clark et al. 2019 §4): the best single head against the best "
                                "fixed-offset baseline")
-    print(md.read_text(encoding="utf-8"), end="")
-    print(md_relations.read_text(encoding="utf-8"), end="")
+    show([md, md_relations], readme, out, out / "attention.png")
     return out
 
 

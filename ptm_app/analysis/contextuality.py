@@ -94,7 +94,8 @@ def contextuality(models: list[str] = ["minilm"], split: Literal["train", "valid
                   sentences: Optional[int] = 500, min_occurrences: int = 5, max_occurrences: int = 20,
                   baseline_pairs: int = 5000, layers: Optional[list[int]] = None, max_length: int = 128,
                   encode_batch_size: int = 32, cache_dtype: Literal["float32", "float16"] = "float32",
-                  seed: int = 0, run_name: str = "contextuality", output_dir: Optional[str] = None) -> Path:
+                  seed: int = 0, run_name: str = "contextuality", output_dir: Optional[str] = None,
+                  readme: Optional[str] = None) -> Path:
     """Self-similarity, intra-sentence similarity, max explainable variance and anisotropy per layer.
 
     Args:
@@ -112,14 +113,17 @@ def contextuality(models: list[str] = ["minilm"], split: Literal["train", "valid
         seed: the sentence sample, the random pairs and the random sets of the MEV baseline.
         run_name: output directory name under the runs root (checkpoints/).
         output_dir: output directory (overrides run_name).
+        readme: also put the tables into this page (e.g. docs/analyse.md), between the lines
+            ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the output directory's name.
     """
     resolved = dict(locals())
     from ptm_app.analysis.figures import save_png
-    from ptm_app.analysis.tables import write_table
+    from ptm_app.analysis.tables import check_readme, show, write_table
 
     task = PROBE_TASKS["brown_pos"]
     prepared_dir(task.name)  # one line saying how to prepare it, before any model is loaded
     out = Path(output_dir) if output_dir else run_path(run_name)
+    check_readme(readme, out)
     rows = []
     for ref in models:
         encoder = load_encoder(ref)
@@ -142,5 +146,5 @@ def contextuality(models: list[str] = ["minilm"], split: Literal["train", "valid
     md = write_table(rows, COLUMNS, out / "contextuality",
                      "Contextuality per layer (Ethayarajh 2019); *_adjusted = raw - random-word baseline")
     save_png(draw(rows), out / "contextuality.png")
-    print(md.read_text(encoding="utf-8"), end="")
+    show([md], readme, out, out / "contextuality.png")
     return out

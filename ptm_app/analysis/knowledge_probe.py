@@ -314,7 +314,7 @@ def knowledge_probe(models: list[str] = ["smollm2"],
                     relations: list[str] = ["hypernym", "part_of", "member_of", "antonym", "supersense"],
                     templates: Optional[dict[str, str]] = None, facts_per_relation: Optional[int] = 200,
                     batch_size: int = 16, seed: int = 0, run_name: str = "knowledge_probe",
-                    output_dir: Optional[str] = None) -> Path:
+                    output_dir: Optional[str] = None, readme: Optional[str] = None) -> Path:
     """LAMA-style cloze probes of relational knowledge: P@1, P@10 and MRR per relation.
 
     Args:
@@ -328,10 +328,12 @@ def knowledge_probe(models: list[str] = ["smollm2"],
         seed: the fact sample.
         run_name: output directory name under the runs root (checkpoints/).
         output_dir: output directory (overrides run_name).
+        readme: also put the tables into this page (e.g. docs/analyse.md), between the lines
+            ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the output directory's name.
     """
     resolved = dict(locals())
     from ptm_app.analysis.figures import save_png
-    from ptm_app.analysis.tables import write_table
+    from ptm_app.analysis.tables import check_readme, show, write_table
 
     templates = templates or {}
     keys = {name: name if name in WORDNET_RELATIONS else Path(name).stem for name in relations}
@@ -345,6 +347,7 @@ def knowledge_probe(models: list[str] = ["smollm2"],
         facts = read_facts(path, templates.get(keys[name]))
         loaded[name] = (facts, valid_objects(facts), sample_facts(facts, facts_per_relation, seed))
     out = Path(output_dir) if output_dir else run_path(run_name)
+    check_readme(readme, out)
     rows, predictions = [], []
     for ref in models:
         lm = load_language_model(ref)
@@ -364,7 +367,7 @@ def knowledge_probe(models: list[str] = ["smollm2"],
     write_table(pivot, ["relation", *[k for k in pivot[0] if k != "relation"]] if pivot else ["relation"],
                 out / "knowledge_p_at_1", "P@1 per relation and model (ranking in brackets)")
     save_png(draw(rows), out / "knowledge_probe.png")
-    print(md.read_text(encoding="utf-8"), end="")
+    show([md], readme, out, out / "knowledge_probe.png")
     return out
 
 

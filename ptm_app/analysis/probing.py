@@ -163,7 +163,7 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
           mix_l2: float = 0.0, train_examples: Optional[int] = 500, test_examples: Optional[int] = 200,
           max_length: int = 128, encode_batch_size: int = 32,
           cache_dtype: Literal["float32", "float16"] = "float32", seed: int = 0, run_name: str = "probe",
-          output_dir: Optional[str] = None) -> Path:
+          output_dir: Optional[str] = None, readme: Optional[str] = None) -> Path:
     """Layer-wise probing of frozen backbones, with control tasks, scalar mix and center of gravity.
 
     Args:
@@ -194,10 +194,12 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
         seed: sampling, probe initialisation, minibatch order and control labels.
         run_name: output directory name under the runs root (checkpoints/).
         output_dir: output directory (overrides run_name).
+        readme: also put the tables into this page (e.g. docs/analyse.md), between the lines
+            ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the output directory's name.
     """
     resolved = dict(locals())  # the settings, written next to the results
     from ptm_app.analysis.figures import save_png
-    from ptm_app.analysis.tables import write_table
+    from ptm_app.analysis.tables import check_readme, show, write_table
 
     chosen = [probe_task(t) for t in tasks]
     for task in chosen:
@@ -205,6 +207,7 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
     settings = ProbeSettings(kind=probe, hidden_size=hidden_size, optimizer=optimizer, steps=steps, lr=lr,
                              weight_decay=weight_decay, batch_size=batch_size, seed=seed)
     out = Path(output_dir) if output_dir else run_path(run_name)
+    check_readme(readme, out)
     rows, gravity = [], []
     for ref in models:
         encoder = load_encoder(ref)
@@ -218,10 +221,11 @@ def probe(models: list[str] = ["minilm"], tasks: list[TaskName] = ["brown_pos", 
             gravity.append(task_gravity)
         del encoder
     write_json(out / "settings.json", resolved)
-    write_table(rows, LAYER_COLUMNS, out / "probe", "Layer-wise probing: test accuracy, control, selectivity")
+    layers_md = write_table(rows, LAYER_COLUMNS, out / "probe",
+                            "Layer-wise probing: test accuracy, control, selectivity")
     md = write_table(gravity, GRAVITY_COLUMNS, out / "center_of_gravity", "Scalar mix center of gravity")
     save_png(draw_probe(rows, gravity), out / "probe.png")
     if scalar_mix:
         save_png(draw_mix(rows), out / "scalar_mix.png")
-    print(md.read_text(encoding="utf-8"), end="")
+    show([md, layers_md], readme, out, out / "probe.png")
     return out

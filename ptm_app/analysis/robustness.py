@@ -157,7 +157,8 @@ def robustness(runs: list[str], checkpoint: Literal["best", "last"] = "best",
                examples: Optional[int] = 500,
                perturbations: list[Perturbation] = list(PERTURBATIONS),
                rates: list[float] = [0.05, 0.1, 0.2], batch_size: int = 32, seed: int = 0,
-               run_name: str = "robustness", output_dir: Optional[str] = None) -> Path:
+               run_name: str = "robustness", output_dir: Optional[str] = None,
+               readme: Optional[str] = None) -> Path:
     """A fine-tuned classifier's accuracy and macro F1 on perturbed copies of its test set.
 
     Args:
@@ -172,11 +173,13 @@ def robustness(runs: list[str], checkpoint: Literal["best", "last"] = "best",
         seed: the sample and every perturbation's generator.
         run_name: output directory name under the runs root (checkpoints/).
         output_dir: output directory (overrides run_name).
+        readme: also put the tables into this page (e.g. docs/analyse.md), between the lines
+            ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the output directory's name.
     """
     resolved = dict(locals())
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.representations import sample_indices
-    from ptm_app.analysis.tables import write_table
+    from ptm_app.analysis.tables import check_readme, show, write_table
     from ptm_app.data.datamodules import resolve_source
     from ptm_app.data.tasks import read_labelled
 
@@ -187,6 +190,7 @@ def robustness(runs: list[str], checkpoint: Literal["best", "last"] = "best",
 
         synonyms = wordnet_synonyms()
     out = Path(output_dir) if output_dir else run_path(run_name)
+    check_readme(readme, out)
     rows = []
     for run in runs:
         ckpt, config = run_files(run, checkpoint)
@@ -224,5 +228,5 @@ def robustness(runs: list[str], checkpoint: Literal["best", "last"] = "best",
     md = write_table(rows, COLUMNS, out / "robustness",
                      "Robustness: accuracy and macro F1 on perturbed copies (drop = clean - perturbed)")
     save_png(draw(rows), out / "robustness.png")
-    print(md.read_text(encoding="utf-8"), end="")
+    show([md], readme, out, out / "robustness.png")
     return out

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
-from ptm_app.paths import atomic_file, write_json
+from ptm_app.paths import atomic_file, require_markers, write_between_markers, write_json
 
 
 def cell(value: Any) -> str:
@@ -36,3 +36,31 @@ def write_table(rows: Sequence[dict], columns: Sequence[str], stem: str | Path, 
         writer.writerows([cell(r.get(c)) for c in columns] for r in rows)
     write_json(stem.with_suffix(".json"), [{c: r.get(c) for c in columns} for r in rows])
     return md
+
+
+def check_readme(readme: Optional[str], out: Path) -> None:
+    """Refuse a ``readme`` page without the run's markers before the analysis runs, not after."""
+    if readme:
+        require_markers(readme, out.name)
+
+
+def show(mds: Sequence[Path], readme: Optional[str], out: Path, figure: Optional[Path] = None) -> None:
+    """The analysis commands' ending: print their tables and, with ``readme``, write them into that page between
+    the ``<!-- NAME:start/end -->`` lines of the output directory's name, and copy ``figure`` to ``NAME.png`` in
+    the page's figures folder (``figures_dir``), so no docs table or picture is put there by hand."""
+    text = "\n".join(md.read_text(encoding="utf-8") for md in mds)
+    if readme:
+        write_between_markers(readme, out.name, text)
+        if figure is not None:
+            with atomic_file(figures_dir(Path(readme)) / f"{out.name}.png", "wb") as fh:
+                fh.write(figure.read_bytes())
+    print(text, end="")
+
+
+def figures_dir(page: Path) -> Path:
+    """The ``figures`` folder of the page's nearest folder that has one (docs/results/x.md -> docs/figures), else
+    ``figures`` beside the page."""
+    for folder in Path(page).resolve().parents:
+        if (folder / "figures").is_dir():
+            return folder / "figures"
+    return Path(page).parent / "figures"

@@ -175,9 +175,21 @@ def test_attack_and_a_freelb_fit_end_to_end(tmp_path, capsys):
     assert ckpt["hyper_parameters"]["adversarial"] == {"steps": 2, "step_size": 0.1, "init_mag": 0.1, "max_norm": 0.0}
 
     out = tmp_path / "attack"
+    page = tmp_path / "docs" / "results" / "page.md"  # the table goes between its markers, the picture to docs/figures
+    (tmp_path / "docs" / "figures").mkdir(parents=True)
+    page.parent.mkdir()
+    page.write_text("intro\n")
     capsys.readouterr()
+    assert run_main(["attack", "--runs", str(runs / "cls"), "--output_dir", str(out), "--readme", str(page)], runs) == 2
+    assert capsys.readouterr().err.strip().endswith("has no '<!-- attack:start -->' and '<!-- attack:end -->' lines; "
+                                                    "add them where the table goes")  # refused before any attack
+    assert not out.exists()
+    page.write_text("intro\n<!-- attack:start -->\nold\n<!-- attack:end -->\nafter\n")
     assert run_main(["attack", "--runs", str(runs / "cls"), str(runs / "freelb"), "--examples", "null",
-                     "--similarity", "0.5", "--output_dir", str(out)], runs) == 0
+                     "--similarity", "0.5", "--output_dir", str(out), "--readme", str(page)], runs) == 0
+    assert page.read_text() == ("intro\n<!-- attack:start -->\n" + (out / "attack.md").read_text().rstrip()
+                                + "\n<!-- attack:end -->\nafter\n")
+    assert (tmp_path / "docs" / "figures" / "attack.png").read_bytes() == (out / "attack.png").read_bytes()
     rows = json.loads((out / "attack.json").read_text())
     assert [r["model"] for r in rows] == ["cls", "freelb"]
     from ptm_app.analysis.robustness import load_classifier, predict
