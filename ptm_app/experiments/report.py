@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import re
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -17,15 +18,18 @@ METRIC_PREFIXES = ("test/", "val/")
 FORMATS = {"trainable_percent": "{:.3g}", "last_ckpt_mb": "{:.1f}", "fit_seconds": "{:.0f}"}  # metrics: 4 decimals
 
 
-def collect(patterns: list[str]) -> list[dict]:
-    """Summaries of every run directory matched by ``patterns`` (names under checkpoints/ or paths/globs)."""
-    rows = []
+def matched_runs(patterns: list[str]) -> list[Path]:
+    """Run directories (with a ``summary.json``) matched by ``patterns``: names under checkpoints/, paths or globs."""
+    runs = []
     for pattern in patterns:
         matches = glob.glob(pattern) or glob.glob(str(runs_root() / pattern))
-        for run in sorted(Path(m) for m in matches):
-            summary = run / "summary.json"
-            if summary.is_file():
-                rows.append({"run": run.name, **json.loads(summary.read_text())})
+        runs += [run for run in sorted(Path(m) for m in matches) if (run / "summary.json").is_file()]
+    return runs
+
+
+def collect(patterns: list[str]) -> list[dict]:
+    """Summaries of every run directory matched by ``patterns`` (names under checkpoints/ or paths/globs)."""
+    rows = [{"run": run.name, **json.loads((run / "summary.json").read_text())} for run in matched_runs(patterns)]
     if not rows:
         raise PtmError(f"no run directories with a summary.json match {' '.join(patterns)}; "
                        f"run 'fit' (and 'test') first, or check the path")
@@ -78,7 +82,7 @@ def write_report(patterns: list[str], output: str | Path, by: Optional[str] = No
 
 
 def report(runs: list[str], output: str = "results", by: Optional[Literal["data", "style", "module", "backbone"]] = None,
-           stages: list[Literal["test", "val"]] = ["test", "val"]) -> int:
+           stages: list[Literal["test", "val"]] = ["test", "val"], over_seeds: bool = False) -> int:
     """A results table (Markdown + CSV) from the runs' summary.json files.
 
     Args:
@@ -86,11 +90,38 @@ def report(runs: list[str], output: str = "results", by: Optional[Literal["data"
         output: output path without suffix (writes .md and .csv).
         by: one Markdown table per value of this column (the CSV stays one table).
         stages: whose metrics the Markdown shows (the CSV has all).
+        over_seeds: also write ``output``_seeds.md: runs whose names differ only in a ``seed<N>`` part
+            (``x-seed1``, ``x-seed2``, as ``sweep`` names them) are one cell, reported as mean ± std with a 95 %
+            t interval over their seeds (``experiments.stats``).
     """
-    md, csv_path = write_report(runs, output, by, tuple(f"{s}/" for s in stages))
+    prefixes = tuple(f"{s}/" for s in stages)
+    md, csv_path = write_report(runs, output, by, prefixes)
     print(md.read_text(), end="")
     print(f"wrote {md} and {csv_path}")
+    if over_seeds:
+        seeds_md = write_seed_report(seed_groups(runs), f"{output}_seeds", prefixes)
+        print(seeds_md.read_text(), end="")
+        print(f"wrote {seeds_md}")
     return 0
+
+
+SEED_PART = re.compile(r"(?:^|[-_.])seed\d+(?=$|[-_.])")
+
+
+def seed_groups(patterns: list[str]) -> dict[str, list[str]]:
+    """Run directories matched by ``patterns`` grouped into cells: a name without its ``seed<N>`` part.  Two runs of
+    one cell that recorded the same seed (``summary.json``'s ``seed``) are refused: they are not seeds of it."""
+    groups: dict[str, list[str]] = {}
+    seen: dict[tuple[str, int], str] = {}
+    for row, path in zip(collect(patterns), matched_runs(patterns)):
+        cell = SEED_PART.sub("", row["run"]) or row["run"]
+        if "seed" in row:
+            other = seen.setdefault((cell, row["seed"]), row["run"])
+            if other != row["run"]:
+                raise PtmError(f"runs {other} and {row['run']} both ran seed {row['seed']}: they are not seeds of one "
+                               f"cell; rename one or leave it out of the report")
+        groups.setdefault(cell, []).append(str(path))
+    return groups
 
 
 def write_seed_report(groups: dict[str, list[str]], output: str | Path,

@@ -3,6 +3,7 @@ Ctrl-C / SIGTERM, and prediction files."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import threading
@@ -262,6 +263,8 @@ class RunSummary(Callback):
         summary.setdefault("metrics", {}).update(metrics)
         facts = getattr(pl_module, "summary_facts", None)  # a module's own facts (a student's and teacher's sizes ...)
         summary.update(facts() if facts is not None else {})
+        if os.environ.get("PL_GLOBAL_SEED"):  # seed_everything's seed: report --over_seeds groups runs by it
+            summary["seed"] = int(os.environ["PL_GLOBAL_SEED"])
         flops = getattr(trainer, "training_flops", None)  # PtmTrainer's count (throughput.TrainingFlops)
         if flops is not None and flops.totals()["tokens"]:
             summary.update({f"train_{k}": v for k, v in flops.totals().items()})

@@ -245,3 +245,33 @@ def test_a_malformed_sweep_plan_is_one_line(change, message, tmp_path, capsys):
     assert main(["sweep", str(path), "--list"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: sweep plan {path}") and message in err[0], err
+
+
+def test_report_over_seeds_gives_each_cell_mean_std_and_interval(tiny_corpus, tmp_path, capsys):
+    """Runs named alike but for ``seed<N>`` (as sweep names them) are one cell: the seeds table holds its mean ± std
+    and 95 % t interval over the seeds each run recorded; one cell's two runs of one seed are refused in one line."""
+    from ptm_app.experiments.stats import summarize
+
+    path = classifier_config(tiny_corpus, tmp_path, steps=2, val_every=2, val_batches=1)
+    runs = tmp_path / "runs"
+    for name, seed in (("x-seed1", 1), ("x-seed2", 2), ("y", 4)):
+        assert run_main(["fit", "--config", str(path), "--run_name", name, "--seed_everything", str(seed)], runs) == 0
+    seeds = {d.name: json.loads((d / "summary.json").read_text())["seed"] for d in runs.iterdir()}
+    assert seeds == {"x-seed1": 1, "x-seed2": 2, "y": 4}
+    out = tmp_path / "results"
+    assert run_main(["report", str(runs / "*"), "--output", str(out), "--over_seeds", "true"], runs) == 0
+    table = (tmp_path / "results_seeds.md").read_text().splitlines()
+    losses = [json.loads((runs / f"x-seed{i}" / "summary.json").read_text())["metrics"]["val/loss"] for i in (1, 2)]
+    assert len(set(losses)) == 2  # two seeds, two different runs
+    header = table[2].strip("|").split("|")
+    x = dict(zip([h.strip() for h in header], [c.strip() for c in table[4].strip("|").split("|")]))
+    assert x["cell"] == "x" and x["seeds"] == "2" and x["val/loss"] == summarize(losses).text()
+    y = dict(zip([h.strip() for h in header], [c.strip() for c in table[5].strip("|").split("|")]))
+    assert y["cell"] == "y" and y["seeds"] == "1"
+
+    import shutil
+    shutil.copytree(runs / "x-seed1", runs / "x-seed9")  # a copy: seed 1 again under another name
+    capsys.readouterr()
+    assert run_main(["report", str(runs / "*"), "--output", str(out), "--over_seeds", "true"], runs) == 2
+    assert capsys.readouterr().err.strip() == ("error: runs x-seed1 and x-seed9 both ran seed 1: they are not seeds of "
+                                               "one cell; rename one or leave it out of the report")
