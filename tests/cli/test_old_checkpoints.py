@@ -1,6 +1,7 @@
 """Checkpoints written by earlier ptm_app versions keep loading: a tiny classifier saved by the code before the
 architecture change (issue 12; ``tests/fixtures/checkpoints/classifier_800ed2c.*``, with its outputs recorded by
-that code) loads through every path and gives the same numbers."""
+that code) loads through every path and gives the same numbers; records and export folders written before ``head``
+was renamed ``model_class`` (issue 27) still load and predict."""
 import json
 from pathlib import Path
 
@@ -58,8 +59,9 @@ def test_the_fixture_records_the_old_key_and_reads_under_the_new_one():
     assert load_for_inference(str(FIXTURE.with_suffix(".ckpt"))).model_class == "sequence_classification"
 
 
-def test_new_saves_write_model_class(expected):
-    """A module's checkpoint record and an export's info are written under ``model_class``, never ``head``."""
+def test_new_saves_write_model_class():
+    """A module's checkpoint record is written under ``model_class``, never ``head`` (an export's info:
+    ``_old_export``)."""
     from ptm_app.adaptation import SequenceClassificationModule
     from ptm_app.checkpoints import CKPT_KEY
 
