@@ -37,10 +37,32 @@ from ptm_app.errors import PtmError
 from ptm_app.extras import require_deepspeed
 from ptm_app.paths import restore_replaced
 
-CKPT_KEY = "ptm_app"  # ptm_app's own section of a checkpoint: head, module class, tokenizer files, delta_only
+CKPT_KEY = "ptm_app"  # ptm_app's own section of a checkpoint: model class, module class, tokenizer files, delta_only
 BACKBONE_PREFIX = "backbone."  # the transformers model's keys in a module's state_dict
 LAST, PREVIOUS = "last.ckpt", "last-1.ckpt"
 TRUST_HINT = "if you made this file yourself, pass --trust_checkpoint (python: trust=True)"
+
+
+# keys of ptm_app's records renamed since (old -> new), in checkpoints (``CKPT_KEY``) and in the JSON beside an
+# export (``export.EXPORT_INFO``, ``compression.quantization.QUANT_CONFIG``): ``head`` named the model class
+# (``backbones.model_classes``) before "head" kept only its other meanings.  Read through ``upgrade_record``.
+RENAMED_RECORD_KEYS = {"head": "model_class"}
+
+
+def upgrade_record(record: dict) -> dict:
+    """``record`` (a checkpoint's ptm_app record, an export's JSON) with keys written before a rename under their
+    names today (``RENAMED_RECORD_KEYS``), in place; returns it."""
+    for old, new in RENAMED_RECORD_KEYS.items():
+        if old in record and new not in record:
+            record[new] = record.pop(old)
+    return record
+
+
+def read_record(path: str | Path) -> dict:
+    """A ptm_app JSON record beside an export (``export.EXPORT_INFO``, ``QUANT_CONFIG``), under today's keys."""
+    import json
+
+    return upgrade_record(json.loads(Path(path).read_text()))
 
 
 class CheckpointCorrupt(PtmError):
@@ -329,14 +351,15 @@ def consolidate_sharded(path: Path, trust: Optional[bool] = None) -> dict:
 
 
 def read_checkpoint(ckpt_path: str | Path, trust: Optional[bool] = None) -> dict:
-    """The whole checkpoint dict of a ptm_app run (file, sharded directory or run directory), loaded safely and
-    its ptm_app record checked (``check_record``)."""
+    """The whole checkpoint dict of a ptm_app run (file, sharded directory or run directory), loaded safely, its
+    ptm_app record checked (``check_record``) and under today's keys (``upgrade_record``)."""
     trust = trusted(trust)
     path = checkpoint_path(ckpt_path, trust)
     ckpt = consolidate_sharded(path, trust) if path.is_dir() else load_file(path, trust=trust)
     if not isinstance(ckpt, dict) or CKPT_KEY not in ckpt or "state_dict" not in ckpt:
         raise PtmError(f"{path} is not a ptm_app checkpoint (no backbone config inside)")
     check_record(ckpt, path, trust)
+    upgrade_record(ckpt[CKPT_KEY])
     return ckpt
 
 

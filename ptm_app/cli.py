@@ -136,7 +136,7 @@ class PtmCLI(LightningCLI):
 
     def _check_family(self, ckpt: dict, path, subcommand: Optional[str]) -> None:
         """fit, validate and test take their model from the config: a checkpoint of another module class is refused
-        in one line naming both, unless one class derives from the other with the same head and task kind (a
+        in one line naming both, unless one class derives from the other with the same model class and task kind (a
         checkpoint's class replaces the config's, as Lightning does; predict and export take the checkpoint's)."""
         if subcommand not in MODEL_FROM_CONFIG:
             return
@@ -150,7 +150,7 @@ class PtmCLI(LightningCLI):
         if theirs is configured:
             return
         related = issubclass(theirs, configured) or issubclass(configured, theirs)
-        same = all(getattr(theirs, a, None) == getattr(configured, a, None) for a in ("head", "task_kind"))
+        same = all(getattr(theirs, a, None) == getattr(configured, a, None) for a in ("model_class", "task_kind"))
         if not (related and same):
             raise PtmError(f"--ckpt_path {path} holds a {_family(theirs)}, but the config's model is a "
                            f"{_family(configured)}; {subcommand} takes its model from the config: give the config "
@@ -265,9 +265,9 @@ def upgraded(cls: Optional[type], hparams: dict) -> dict:
 
 
 def _family(cls: type) -> str:
-    """A module class with its head and task kind, for messages."""
+    """A module class with its model class and task kind, for messages."""
     kind = getattr(cls, "task_kind", None)
-    return f"{cls.__name__} ({getattr(cls, 'head', '?')} head" + (f", {kind} task)" if kind else ")")
+    return f"{cls.__name__} ({getattr(cls, 'model_class', '?')} model class" + (f", {kind} task)" if kind else ")")
 
 
 def type_dict_overrides(config, argv: list[str]) -> None:

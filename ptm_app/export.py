@@ -1,7 +1,7 @@
 """Export a ptm_app checkpoint as a transformers ``save_pretrained`` directory (+ tokenizer).
 
-``AutoModelFor<head>.from_pretrained(output_dir)`` then gives the same outputs as the module's
-``.backbone``.  No LightningModule is instantiated: the checkpoint is self-contained.
+The Auto class of its model class (``AutoModelFor<...>.from_pretrained(output_dir)``) then gives the same outputs as
+the module's ``.backbone``.  No LightningModule is instantiated: the checkpoint is self-contained.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ptm_app.errors import PtmError
 from ptm_app.model_card import model_card, run_directory
 from ptm_app.paths import atomic_dir
 
-EXPORT_INFO = "ptm_app_export.json"  # the head and module class of the run, its data settings and precision
+EXPORT_INFO = "ptm_app_export.json"  # the model class and module class of the run, its data settings and precision
 
 
 def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: Optional[bool] = None,
@@ -55,7 +55,7 @@ def _export(ckpt_path: str | Path, output_dir: Path, also: Optional[Callable[[Pa
             model.save_pretrained(tmp)
         write_tokenizer_files(ckpt[CKPT_KEY].get("tokenizer") or {}, tmp, ckpt_path)
         save_module_weights(ckpt, tmp)
-        provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "head": ckpt[CKPT_KEY]["head"],
+        provenance = {"checkpoint": str(Path(ckpt_path).resolve()), "model_class": ckpt[CKPT_KEY]["model_class"],
                       "module": ckpt[CKPT_KEY]["module"], "global_step": ckpt.get("global_step"),
                       "epoch": ckpt.get("epoch"), "data": exported_data_args(ckpt_path),
                       "precision": recorded_precision(ckpt_path)}

@@ -2,7 +2,7 @@
 how it was trained, how it scored and what it is for (Mitchell et al. 2019, "Model Cards for Model Reporting",
 §4: model details, intended use, training data, metrics, caveats).
 
-Every fact comes from a file, never typed: the checkpoint (module class, head, backbone config, step), the run's
+Every fact comes from a file, never typed: the checkpoint (module class, model class, backbone config, step), the run's
 ``config.yaml`` (the resolved config) and ``summary.json`` (style, data, parameter counts, metrics), and the
 prepared sets' ``manifest.json`` (description, licence, origin of the base model and the data).
 """
@@ -14,7 +14,7 @@ from typing import Optional
 
 import yaml
 
-from ptm_app.backbones.heads import MODEL_CLASSES, auto_class_name
+from ptm_app.backbones.model_classes import MODEL_CLASSES, auto_class_name
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.data.sources import MANIFEST, SOURCES
 from ptm_app.paths import data_root
@@ -23,15 +23,15 @@ from ptm_app.paths import data_root
 
 def intended_use(own: dict, hparams: dict) -> tuple[str, Optional[str]]:
     """What the model is for and its Hub pipeline tag: its task kind's (``task_kinds.registry``; the kind the
-    checkpoint records, else the one its head and problem type serve), else its model class's
-    (``backbones.heads.MODEL_CLASSES``: language models, encoders)."""
-    from ptm_app.task_kinds.registry import kind_of_head, task_kind
+    checkpoint records, else the one its model class and problem type serve), else its model class's
+    (``backbones.model_classes.MODEL_CLASSES``: language models, encoders)."""
+    from ptm_app.task_kinds.registry import kind_of_model_class, task_kind
 
-    head = own["head"]
+    name = own["model_class"]
     recorded = own.get("task_kind")
     problem = (hparams.get("backbone_config") or {}).get("problem_type")
-    kind = task_kind(recorded, "the checkpoint") if recorded else kind_of_head(head, problem)
-    model = MODEL_CLASSES.get(head)
+    kind = task_kind(recorded, "the checkpoint") if recorded else kind_of_model_class(name, problem)
+    model = MODEL_CLASSES.get(name)
     use = (kind.intended_use if kind is not None else None) or (model.use if model is not None else None) or ""
     pipeline = (kind.pipeline_tag if kind is not None else None) or (model.pipeline_tag if model is not None else None)
     return use, pipeline
@@ -86,7 +86,7 @@ def model_card(ckpt: dict, ckpt_path: str | Path, name: str) -> str:
     """The card's Markdown for the checkpoint ``ckpt`` read from ``ckpt_path``, exported as ``name``."""
     own = ckpt[CKPT_KEY]
     hparams = ckpt.get("hyper_parameters", {})
-    head, module = own["head"], own["module"].rpartition(".")[2]
+    model_class, module = own["model_class"], own["module"].rpartition(".")[2]
     run = run_directory(ckpt_path)
     summary = json.loads((run / "summary.json").read_text()) if run and (run / "summary.json").is_file() else {}
     config_text = (run / "config.yaml").read_text() if run and (run / "config.yaml").is_file() else None
@@ -100,7 +100,8 @@ def model_card(ckpt: dict, ckpt_path: str | Path, name: str) -> str:
     lines += [f"pipeline_tag: {pipeline}"] if pipeline else []
     lines += ["---", "", f"# {name}", ""]
     size = f", {params:,} parameters" if params else ""
-    lines += [f"A `{model_type}` model with a `{head}` head (`{auto_class_name(head, head)}`{size}), trained by ptm_app's "
+    lines += [f"A `{model_type}` model of model class `{model_class}` (`{auto_class_name(model_class, model_class)}`"
+              f"{size}), trained by ptm_app's "
               f"`{module}` ({summary.get('style', module)}) for {ckpt.get('global_step', '?')} steps "
               f"(epoch {ckpt.get('epoch', '?')}). It is for {use}.", ""]
 
@@ -136,7 +137,7 @@ def model_card(ckpt: dict, ckpt_path: str | Path, name: str) -> str:
               "other domains, languages or of fairness, and a short run's numbers are not a benchmark."]
     lines += ["- Licences: the base model's and the data's (above) apply to this model as well."]
     lines += ["- Use: `python main.py embed|generate|predict --ckpt_path <this directory>`, or "
-              f"`transformers.{auto_class_name(head)}.from_pretrained(<this directory>)` (with "
+              f"`transformers.{auto_class_name(model_class)}.from_pretrained(<this directory>)` (with "
               "`export.load_exported_module` when `module_config.json` is present)."]
     lines += [""]
 

@@ -28,7 +28,7 @@ class MultipleChoiceModule(TaskModule):
         delta / delta_only: parameter-efficient tuning (``backbones.delta.DeltaSpec``), as for classification.
     """
 
-    head = "multiple_choice"
+    model_class = "multiple_choice"
     task_kind = "choice"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

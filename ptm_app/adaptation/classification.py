@@ -48,7 +48,7 @@ class SequenceClassificationModule(TaskModule):
             Zhu et al. 2020): each step trains on K perturbed copies of the batch; the defence ``attack`` measures.
     """
 
-    head = "sequence_classification"
+    model_class = "sequence_classification"
     task_kind = "sequence"
     needs_labels = True  # one logit per label (regression: one value)
 
@@ -86,15 +86,16 @@ class SequenceClassificationModule(TaskModule):
 
     def check_data_kind(self, facts) -> None:
         """The data's task kind must be the one this module trains (``kind``): one line naming the setting."""
-        if self.hparams.get("kind") and self.kind.model_class != self.head:  # (frozen-feature modules build their own)
+        # (frozen-feature modules build their own)
+        if self.hparams.get("kind") and self.kind.model_class != self.model_class:
             raise PtmError(f"model.init_args.kind {self.kind.name}: {type(self).__name__} trains the kinds of a "
-                           f"{self.head} model; for {self.kind.name} use the module of that kind")
+                           f"{self.model_class} model; for {self.kind.name} use the module of that kind")
         data_kind = getattr(facts, "kind", None)
         if facts is None or data_kind is None or task_kind(data_kind, "data").name == self.kind.name:
             return
         entry = task_kind(data_kind, "data")
-        fix = (f"set model.init_args.kind: {entry.name}" if entry.model_class == self.head and "kind" in self.hparams
-               else "use the module of that kind")
+        fix = (f"set model.init_args.kind: {entry.name}"
+               if entry.model_class == self.model_class and "kind" in self.hparams else "use the module of that kind")
         raise PtmError(f"{type(self).__name__} trains the {self.kind.name} kind, and the data is of kind "
                        f"{entry.name}; {fix}")
 

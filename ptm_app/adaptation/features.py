@@ -26,10 +26,10 @@ Representation = Literal["embedding", "top", "scalar_mix"]
 
 class FrozenFeaturesTask:
     """What the three feature modules share besides their task module: the ``FrozenFeatures`` policy from their
-    settings, the head ``base`` (the plain encoder), and a ``task_head`` built once the backbone exists.  Listed
+    settings, the model class ``base`` (the plain encoder), and a ``task_head`` built once the backbone exists.  Listed
     first in their bases; it overrides only these hooks."""
 
-    head = "base"
+    model_class = "base"
     backbone_runs_without_grad = True  # the throughput monitor counts no backward pass through it
 
     def make_policies(self) -> list:

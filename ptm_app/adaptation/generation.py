@@ -55,7 +55,7 @@ from ptm_app.training.module import PtmModule
 from ptm_app.training.optim import OptimConfig
 
 Architecture = Literal["encoder_decoder", "decoder", "bert2bert"]
-HEAD = {"encoder_decoder": "seq2seq_lm", "bert2bert": "seq2seq_lm", "decoder": "causal_lm"}
+ARCHITECTURE_MODEL_CLASS = {"encoder_decoder": "seq2seq_lm", "bert2bert": "seq2seq_lm", "decoder": "causal_lm"}
 STAGES = ("val", "test")
 
 
@@ -183,8 +183,8 @@ class GenerationModule(PtmModule):
                  max_new_tokens: Optional[int] = None, length_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
                  bleu_lowercase: bool = True, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
                  source_language: Optional[str] = None, target_language: Optional[str] = None):
-        if architecture not in (None, *HEAD):
-            raise PtmError(f"architecture={architecture!r}: use one of {', '.join(HEAD)}")
+        if architecture not in (None, *ARCHITECTURE_MODEL_CLASS):
+            raise PtmError(f"architecture={architecture!r}: use one of {', '.join(ARCHITECTURE_MODEL_CLASS)}")
         if (source_language is None) != (target_language is None):
             raise PtmError("a translation model needs both model.init_args.source_language and target_language "
                            "(or neither)")
@@ -198,7 +198,7 @@ class GenerationModule(PtmModule):
         if self.architecture == "bert2bert" and not backbone and not saved:
             raise PtmError("architecture=bert2bert warm-starts from a pre-trained encoder: "
                            "set model.init_args.backbone (e.g. minilm)")
-        self.head = HEAD[self.architecture]
+        self.model_class = ARCHITECTURE_MODEL_CLASS[self.architecture]
         if source_language is not None and self.architecture != "encoder_decoder":
             raise PtmError(f"source_language/target_language take an encoder-decoder (mBART's layout); this "
                            f"model is a {self.architecture}")
@@ -231,7 +231,7 @@ class GenerationModule(PtmModule):
 
     def build_model(self):
         if self.architecture != "bert2bert" or not self.hparams.backbone:
-            return build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config,
+            return build_backbone(self.model_class, self.hparams.backbone, self.hparams.backbone_config,
                                   **self.config_updates())
         import transformers
         from transformers import EncoderDecoderModel

@@ -47,7 +47,7 @@ class MultitaskModule(PtmModule):
         delta_only: checkpoints then hold only the delta and the heads; the frozen base is rebuilt from ``backbone``.
     """
 
-    head = "base"
+    model_class = "base"
     monitor = ("val/macro", "max")
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

@@ -63,16 +63,16 @@ class Delta(BackbonePolicy):
     built from a config alone (random weights) has no source to rebuild it from, so it keeps every weight."""
 
     def __init__(self, spec: DeltaSpec | dict, delta_only: bool = True, task_type: Optional[str] = None):
-        """``task_type``: peft's task type when the module's head has none of its own (``backbones.delta``'s
-        ``backbones.heads.MODEL_CLASSES``), e.g. ``FEATURE_EXTRACTION`` for PET's masked LM, whose logits then cover the virtual
-        positions too."""
+        """``task_type``: peft's task type when the module's model class has none of its own (``backbones.delta``'s
+        ``backbones.model_classes.MODEL_CLASSES``), e.g. ``FEATURE_EXTRACTION`` for PET's masked LM, whose logits
+        then cover the virtual positions too."""
         self.spec, self.delta_only, self.task_type = as_delta_spec(spec), delta_only, task_type
 
     def apply(self, module, fresh: bool, fitting: bool) -> None:
         if not fresh:
             return
         self.delta_only = self.delta_only and bool(module.hparams.backbone)
-        module.backbone = apply_delta(module.backbone, self.spec, self.task_type or module.head)
+        module.backbone = apply_delta(module.backbone, self.spec, self.task_type or module.model_class)
         report = trainable_report(module.backbone)  # the console's model line shows the trainable share
         logging.getLogger(__name__).info(f"delta {self.spec.method}: {report['trainable']:,} of {report['total']:,} "
                                          f"parameters trainable ({report['percent']:.3f} %)")

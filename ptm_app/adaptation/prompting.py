@@ -99,7 +99,7 @@ class PromptClassifierModule(_LabelScoringModule):
             the prompt, and checkpoints and exports keep both.
     """
 
-    head = "masked_lm"
+    model_class = "masked_lm"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, template: str = "{text} It was {mask}.",
@@ -245,7 +245,7 @@ class InContextEvalModule(_LabelScoringModule):
         content_free: the content-free text ("N/A", Zhao et al. 2021 §5).
     """
 
-    head = "causal_lm"
+    model_class = "causal_lm"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, template: str = "{text}\nLabel: {label}\n\n",

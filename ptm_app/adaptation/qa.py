@@ -43,7 +43,7 @@ class QuestionAnsweringModule(TaskModule):
         null_answer: questions may have no answer (SQuAD 2.0): "no answer" below a threshold tuned on validation.
     """
 
-    head = "question_answering"
+    model_class = "question_answering"
     task_kind = "qa"
     metric_stages = ("val", "test", "predict")  # predict collects spans too
 

@@ -36,7 +36,7 @@ class TokenClassificationModule(TaskModule):
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
     """
 
-    head = "token_classification"
+    model_class = "token_classification"
     task_kind = "token"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

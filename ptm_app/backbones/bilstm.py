@@ -239,7 +239,8 @@ class BiLSTMForSequenceClassification(BiLSTMPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-HEAD_CLASSES: dict[str, type[BiLSTMPreTrainedModel]] = {"bilm": BiLSTMForLanguageModeling, "base": BiLSTMModel}
+# the BiLSTM class of each ptm_app model class (backbones.model_classes.auto_class)
+BILSTM_CLASSES: dict[str, type[BiLSTMPreTrainedModel]] = {"bilm": BiLSTMForLanguageModeling, "base": BiLSTMModel}
 
 AutoConfig.register(MODEL_TYPE, BiLSTMConfig, exist_ok=True)
 AutoModel.register(BiLSTMConfig, BiLSTMModel, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Build or load a plain transformers model for a given head (backbones are plain transformers models:
+"""Build or load a plain transformers model as a given model class (backbones are plain transformers models:
 export is ``save_pretrained``, reuse is ``from_pretrained``).
 
 From scratch: ``backbone_config`` is a transformers config dict with a ``model_type``.
@@ -22,20 +22,21 @@ import transformers
 from huggingface_hub.errors import StrictDataclassError
 
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone_dir, is_checkpoint
-from ptm_app.backbones.heads import MODEL_CLASSES, auto_class, from_config  # noqa: F401  (the builder's vocabulary)
+from ptm_app.backbones.model_classes import MODEL_CLASSES, auto_class, from_config  # noqa: F401  (re-exported)
 from ptm_app.data.sources.references import REMOTE_CODE, load_error, resolve_pretrained
 from ptm_app.errors import PtmError
 
-def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict], **updates: Any):
-    """Return a ``PreTrainedModel`` with the head's output layer."""
-    auto = auto_class(head)
+def build_backbone(model_class: str, pretrained: Optional[str], config: Optional[dict], **updates: Any):
+    """Return a ``PreTrainedModel`` of ``model_class`` (``backbones.model_classes.MODEL_CLASSES``), with its output
+    layer."""
+    auto = auto_class(model_class)
     overrides = {**(config or {}), **updates}
     attention = overrides.get("attn_implementation")
     if pretrained:
         where = model_dir(pretrained)
         overrides.pop("model_type", None)
         if attention is not None:
-            check_attention(attention, model_class(
+            check_attention(attention, concrete_class(
                 auto, lambda: transformers.AutoConfig.from_pretrained(where, **REMOTE_CODE)))
         from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
 
@@ -64,12 +65,12 @@ def build_backbone(head: str, pretrained: Optional[str], config: Optional[dict],
         raise PtmError(f"backbone_config: {cause}; give the value its type (e.g. 768, 0.1, true; "
                        f"a quoted '0.1' in YAML stays a string)") from None
     if attention is not None:
-        check_attention(attention, model_class(auto, lambda: hf_config))
+        check_attention(attention, concrete_class(auto, lambda: hf_config))
         try:
-            return from_config(head, hf_config)
+            return from_config(model_class, hf_config)
         except (ImportError, ValueError) as exc:
             raise attention_error(attention, exc) from None
-    return from_config(head, hf_config)
+    return from_config(model_class, hf_config)
 
 
 def model_dir(ref: str) -> str:
@@ -90,7 +91,7 @@ def check_model_type(model_type: str) -> None:
                    f"use a transformers model type such as 'bert', 'gpt2', 'bart' or 't5'")
 
 
-def model_class(auto, config_fn) -> type:
+def concrete_class(auto, config_fn) -> type:
     """The concrete model class an Auto class builds for a config (``config_fn`` is called only for Auto classes)."""
     mapping = getattr(auto, "_model_mapping", None)
     if mapping is None:

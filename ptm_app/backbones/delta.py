@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ptm_app.backbones.adapters import remove_adapter, ADAPTER_KINDS, add_adapter, list_adapters
-from ptm_app.backbones.heads import MODEL_CLASSES
+from ptm_app.backbones.model_classes import MODEL_CLASSES
 from ptm_app.errors import PtmError
 
 Method = Literal["houlsby", "pfeiffer", "pals", "lora", "ia3", "prefix", "prompt", "ptuning", "bitfit", "none"]
@@ -110,8 +110,8 @@ def as_delta_spec(value: Union[DeltaSpec, dict, None]) -> Optional[DeltaSpec]:
 
 
 def peft_task_type(task_type: Union[str, TaskType, None]) -> Optional[TaskType]:
-    """A peft ``TaskType`` from itself, its name (``SEQ_CLS``) or a ptm_app head (``sequence_classification``: its
-    ``backbones.heads.MODEL_CLASSES`` entry's)."""
+    """A peft ``TaskType`` from itself, its name (``SEQ_CLS``) or a ptm_app model class (``sequence_classification``:
+    its ``backbones.model_classes.MODEL_CLASSES`` entry's)."""
     if task_type is None or isinstance(task_type, TaskType):
         return task_type
     if task_type in MODEL_CLASSES:
@@ -210,8 +210,8 @@ def _ia3_config(spec: DeltaSpec, task: Optional[TaskType], defaults: dict):
 def _prompt_config(config_class: type):
     def build(spec: DeltaSpec, task: Optional[TaskType], defaults: dict):
         if task is None:
-            raise PtmError(f"delta.method={spec.method} needs a peft task type, and this head has none; "
-                           f"use lora, ia3, bitfit or adapters, or one of {', '.join(t.value for t in TaskType)}")
+            raise PtmError(f"delta.method={spec.method} needs a peft task type, and this model class has "
+                           f"none; use lora, ia3, bitfit or adapters, or one of {', '.join(t.value for t in TaskType)}")
         if spec.prompt_init != "random":  # prompt tuning only (DeltaSpec checks)
             defaults = {**defaults, "prompt_tuning_init": PromptTuningInit(spec.prompt_init.upper())}
         return config_class(task_type=task, num_virtual_tokens=spec.num_virtual_tokens, **defaults)
@@ -276,7 +276,7 @@ DELTA_METHODS: dict[str, DeltaMethod] = {m.name: m for m in (
 def apply_delta(model: nn.Module, spec: DeltaSpec, task_type: Union[str, TaskType, None] = None) -> nn.Module:
     """Return ``model`` ready for delta tuning: only the delta (+ head if ``train_head``, + LayerNorms
     if ``train_layer_norm``) is trainable. peft methods return a ``PeftModel`` wrapping ``model`` and
-    modify it in place, so always pass a freshly built backbone. ``task_type``: a ptm_app head name,
+    modify it in place, so always pass a freshly built backbone. ``task_type``: a ptm_app model class,
     a peft ``TaskType`` or its name (peft's SEQ_CLS / TOKEN_CLS / QUESTION_ANS keep the head trainable
     through ``modules_to_save``)."""
     task = peft_task_type(task_type)

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.backbones.heads import from_config
+from ptm_app.backbones.model_classes import from_config
 from ptm_app.backbones.sense_input import fold_sense_input
 from ptm_app.checkpoints import CKPT_KEY, as_file, backbone_state, read_checkpoint, trusted, write_tokenizer_files
 from ptm_app.errors import PtmError
@@ -35,7 +35,7 @@ def rebuild_backbone(ckpt: dict) -> nn.Module:
 
     config = dict(ckpt["hyper_parameters"]["backbone_config"])
     hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
-    model = from_config(ckpt[CKPT_KEY]["head"], hf_config)
+    model = from_config(ckpt[CKPT_KEY]["model_class"], hf_config)
     missing, unexpected = model.load_state_dict(backbone_state(ckpt), strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     real_missing = [k for k in missing if k not in tied and not any(k.endswith(t) for t in tied)]

@@ -153,7 +153,7 @@ def load_pruned(auto, directory, **kwargs) -> nn.Module:
     from safetensors.torch import load_file
     from pathlib import Path
 
-    from ptm_app.backbones.heads import from_config
+    from ptm_app.backbones.model_classes import from_config
     from ptm_app.data.sources.references import REMOTE_CODE
 
     config = transformers.AutoConfig.from_pretrained(directory, **REMOTE_CODE, **kwargs)

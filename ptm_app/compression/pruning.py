@@ -177,7 +177,7 @@ class PruningModule(SequenceClassificationModule):
 
             # the RNG is left as it was: the first run from a checkpoint exports it (a random init, then its weights)
             with torch.random.fork_rng(devices=[]):
-                model = build_backbone(self.head, resolve_teacher(self.hparams.backbone),
+                model = build_backbone(self.model_class, resolve_teacher(self.hparams.backbone),
                                        self.hparams.backbone_config, **self.config_updates())
         else:
             model = super().build_model()

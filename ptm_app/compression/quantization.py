@@ -151,7 +151,8 @@ class QuantAwareModule(SequenceClassificationModule):
         from ptm_app.compression.teacher import resolve_teacher
 
         with torch.random.fork_rng(devices=[]):  # the RNG as it was, whether or not the source is exported first
-            return build_backbone(self.head, resolve_teacher(self.hparams.backbone), self.hparams.backbone_config,
+            return build_backbone(self.model_class, resolve_teacher(self.hparams.backbone),
+                                  self.hparams.backbone_config,
                                   **self.config_updates())
 
     def configure_model(self) -> None:
@@ -348,7 +349,7 @@ def int8_state(model: nn.Module, backend: str) -> dict[str, torch.Tensor]:
     return unique
 
 
-def save_quantized(model: nn.Module, backend: str, directory: Path, head: str, tokenizer=None,
+def save_quantized(model: nn.Module, backend: str, directory: Path, model_class: str, tokenizer=None,
                    extra: Optional[dict] = None) -> Path:
     """Write the quantized model: config.json, ``model_int8.safetensors``, ``quantization.json``, the tokenizer."""
     from safetensors.torch import save_file
@@ -361,7 +362,8 @@ def save_quantized(model: nn.Module, backend: str, directory: Path, head: str, t
         save_file(int8_state(model, backend), str(tmp / QUANT_WEIGHTS))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        info = {"method": "static_int8" if backend == STATIC else "dynamic_int8", "backend": backend, "head": head,
+        info = {"method": "static_int8" if backend == STATIC else "dynamic_int8", "backend": backend,
+                "model_class": model_class,
                 "weight_scheme": "symmetric per-tensor int8, scale max|w|/127 (Q8BERT)",
                 "modules": sorted(quantizable_linears_of(model, backend)),
                 "torch": torch.__version__, **(extra or {})}
@@ -379,23 +381,24 @@ def is_quantized(directory) -> bool:
     return (Path(directory) / QUANT_CONFIG).is_file()
 
 
-def load_quantized(directory, head: Optional[str] = None) -> nn.Module:
+def load_quantized(directory, model_class: Optional[str] = None) -> nn.Module:
     """The int8 model of a ``save_quantized`` directory: built from its config, quantized the same way, then its
     int8 weights and other tensors loaded (safetensors + JSON: nothing is unpickled)."""
     import transformers
     from safetensors.torch import load_file
 
-    from ptm_app.backbones.heads import from_config
+    from ptm_app.backbones.model_classes import from_config
+    from ptm_app.checkpoints import read_record
 
     directory = Path(directory)
-    info = json.loads((directory / QUANT_CONFIG).read_text())
+    info = read_record(directory / QUANT_CONFIG)
     config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False)
     state = load_file(str(directory / QUANT_WEIGHTS))
     linears = set(info["modules"])
     int8 = {name: (state.pop(f"{name}.weight_int8"), float(state.pop(f"{name}.weight_scale")),
                    state.pop(f"{name}.bias", None), state.pop(f"{name}.input_scale", None)) for name in linears}
     with torch.random.fork_rng(devices=[]):
-        model = from_config(head or info["head"], config)
+        model = from_config(model_class or info["model_class"], config)
     missing, unexpected = model.load_state_dict(state, strict=False)  # every tensor but the int8 linears
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k.rpartition(".")[0] not in linears and k not in tied]

@@ -33,21 +33,21 @@ def resolve_teacher(ref: str) -> str:
     raise PtmError(f"teacher '{ref}' not found (nor under the runs directory {runs_root()}); {hint}")
 
 
-def load_teacher(ref: str, head: str = "sequence_classification") -> tuple[nn.Module, object]:
+def load_teacher(ref: str, model_class: str = "sequence_classification") -> tuple[nn.Module, object]:
     """``(frozen teacher model in eval mode, its tokenizer or None)``.  Loading leaves the global RNG as it was
     (building a model initialises it randomly before the weights load): a run must draw the same dropout masks
     whichever way its teacher was loaded."""
     where = resolve_teacher(ref)
     with torch.random.fork_rng(devices=[]), quiet_transformers():
-        from_run = run_teacher(where, head)
-        model, tokenizer = from_run if from_run is not None else (build_backbone(head, where, None), None)
+        from_run = run_teacher(where, model_class)
+        model, tokenizer = from_run if from_run is not None else (build_backbone(model_class, where, None), None)
     model.requires_grad_(False)
     model.eval()
     return model, tokenizer if from_run is not None else teacher_tokenizer(model_dir(where))
 
 
-def run_teacher(where: str, head: str):
-    """``(model, tokenizer)`` of a run of the same head, rebuilt from its checkpoint with any delta in place
+def run_teacher(where: str, model_class: str):
+    """``(model, tokenizer)`` of a run of the same model class, rebuilt from its checkpoint with any delta in place
     (LoRA merged; adapters and soft prompts kept as the tuned model, which export could not merge); else None."""
     from ptm_app.backbones.from_checkpoint import checkpoint_backbone, is_checkpoint
     from ptm_app.checkpoints import CKPT_KEY, read_checkpoint
@@ -56,8 +56,8 @@ def run_teacher(where: str, head: str):
     if not is_checkpoint(where):
         return None
     ckpt = read_checkpoint(where)
-    if ckpt[CKPT_KEY].get("head") != head:
-        return None  # another head (an MLM run ...): its encoder, through the export cache
+    if ckpt[CKPT_KEY].get("model_class") != model_class:
+        return None  # another model class (an MLM run ...): its encoder, through the export cache
     model, unmerged = checkpoint_backbone(ckpt)
     files = ckpt[CKPT_KEY].get("tokenizer")
     return (model if model is not None else unmerged[1]), (tokenizer_from_files(files, where) if files else None)
@@ -114,13 +114,13 @@ class FrozenTeacher:
     """A teacher loaded on first use (``load_teacher``) and kept off the student module's sub-modules: never in its
     ``state_dict``, ``.train()`` or optimiser; moved to the student's device when called."""
 
-    def __init__(self, ref: str, head: str):
-        self.ref, self.head = ref, head
+    def __init__(self, ref: str, model_class: str):
+        self.ref, self.model_class = ref, model_class
         self._model, self._tokenizer = None, None
 
     def _load(self) -> None:
         if self._model is None:
-            self._model, self._tokenizer = load_teacher(self.ref, self.head)
+            self._model, self._tokenizer = load_teacher(self.ref, self.model_class)
 
     @property
     def model(self) -> nn.Module:

@@ -273,8 +273,9 @@ def load_row(row: CompressionRow, where: str):
     from ptm_app.inference.loading import load_for_inference
 
     loaded = load_for_inference(where)
-    if loaded.head != "sequence_classification":
-        raise PtmError(f"row {row.name!r}: {row.model} is a {loaded.kind} ({loaded.head}); the compression table "
+    if loaded.model_class != "sequence_classification":
+        raise PtmError(f"row {row.name!r}: {row.model} is a {loaded.kind} (model class {loaded.model_class}); "
+                       f"the compression table "
                        f"compares sequence classifiers")
     module = loaded.module
     if row.exit is None:

@@ -163,14 +163,14 @@ def model_type(plan: dict, objective: dict) -> Optional[str]:
 
 def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
     """Why a row cannot run a task (None: it can): the plan leaves it out (the row's ``tasks``, its ``note`` saying
-    why), or transformers has no model of the task's head for the export's architecture.  (Frozen features of an
+    why), or transformers has no model of the task's model class for the export's architecture.  (Frozen features of an
     encoder-decoder are its encoder's layers: ``adaptation.policies.FrozenFeatures``.)"""
     if objective.get("tasks") is not None and task not in objective["tasks"]:
         return objective.get("note") or "left out by the plan"
     import transformers
 
     import ptm_app.backbones.bilstm  # noqa: F401  (registers ELMo's BiLSTM with the Auto classes)
-    from ptm_app.backbones.heads import auto_class
+    from ptm_app.backbones.model_classes import auto_class
     from ptm_app.module_classes import registered
 
     task_model = ((read_yaml(plan["tasks"][task]["config"]) or {}).get("model") or {}).get("class_path")
@@ -182,11 +182,11 @@ def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
         config_class = transformers.CONFIG_MAPPING[mtype]
     except KeyError:
         config_class = None
-    mapping = getattr(auto_class(module.head), "_model_mapping", None)
+    mapping = getattr(auto_class(module.model_class), "_model_mapping", None)
     if config_class is None or mapping is None:
         return None
     if config_class not in mapping:
-        return f"transformers has no {module.head} model for {mtype} (the export's architecture)"
+        return f"transformers has no {module.model_class} model for {mtype} (the export's architecture)"
     return None
 
 

@@ -27,8 +27,8 @@ def accuracy(loaded: LoadedModel, records: list[dict], max_length: int) -> float
 
 def before_after(loaded: LoadedModel, name: str, records: list[dict], max_length: int, **models) -> dict:
     """The accuracy of each of ``models`` (``label=(reference, transformers model)``, with ``loaded``'s tokenizer
-    and head) on the same records."""
-    scores = {label: accuracy(LoadedModel(ref, model, loaded.tokenizer, loaded.head), records, max_length)
+    and model class) on the same records."""
+    scores = {label: accuracy(LoadedModel(ref, model, loaded.tokenizer, loaded.model_class), records, max_length)
               for label, (ref, model) in models.items()}
     return {"name": name, "examples": len(records), **scores}
 
@@ -67,7 +67,7 @@ def quantize(ckpt_path: str, output_dir: str,
     check_output_dir(output_dir, overwrite, (ckpt_path,))
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
     fp32, int8 = to_int8(loaded, backend, ckpt_path)
-    out = save_quantized(int8, backend, Path(output_dir), loaded.head, loaded.tokenizer,
+    out = save_quantized(int8, backend, Path(output_dir), loaded.model_class, loaded.tokenizer,
                          {"source": str(ckpt_path)})
     reloaded = load_quantized(out)
     records = eval_records(eval_source, eval_split, eval_limit) if eval_source else []
@@ -80,9 +80,9 @@ def quantize(ckpt_path: str, output_dir: str,
     lat = summary["latency_ms"]
     summary["speedup"] = {b: round(lat["fp32"][b] / lat["int8"][b], 3) for b in lat["fp32"]}
     if records:
-        if loaded.head != "sequence_classification":
+        if loaded.model_class != "sequence_classification":
             raise PtmError(f"--eval_source measures accuracy of a sequence classifier; {ckpt_path} is a "
-                           f"{loaded.head} model: leave --eval_source out")
+                           f"{loaded.model_class} model: leave --eval_source out")
         summary["metric"] = before_after(loaded, f"{eval_split}_acc", records, max_length,
                                          fp32=(loaded.ref, fp32), int8=(str(out), reloaded))
     write_summary(out, summary)
@@ -128,7 +128,7 @@ def prune(ckpt_path: str, output_dir: str, drop_layers: Optional[str] = None, he
                        "fine-tuned on, e.g. bbc)")
     check_output_dir(output_dir, overwrite, (ckpt_path,))
     loaded = load_for_inference(ckpt_path, trust_checkpoint)
-    if loaded.head != "sequence_classification":
+    if loaded.model_class != "sequence_classification":
         raise PtmError(f"prune works on sequence classifiers; {ckpt_path} is a {loaded.kind}")
     before = transformers_model(loaded.model).float().eval()
     model = copy.deepcopy(before)
@@ -141,7 +141,7 @@ def prune(ckpt_path: str, output_dir: str, drop_layers: Optional[str] = None, he
     with atomic_dir(out) as tmp, quiet_transformers():  # no "Writing model shards" bar
         model.save_pretrained(tmp)
         loaded.tokenizer.save_pretrained(tmp)
-        (tmp / EXPORT_INFO).write_text(json.dumps({"head": loaded.head, "pruned_from": str(ckpt_path)}))
+        (tmp / EXPORT_INFO).write_text(json.dumps({"model_class": loaded.model_class, "pruned_from": str(ckpt_path)}))
     records = eval_records(eval_source, "test", eval_limit) if eval_source else []
     texts = [r["text"] for r in records[:32]] or [SENTENCE]
     summary = {"source": str(ckpt_path), "threads": torch.get_num_threads(),

@@ -62,10 +62,10 @@ def trained_mix(loaded: LoadedModel):
 def layer_states(loaded: LoadedModel, inputs: dict) -> tuple[torch.Tensor, ...]:
     """Every layer's token states [B, T, D] (layer 0 = embeddings), without peft's virtual prompt positions."""
     model = loaded.model
-    if loaded.head == "seq2seq_lm":  # an encoder–decoder: the encoder reads the text
+    if loaded.model_class == "seq2seq_lm":  # an encoder–decoder: the encoder reads the text
         encoder = transformers_model(model).get_encoder()
         out = encoder(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], output_hidden_states=True)
-    elif loaded.head == "multiple_choice":  # its head reads [batch, choices, tokens]: the encoder alone
+    elif loaded.model_class == "multiple_choice":  # its head reads [batch, choices, tokens]: the encoder alone
         out = transformers_model(model).base_model(**inputs, output_hidden_states=True)
     else:
         out = model(**inputs, output_hidden_states=True)
@@ -87,7 +87,7 @@ def pool(tokens: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor
 def default_max_length(loaded: LoadedModel) -> int:
     """The longest input the model's positions allow (its encoder's, for an encoder–decoder), less virtual tokens."""
     model = transformers_model(loaded.model)
-    limit = max_positions(model.get_encoder() if loaded.head == "seq2seq_lm" else model)
+    limit = max_positions(model.get_encoder() if loaded.model_class == "seq2seq_lm" else model)
     limit = limit if limit is not None else min(loaded.tokenizer.model_max_length, 512)
     return limit - prepended_tokens(loaded.model)
 

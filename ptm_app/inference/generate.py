@@ -23,14 +23,15 @@ from ptm_app.backbones.delta import transformers_model
 from ptm_app.errors import PtmError
 from ptm_app.inference.loading import LoadedModel, load_for_inference
 
-GENERATING_HEADS = ("causal_lm", "seq2seq_lm")
+GENERATING_MODEL_CLASSES = ("causal_lm", "seq2seq_lm")
 
 
 def check_generator(loaded: LoadedModel) -> None:
     """Refuse, in one line, a model without a language-modelling head (a classifier, an encoder ...)."""
-    if loaded.head not in GENERATING_HEADS or not hasattr(loaded.model, "generate"):
-        raise PtmError(f"{loaded.ref} is a {loaded.kind} ({loaded.head} head): it has no language-modelling head to "
-                       f"generate text with; use a causal LM or seq2seq run (or embed / predict for this one)")
+    if loaded.model_class not in GENERATING_MODEL_CLASSES or not hasattr(loaded.model, "generate"):
+        raise PtmError(f"{loaded.ref} is a {loaded.kind} (model class {loaded.model_class}): it has no "
+                       f"language-modelling head to generate text with; use a causal LM or seq2seq run (or embed / predict "
+                       f"for this one)")
 
 
 def prompt_inputs(loaded: LoadedModel, prompt: str, chat: bool = False) -> dict:
@@ -51,7 +52,7 @@ def prompt_inputs(loaded: LoadedModel, prompt: str, chat: bool = False) -> dict:
         if module.architecture == "decoder":
             return {"input_ids": batch["prompt_input_ids"], "attention_mask": batch["prompt_attention_mask"]}
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    if loaded.head == "seq2seq_lm":
+    if loaded.model_class == "seq2seq_lm":
         ids = tok(prompt, add_special_tokens=False)["input_ids"] + [special_ids(loaded)["eos_token_id"]]
         ids = torch.tensor([ids])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -71,7 +72,7 @@ def check_positions(loaded: LoadedModel, inputs: dict, max_new_tokens: int) -> N
     if limit is None:
         return
     virtual = loaded.module.virtual_positions() if hasattr(loaded.module, "virtual_positions") else 0
-    if loaded.head == "seq2seq_lm":
+    if loaded.model_class == "seq2seq_lm":
         if prompt > limit:
             raise PtmError(f"the prompt is {prompt} tokens, over the model's limit of {limit} positions; shorten it")
         if max_new_tokens + 1 > limit:
@@ -110,7 +111,7 @@ def special_ids(loaded: LoadedModel) -> dict:
         raise PtmError(f"{loaded.ref} defines no end-of-sequence token (model config or tokenizer); "
                        f"it cannot end a generation")
     return {"pad_token_id": pick("pad_token_id", tok.pad_token_id if tok.pad_token_id is not None else first_eos),
-            "eos_token_id": first_eos if loaded.head == "seq2seq_lm" else eos,
+            "eos_token_id": first_eos if loaded.model_class == "seq2seq_lm" else eos,
             "decoder_start_token_id": pick("decoder_start_token_id", pick("bos_token_id", None))}
 
 
@@ -135,7 +136,7 @@ def decoding_settings(loaded: LoadedModel, max_new_tokens: int, do_sample: bool,
     if do_sample:  # transformers' defaults (1.0, 50, 1.0) unless given
         settings.update(temperature=1.0 if temperature is None else temperature,
                         top_k=50 if top_k is None else top_k, top_p=1.0 if top_p is None else top_p)
-    if loaded.head == "seq2seq_lm" and ids["decoder_start_token_id"] is not None:
+    if loaded.model_class == "seq2seq_lm" and ids["decoder_start_token_id"] is not None:
         settings["decoder_start_token_id"] = ids["decoder_start_token_id"]
     delta = getattr(loaded.module, "delta", None)
     if delta is not None and delta.method == "pals":  # causal PALs keep no KV cache (adaptation.generation)
@@ -152,7 +153,7 @@ def generate_ids(loaded: LoadedModel, inputs: dict, settings: dict, seed: Option
 
         set_seed(seed)
     out = loaded.model.generate(**inputs, **settings, streamer=streamer)
-    return out if loaded.head == "seq2seq_lm" else out[:, inputs["input_ids"].shape[1]:]
+    return out if loaded.model_class == "seq2seq_lm" else out[:, inputs["input_ids"].shape[1]:]
 
 
 def generate(ckpt_path: str, prompt: str, max_new_tokens: int = 64, do_sample: bool = False,

@@ -8,7 +8,6 @@ executed.  Deltas (adapters, LoRA, prompts) stay applied: the model is the one t
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -18,8 +17,8 @@ from torch import nn
 
 from ptm_app.backbones.build import quiet_transformers
 from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
-from ptm_app.backbones.heads import auto_class, head_of
-from ptm_app.checkpoints import read_checkpoint, trusting
+from ptm_app.backbones.model_classes import auto_class, model_class_of
+from ptm_app.checkpoints import read_checkpoint, read_record, trusting
 from ptm_app.data.sources.references import REMOTE_CODE, load_error, load_tokenizer_dir, resolve_pretrained
 from ptm_app.errors import PtmError
 from ptm_app.export import EXPORT_INFO, MODULE_CONFIG, load_exported_module
@@ -32,13 +31,13 @@ class LoadedModel:
 
     ``model`` is the transformers model the run used (a peft wrapper or with adapters when it was delta-tuned),
     ``module`` the LightningModule around it when the reference names one (None for a plain transformers
-    directory), ``head`` the ptm_app head name (``backbones.heads.MODEL_CLASSES``), ``directory`` the
+    directory), ``model_class`` the class it is built as (``backbones.model_classes.MODEL_CLASSES``), ``directory`` the
     ``from_pretrained`` directory when there is one (sentence-transformers settings are read from it)."""
 
     ref: str
     model: nn.Module
     tokenizer: Any
-    head: str
+    model_class: str
     module: Optional[nn.Module] = None
     directory: Optional[Path] = None
     session: Any = None  # an ONNX Runtime session that computes the head instead (predict --backend onnxruntime)
@@ -75,12 +74,13 @@ def _from_module(ref: str, module, directory: Optional[Path]) -> LoadedModel:
     if module.tokenizer is None:
         raise PtmError(f"{ref} keeps no tokenizer files; export it again from its run directory")
     module.requires_grad_(False)
-    return LoadedModel(ref, module.backbone, module.tokenizer, module.head, module, directory)
+    return LoadedModel(ref, module.backbone, module.tokenizer, module.model_class, module, directory)
 
 
 def _from_directory(ref: str, directory: Path) -> LoadedModel:
-    """A ``save_pretrained`` directory: a plain export (its head in ``ptm_app_export.json``), a prepared model or
-    any transformers directory (its head from the config's architecture); an unmerged delta is re-applied."""
+    """A ``save_pretrained`` directory: a plain export (its model class in ``ptm_app_export.json``), a prepared
+    model or any transformers directory (its model class from the config's architecture); an unmerged delta is
+    re-applied."""
     import transformers
 
     from ptm_app.backbones.delta import CONFIG_FILE, load_delta
@@ -91,26 +91,26 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     from ptm_app.compression.quantization import QUANT_CONFIG, is_quantized, load_quantized
 
     if is_quantized(directory):  # an int8 directory (python main.py quantize): rebuilt from safetensors + JSON
-        head = json.loads((directory / QUANT_CONFIG).read_text())["head"]
+        model_class = read_record(directory / QUANT_CONFIG)["model_class"]
         model = load_quantized(directory)
         model.requires_grad_(False)
-        return LoadedModel(ref, model, load_tokenizer_dir(directory, ref), head, None, directory)
+        return LoadedModel(ref, model, load_tokenizer_dir(directory, ref), model_class, None, directory)
     info = directory / EXPORT_INFO
     try:
         config = transformers.AutoConfig.from_pretrained(directory, **REMOTE_CODE)
-        head = json.loads(info.read_text())["head"] if info.is_file() else head_of(config)
+        model_class = read_record(info)["model_class"] if info.is_file() else model_class_of(config)
         from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
 
         pruned = is_head_pruned(directory)  # heads sliced out (backbones.pruned_heads): built to its shapes
-        model = (load_pruned(auto_class(head), directory) if pruned
-                 else auto_class(head).from_pretrained(directory, **REMOTE_CODE))
+        model = (load_pruned(auto_class(model_class), directory) if pruned
+                 else auto_class(model_class).from_pretrained(directory, **REMOTE_CODE))
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **REMOTE_CODE)
     except (OSError, ValueError) as exc:
         raise load_error(str(directory), exc) from None
     if (directory / CONFIG_FILE).is_file():  # adapters / prompts saved beside the base they were trained on
         model = load_delta(model, directory)
     model.requires_grad_(False)
-    return LoadedModel(ref, model.eval(), tokenizer, head, None, directory)
+    return LoadedModel(ref, model.eval(), tokenizer, model_class, None, directory)
 
 
 

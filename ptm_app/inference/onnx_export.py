@@ -46,10 +46,10 @@ def takes_token_types(loaded: LoadedModel) -> bool:
 class HeadGraph(nn.Module):
     """``(input_ids, attention_mask[, token_type_ids]) -> head outputs``: what ``torch.export`` traces."""
 
-    def __init__(self, loaded: LoadedModel, head: str):
+    def __init__(self, loaded: LoadedModel, model_class: str):
         super().__init__()
         self.net = loaded.module if loaded.module is not None else loaded.model  # registers the weights
-        self.loaded, self.head = loaded, head
+        self.loaded, self.model_class = loaded, model_class
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: Optional[torch.Tensor] = None):
@@ -58,7 +58,7 @@ class HeadGraph(nn.Module):
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             batch["token_type_ids"] = token_type_ids
-        return head_outputs(self.loaded, batch, self.head)
+        return head_outputs(self.loaded, batch, self.model_class)
 
 
 def example_inputs(loaded: LoadedModel, batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
@@ -95,8 +95,8 @@ def as_tuple(out) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def output_names(head: str) -> list[str]:
-    return ["start_logits", "end_logits"] if head == "question_answering" else ["logits"]
+def output_names(model_class: str) -> list[str]:
+    return ["start_logits", "end_logits"] if model_class == "question_answering" else ["logits"]
 
 
 def write_onnx(loaded: LoadedModel, directory: Path) -> dict:
@@ -105,13 +105,13 @@ def write_onnx(loaded: LoadedModel, directory: Path) -> dict:
     from ptm_app.task_kinds.registry import kind_of
 
     kind = kind_of(loaded)
-    head = kind.model_class if kind is not None else None
-    if head not in EXPORTABLE:
+    model_class = kind.model_class if kind is not None else None
+    if model_class not in EXPORTABLE:
         raise PtmError(f"export --format onnx covers classification, regression, tagging and extractive QA runs; "
-                       f"{loaded.ref} is a {loaded.kind} ({loaded.head} head; language models keep PyTorch's "
-                       f"generate loop); export it without --format onnx")
+                       f"{loaded.ref} is a {loaded.kind} (model class {loaded.model_class}; language models keep "
+                       f"PyTorch's generate loop); export it without --format onnx")
     ort = onnxruntime()
-    graph = HeadGraph(loaded, head).eval()
+    graph = HeadGraph(loaded, model_class).eval()
     traced = example_inputs(loaded, 2, 8, seed=0)
     names = list(traced)
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
@@ -121,7 +121,7 @@ def write_onnx(loaded: LoadedModel, directory: Path) -> dict:
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(graph, (), kwargs=traced, dynamo=True, input_names=names,
-                                        output_names=output_names(head), dynamic_shapes=axes, verbose=False,
+                                        output_names=output_names(model_class), dynamic_shapes=axes, verbose=False,
                                         report=False)
         except Exception as exc:  # torch.export names the unsupported operation in its first line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -142,7 +142,7 @@ def write_onnx(loaded: LoadedModel, directory: Path) -> dict:
                        f"on {loaded.kind}; export it without --format onnx")
     import onnx as onnx_package
 
-    info = {"file": ONNX_FILE, "head": head, "inputs": names, "outputs": output_names(head),
+    info = {"file": ONNX_FILE, "model_class": model_class, "inputs": names, "outputs": output_names(model_class),
             "dynamic_axes": {"0": "batch", "1": "sequence"},
             "opset": max((o.version for o in onnx_package.load(str(path), load_external_data=False).opset_import
                           if o.domain in ("", "ai.onnx")), default=None),
@@ -158,7 +158,7 @@ def write_onnx(loaded: LoadedModel, directory: Path) -> dict:
 
 
 def onnx_card_section(info: dict) -> str:
-    return (f"\n## ONNX\n\n`{info['file']}`: the model with its head ({info['head']}), inputs "
+    return (f"\n## ONNX\n\n`{info['file']}`: the model with its head (model class {info['model_class']}), inputs "
             f"{', '.join(info['inputs'])} (int64, dynamic batch and sequence axes), outputs "
             f"{', '.join(info['outputs'])}. ONNX Runtime matches PyTorch fp32 within {info['check']['tolerance_abs']} "
             f"(largest difference seen: {info['check']['max_abs_diff']:.1e}). Run it with "

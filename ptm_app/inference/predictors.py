@@ -139,7 +139,7 @@ def is_regression(loaded: LoadedModel) -> bool:
     return config.problem_type == "regression" or config.num_labels == 1
 
 
-def head_outputs(loaded: LoadedModel, batch: dict, head: str, regression: Optional[bool] = None):
+def head_outputs(loaded: LoadedModel, batch: dict, model_class: str, regression: Optional[bool] = None):
     """The head's raw outputs for a batch, as the run's module computes them (its ``forward``: deltas, frozen
     features, virtual tokens dropped) or a plain export's model: label scores [B, C] (values [B] for regression),
     tag scores [B, T, C], or (start, end) logits [B, T].  With an ONNX Runtime session attached
@@ -149,17 +149,17 @@ def head_outputs(loaded: LoadedModel, batch: dict, head: str, regression: Option
     if loaded.module is not None:
         return loaded.module(batch)
     out = loaded.model(**plain_inputs(batch))
-    if head == "question_answering":
+    if model_class == "question_answering":
         return out.start_logits.float(), out.end_logits.float()
     if regression is None:
         regression = is_regression(loaded)
-    return out.logits.squeeze(-1) if head == "sequence_classification" and regression else out.logits
+    return out.logits.squeeze(-1) if model_class == "sequence_classification" and regression else out.logits
 
 
 def refuse(loaded: LoadedModel, what: str) -> PtmError:
-    return PtmError(f"predict --text/--input {what}; {loaded.ref} is a {loaded.kind} ({loaded.head} head); for "
-                    f"other runs use: python main.py predict --config ... --ckpt_path ... (generate / embed for "
-                    f"language models and encoders)")
+    return PtmError(f"predict --text/--input {what}; {loaded.ref} is a {loaded.kind} (model class "
+                    f"{loaded.model_class}); for other runs use: python main.py predict --config ... --ckpt_path ... "
+                    f"(generate / embed for language models and encoders)")
 
 
 # -- classification and regression ---------------------------------------------------------------

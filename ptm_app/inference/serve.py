@@ -220,12 +220,13 @@ EXAMPLES = {**{name: form.example for name, form in forms().items()}, "prompt": 
 
 def choose_task(loaded, task: Optional[str]) -> tuple[str, str]:
     """``(task, kind)`` for the loaded model; a task it cannot do is one line (checked before any worker starts)."""
-    from ptm_app.inference.generate import GENERATING_HEADS, check_generator
+    from ptm_app.inference.generate import GENERATING_MODEL_CLASSES, check_generator
     from ptm_app.inference.predict import predicting_kind
     from ptm_app.task_kinds.registry import kind_of
 
     if task is None:
-        task = "predict" if kind_of(loaded) else "generate" if loaded.head in GENERATING_HEADS else "embed"
+        generates = loaded.model_class in GENERATING_MODEL_CLASSES
+        task = "predict" if kind_of(loaded) else "generate" if generates else "embed"
     if task == "predict":
         return task, predicting_kind(loaded).prediction.form.name
     if task == "generate":

@@ -75,7 +75,7 @@ class KAdapterModule(TaskModule):
             adapter runs; leave it null.
     """
 
-    head = "base"
+    model_class = "base"
     task_kind = "sequence"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

@@ -17,7 +17,7 @@ class BiLMModule(LanguageModelModule):
     Every layer's states (``hidden_states``) are exposed for feature extraction with a scalar mix.
     """
 
-    head = "bilm"
+    model_class = "bilm"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.0), gradient_checkpointing: bool = False):

@@ -128,7 +128,7 @@ class DualEncoderModule(ImageTextModule):
     image→text top-1).
     """
 
-    head = "base"
+    model_class = "base"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  vision_config: Optional[dict] = None, projection_dim: int = 128,

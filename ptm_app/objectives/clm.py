@@ -10,7 +10,7 @@ from ptm_app.objectives.lm_base import LanguageModelModule
 class CausalLMModule(LanguageModelModule):
     """CLM pre-training on a decoder (GPT-2, Llama ... any ``AutoModelForCausalLM``)."""
 
-    head = "causal_lm"
+    model_class = "causal_lm"
 
     def make_collator(self, tokenizer, seed: int = 0) -> CLMCollator:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -31,7 +31,7 @@ from ptm_app.training.module import PtmModule, weighted_mean_update
 from ptm_app.training.optim import OptimConfig
 
 Objective = Literal["simcse", "infoword"]
-HEADS: dict[str, str] = {"simcse": "base", "infoword": "masked_lm"}
+OBJECTIVE_MODEL_CLASS: dict[str, str] = {"simcse": "base", "infoword": "masked_lm"}
 LOSS_PARTS: dict[str, tuple[str, ...]] = {"simcse": ("nce",), "infoword": ("dim", "mlm")}
 
 
@@ -127,7 +127,7 @@ class ContrastiveModule(PtmModule):
 
     Args:
         backbone / backbone_config / optim / gradient_checkpointing: see ``PtmModule``.
-        objective: ``simcse`` (backbone head ``base``) or ``infoword`` (head ``masked_lm``, for its MLM term).
+        objective: ``simcse`` (model class ``base``) or ``infoword`` (model class ``masked_lm``, for its MLM term).
         pooling: the representation: ``cls`` (last-layer first-token state; SimCSE §3, Kong et al. §3) or
             ``mean`` (over non-padding tokens).
         temperature: τ of SimCSE's cosine scores; InfoWord scores are plain dot products.
@@ -155,7 +155,7 @@ class ContrastiveModule(PtmModule):
             raise PtmError("temperature must be > 0")
         # kept as attributes, not only hparams (see MaskedLMModule)
         self.objective, self.pooling, self.temperature = objective, pooling, temperature
-        self.head = HEADS[objective]
+        self.model_class = OBJECTIVE_MODEL_CLASS[objective]
         self.ngram_cfg = dict(ngram_mean=ngram_mean, ngram_std=ngram_std, max_ngram=max_ngram,
                               mlm_probability=mlm_probability, mask_ratio=mask_ratio, random_ratio=random_ratio)
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)

@@ -38,7 +38,7 @@ class MaskedLMModule(LanguageModelModule):
             Default: ``[MaskedLM]``.  The data module builds the examples they need (``data.examples``).
     """
 
-    head = "masked_lm"
+    model_class = "masked_lm"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(), gradient_checkpointing: bool = False,

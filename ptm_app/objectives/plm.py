@@ -43,7 +43,7 @@ class PermutationLMModule(LanguageModelModule):
         max_span_length: longest span of consecutive targets.
     """
 
-    head = "causal_lm"  # AutoModelForCausalLM maps xlnet → XLNetLMHeadModel
+    model_class = "causal_lm"  # AutoModelForCausalLM maps xlnet → XLNetLMHeadModel
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-4), gradient_checkpointing: bool = False,

@@ -58,7 +58,7 @@ class ReplacedTokenDetectionModule(PtmModule):
             ones it samples from (default; same loss, see ``heads.masked_lm_forward``); ``false``: everywhere.
     """
 
-    head = "rtd"
+    model_class = "rtd"
     monitor = ("val/disc_loss", "min")
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,

@@ -160,7 +160,7 @@ class Seq2SeqDenoisingModule(LanguageModelModule):
             ``bart``, mBART's (``MBART_DEFAULT``) for ``mbart``.
     """
 
-    head = "seq2seq_lm"
+    model_class = "seq2seq_lm"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-4), gradient_checkpointing: bool = False,

@@ -125,7 +125,7 @@ class SingleStreamModule(ImageTextModule):
     ``val/itm_acc``.
     """
 
-    head = "visual_bert"
+    model_class = "visual_bert"
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  image_size: int = 64, patch_size: int = 8, itm_probability: float = 0.5,

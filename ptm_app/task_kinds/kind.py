@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from ptm_app.backbones.heads import MODEL_CLASSES, ModelClass
+from ptm_app.backbones.model_classes import MODEL_CLASSES, ModelClass
 from ptm_app.data.collators import PadCollator
 from ptm_app.task_kinds.forms import InputForm
 from ptm_app.task_kinds.parts import HeadShape, Metrics, Scores
@@ -28,7 +28,7 @@ class TaskKind:
     and QA)."""
 
     name: str
-    model_class: str  # a backbones.heads.MODEL_CLASSES key
+    model_class: str  # a backbones.model_classes.MODEL_CLASSES key
     intended_use: Optional[str]  # the model card's "It is for ..." (None: the model class's)
     pipeline_tag: Optional[str]  # the Hub pipeline that serves it (None: the model class's, if any)
     data_module: type

@@ -1,8 +1,8 @@
 """Task kinds: everything one kind of labelled task needs, in one registry entry (docs/design.md principle 10).
 
 A ``TaskKind`` bundles:
-- the model class it trains (``backbones.heads.MODEL_CLASSES``: the transformers Auto class, the peft task type) and
-  the transformers ``problem_type`` that tells it apart from another kind of the same class;
+- the model class it trains (``backbones.model_classes.MODEL_CLASSES``: the transformers Auto class, the peft task
+  type) and the transformers ``problem_type`` that tells it apart from another kind of the same class;
 - the model card's intended use and the Hub pipeline tag;
 - its data module and the collator its examples need;
 - its head's shape (what it reads, its width, its outputs), its loss and its metrics, as small classes
@@ -82,10 +82,10 @@ def task_kind(name: str, where: str = "task") -> TaskKind:
     return TASK_KINDS[name]
 
 
-def kind_of_head(head: str, problem_type: Optional[str] = None) -> Optional[TaskKind]:
-    """The kind a plain transformers model of class ``head`` serves: the kind of that class whose ``problem_type``
+def kind_of_model_class(model_class: str, problem_type: Optional[str] = None) -> Optional[TaskKind]:
+    """The kind a plain transformers model of ``model_class`` serves: the kind of that class whose ``problem_type``
     is the config's (None: the class's first kind; a single-output classifier counts as regression)."""
-    same = [k for k in TASK_KINDS.values() if k.model_class == head and k.head is not None]
+    same = [k for k in TASK_KINDS.values() if k.model_class == model_class and k.head is not None]
     for kind in same:
         if kind.problem_type is not None and kind.problem_type == problem_type:
             return kind
@@ -95,7 +95,8 @@ def kind_of_head(head: str, problem_type: Optional[str] = None) -> Optional[Task
 
 def kind_of(loaded) -> Optional[TaskKind]:
     """The kind of a loaded model (``inference.loading.LoadedModel``): its module's ``task_kind`` (None for
-    modules that predict no rows of their own: multitask, prompting), else a plain export's head and problem type."""
+    modules that predict no rows of their own: multitask, prompting), else a plain export's model class and problem
+    type."""
     module = loaded.module
     if module is not None:
         name = module.kind_name() if hasattr(module, "kind_name") else getattr(module, "task_kind", None)
@@ -104,9 +105,9 @@ def kind_of(loaded) -> Optional[TaskKind]:
 
     config = transformers_model(loaded.model).config
     problem = getattr(config, "problem_type", None)
-    if loaded.head == "sequence_classification" and problem is None and getattr(config, "num_labels", 2) == 1:
+    if loaded.model_class == "sequence_classification" and problem is None and getattr(config, "num_labels", 2) == 1:
         problem = "regression"
-    return kind_of_head(loaded.head, problem)
+    return kind_of_model_class(loaded.model_class, problem)
 
 
 def forms() -> dict[str, InputForm]:

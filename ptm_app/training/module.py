@@ -15,7 +15,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from ptm_app.backbones.build import build_backbone, max_positions
 from ptm_app.backbones.delta import as_delta_spec
 from ptm_app.checkpoints import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, load_file, trusted,
-                                 trusting, write_tokenizer_files)
+                                 trusting, upgrade_record, write_tokenizer_files)
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
@@ -24,8 +24,8 @@ from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
 class PtmModule(pl.LightningModule):
     """Shared by every objective and adaptation style.
 
-    Subclasses set ``head`` (see ``backbones.heads.MODEL_CLASSES``), ``monitor`` (metric, mode) for the
-    best checkpoint, implement ``make_collator`` and the steps, and may extend ``config_updates``.
+    Subclasses set ``model_class`` (see ``backbones.model_classes.MODEL_CLASSES``), ``monitor`` (metric, mode) for
+    the best checkpoint, implement ``make_collator`` and the steps, and may extend ``config_updates``.
 
     Args:
         backbone: a prepared name, a ``save_pretrained`` directory, a run's ``.ckpt`` or a hub id.
@@ -41,7 +41,7 @@ class PtmModule(pl.LightningModule):
     order after the build, and each saves and restores what it owns.
     """
 
-    head: str = "base"
+    model_class: str = "base"  # the transformers class the backbone is built as (backbones.model_classes)
     monitor: tuple[str, str] = ("val/loss", "min")
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
@@ -171,8 +171,9 @@ class PtmModule(pl.LightningModule):
         return loss
 
     def build_model(self):
-        """The transformers model for ``head``; override to assemble one differently (e.g. BERT2BERT)."""
-        return build_backbone(self.head, self.hparams.backbone, self.hparams.backbone_config, **self.config_updates())
+        """The transformers model of ``model_class``; override to assemble one differently (e.g. BERT2BERT)."""
+        return build_backbone(self.model_class, self.hparams.backbone, self.hparams.backbone_config,
+                              **self.config_updates())
 
     def setup(self, stage: str) -> None:
         if self.data_facts is not None:
@@ -268,7 +269,7 @@ class PtmModule(pl.LightningModule):
             hparams["backbone_config"]["attn_implementation"] = attention
         checkpoint["hyper_parameters"] = hparams
         checkpoint[CKPT_KEY] = {
-            "head": self.head,
+            "model_class": self.model_class,
             "module": f"{own_class(self).__module__}.{own_class(self).__qualname__}",
             "backbone_source": self.hparams.backbone,
             "tokenizer": tokenizer_files(self.tokenizer) if self.tokenizer is not None else {},
@@ -278,6 +279,7 @@ class PtmModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         check_record(checkpoint, "the checkpoint", own=own_class(self))  # its tokenizer is used or not
+        upgrade_record(checkpoint.get(CKPT_KEY) or {})  # keys renamed since it was written (a policy reads it)
         files = checkpoint.get(CKPT_KEY, {}).get("tokenizer")
         if files and self.tokenizer is None:
             self.tokenizer = tokenizer_from_files(files)

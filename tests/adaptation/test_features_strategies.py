@@ -151,7 +151,7 @@ def test_feature_extraction_on_the_elmo_bilstm_from_a_checkpoint(tmp_path):
     lm = BiLSTMForLanguageModeling(config)
     ckpt = {"state_dict": {f"backbone.{k}": v for k, v in lm.state_dict().items()},
             "hyper_parameters": {"backbone_config": config.to_dict()},
-            "ptm_app": {"head": "bilm", "module": "ptm_app.objectives.bilm.BiLMModule", "tokenizer": {}}}
+            "ptm_app": {"model_class": "bilm", "module": "ptm_app.objectives.bilm.BiLMModule", "tokenizer": {}}}
     torch.save(ckpt, tmp_path / "elmo.ckpt")  # the layout BiLMModule writes
     module = FeatureExtractionModule(backbone=str(tmp_path / "elmo.ckpt"), labels=LABELS).build()
     assert module.task_head[1].in_features == config.output_dim == 16 and module.mix.weights.numel() == 3

@@ -120,7 +120,7 @@ def bilm_checkpoint(path: Path):
     lm = BiLSTMForLanguageModeling(config)
     ckpt = {"state_dict": {f"backbone.{k}": v for k, v in lm.state_dict().items()},
             "hyper_parameters": {"backbone_config": config.to_dict()},
-            "ptm_app": {"head": "bilm", "module": "ptm_app.objectives.bilm.BiLMModule", "tokenizer": {}}}
+            "ptm_app": {"model_class": "bilm", "module": "ptm_app.objectives.bilm.BiLMModule", "tokenizer": {}}}
     torch.save(ckpt, path)  # the layout BiLMModule writes
     return lm
 

@@ -311,7 +311,7 @@ def test_tiny_decoder_resumes_exactly_tests_predicts_and_exports(copy_task, tmp_
     assert all(isinstance(r["generated"], str) for r in rows)
 
     module = GenerationModule.load_from_checkpoint(run / "checkpoints" / "last.ckpt").eval()
-    assert module.architecture == "decoder" and module.head == "causal_lm"
+    assert module.architecture == "decoder" and module.model_class == "causal_lm"
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(run), "--output_dir", str(out)], runs) == 0
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -29,17 +29,17 @@ def logits(model, batch):
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_scratch_build_takes_the_implementation_and_both_agree(name):
-    head, config = SCRATCH[name]
+    model_class, config = SCRATCH[name]
     built = {}
     for impl in ("eager", "sdpa"):
         torch.manual_seed(0)
-        built[impl] = build_backbone(head, None, {**config, "attn_implementation": impl})
+        built[impl] = build_backbone(model_class, None, {**config, "attn_implementation": impl})
         assert built[impl].config._attn_implementation == impl
     built["sdpa"].load_state_dict(built["eager"].state_dict())
     batch = padded_batch()
     torch.testing.assert_close(logits(built["sdpa"], batch), logits(built["eager"], batch), rtol=1e-4, atol=1e-5)
     torch.manual_seed(0)
-    assert build_backbone(head, None, config).config._attn_implementation == "sdpa"  # transformers' default
+    assert build_backbone(model_class, None, config).config._attn_implementation == "sdpa"  # transformers' default
 
 
 def test_pretrained_build_takes_the_implementation_and_both_agree():
@@ -53,7 +53,7 @@ def test_pretrained_build_takes_the_implementation_and_both_agree():
     torch.testing.assert_close(a[keep], b[keep], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("impl,head,pretrained,message", [
+@pytest.mark.parametrize("impl,model_class,pretrained,message", [
     ("sdpa2", "masked_lm", None, "backbone_config.attn_implementation='sdpa2' is not supported by BertForMaskedLM; "
                                  "set it to one of eager, sdpa, flex_attention"),
     ("flex_attention", "causal_lm", None, "'flex_attention' is not supported by GPT2LMHeadModel; set it to one of "
@@ -62,11 +62,11 @@ def test_pretrained_build_takes_the_implementation_and_both_agree():
     ("sdpa2", "base", "minilm", "'sdpa2' is not supported by BertModel"),
     ("flash_attention_2", "base", "minilm", "'flash_attention_2' cannot run here"),
 ], ids=["unknown", "undeclared", "flash-on-cpu", "pretrained-unknown", "pretrained-flash"])
-def test_unusable_implementation_is_one_line(impl, head, pretrained, message):
-    config = {"attn_implementation": impl} if pretrained else {**SCRATCH["gpt2" if head == "causal_lm" else "bert"][1],
+def test_unusable_implementation_is_one_line(impl, model_class, pretrained, message):
+    config = {"attn_implementation": impl} if pretrained else {**SCRATCH["gpt2" if model_class == "causal_lm" else "bert"][1],
                                                                "attn_implementation": impl}
     with pytest.raises(PtmError) as err:
-        build_backbone(head, pretrained, config)
+        build_backbone(model_class, pretrained, config)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

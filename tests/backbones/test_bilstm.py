@@ -12,7 +12,7 @@ from ptm_app.backbones.bilstm import (
     BiLSTMConfig,
     BiLSTMForLanguageModeling,
     BiLSTMModel,
-    HEAD_CLASSES,
+    BILSTM_CLASSES,
 )
 from ptm_app.backbones.build import build_backbone, max_positions
 
@@ -78,7 +78,7 @@ def test_registration_survives_a_second_import():
 def test_ptm_app_builds_the_base_model_without_a_position_limit():
     model = build_backbone("base", None, {"model_type": "ptm_bilstm_lm", **TINY})
     assert type(model) is BiLSTMModel and max_positions(model) is None
-    assert HEAD_CLASSES == {"bilm": BiLSTMForLanguageModeling, "base": BiLSTMModel}
+    assert BILSTM_CLASSES == {"bilm": BiLSTMForLanguageModeling, "base": BiLSTMModel}
 
 
 @pytest.mark.parametrize("num_layers,residual", [(2, True), (3, False)])

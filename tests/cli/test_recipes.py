@@ -82,7 +82,7 @@ def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
     from ptm_app.backbones.from_checkpoint import rebuild_backbone
 
     ckpt = read_checkpoint(runs / "full")
-    exported = auto_class(ckpt["ptm_app"]["head"]).from_pretrained(out)
+    exported = auto_class(ckpt["ptm_app"]["model_class"]).from_pretrained(out)
     expected = rebuild_backbone(ckpt).state_dict()
     got = exported.state_dict()
     assert set(got) == set(expected)

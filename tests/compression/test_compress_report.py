@@ -44,7 +44,7 @@ def plain_teacher(tmp: Path, source: str = "bbc") -> Path:
     directory."""
     import transformers
 
-    from ptm_app.backbones.heads import from_config
+    from ptm_app.backbones.model_classes import from_config
     from ptm_app.data.sources import prepared_dir
     from ptm_app.inference.loading import EXPORT_INFO
     from ptm_app.compression.quantize import eval_records
@@ -57,7 +57,7 @@ def plain_teacher(tmp: Path, source: str = "bbc") -> Path:
     out = tmp / "teacher"
     from_config("sequence_classification", config).save_pretrained(out)
     transformers.AutoTokenizer.from_pretrained(prepared_dir("minilm")).save_pretrained(out)
-    (out / EXPORT_INFO).write_text(json.dumps({"head": "sequence_classification"}))
+    (out / EXPORT_INFO).write_text(json.dumps({"model_class": "sequence_classification"}))
     return out
 
 
@@ -259,7 +259,7 @@ def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path, monk
     runs = tmp_path / "runs"
     plain = plain_teacher(tmp_path, cfg["source"])
     loaded = load_for_inference(str(plain))
-    int8 = save_quantized(quantize_dynamic_int8(loaded.model), "torch_ao", tmp_path / "int8", loaded.head,
+    int8 = save_quantized(quantize_dynamic_int8(loaded.model), "torch_ao", tmp_path / "int8", loaded.model_class,
                           loaded.tokenizer)
     exit_run = early_exit_run(runs, tmp_path, cfg["source"])
     for row in [cfg["teacher"], *cfg["rows"]]:

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from ptm_app.backbones.build import build_backbone
-from ptm_app.backbones.heads import from_config
+from ptm_app.backbones.model_classes import from_config
 from ptm_app.compression import heads as hp
 from ptm_app.compression.magnitude import MagnitudeSpec, cubic_sparsity, magnitude_masks, prunable_weights, sparsity_of
 from ptm_app.compression.pruning import LayerDropSpec, HeadPruningSpec, drop_layers, layers_to_drop

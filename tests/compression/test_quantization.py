@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from ptm_app.backbones.heads import from_config
+from ptm_app.backbones.model_classes import from_config
 from ptm_app.compression import quantization as qz
 from ptm_app.errors import PtmError
 

@@ -24,7 +24,7 @@ def test_adapter_run_and_its_export_give_the_same_outputs(adapter_run, tmp_path)
     assert (out / "delta.safetensors").is_file() and not (out / "module_config.json").exists()
     run, export = load_for_inference(str(adapter_run)), load_for_inference(str(out))
     assert list(list_adapters(run.model)) and list(list_adapters(export.model))
-    assert export.head == "sequence_classification" and export.module is None
+    assert export.model_class == "sequence_classification" and export.module is None
 
     from_run, from_export = embed_texts(run, TEXTS), embed_texts(export, TEXTS)
     np.testing.assert_allclose(from_export, from_run, atol=1e-5)

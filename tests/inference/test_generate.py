@@ -96,7 +96,7 @@ def test_sampling_knobs_need_do_sample(clm_run, capsys):
 
 
 def test_encoder_decoder_directory_generates_like_transformers(clm_run, tmp_path, capsys):
-    """A T5 save_pretrained directory (random weights: a varied continuation): its head is read from the config
+    """A T5 save_pretrained directory (random weights: a varied continuation): its model class is read from the config
     and the encoder gets ``prompt [EOS]``, the layout of our T5/BART pre-training."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, T5Config
 

@@ -33,7 +33,7 @@ def test_generation_module_prompt_layout_gives_its_own_generations(config):
                                                "eos_token_id": 102, "decoder_start_token_id": 101},
                               max_new_tokens=6).build().eval()
     module.tokenizer = tok
-    loaded = LoadedModel("tiny", module.backbone, tok, module.head, module)
+    loaded = LoadedModel("tiny", module.backbone, tok, module.model_class, module)
     settings = decoding_settings(loaded, 6, False, None, None, None, 1)
     for source in SOURCES:
         example = {"source_ids": tok(source, add_special_tokens=False)["input_ids"], "target_ids": [], "target": "",
@@ -54,7 +54,7 @@ def test_frozen_features_run_embeds_with_its_trained_scalar_mix():
         module.mix.weights.copy_(torch.tensor([2.0, -1.0, 0.5]))  # as if trained: far from uniform
         module.mix.gamma.fill_(1.7)
     module.tokenizer = tok
-    loaded = LoadedModel("features", module.backbone, tok, module.head, module)
+    loaded = LoadedModel("features", module.backbone, tok, module.model_class, module)
     got = embed_texts(loaded, SOURCES)  # default pooling for a run with a trained mix: scalar_mix
     batch = tok(SOURCES, padding=True, return_tensors="pt")
     with torch.no_grad():

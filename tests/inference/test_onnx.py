@@ -23,6 +23,7 @@ def test_onnx_export_matches_pytorch_and_predict_runs_on_onnxruntime(fixture, re
     assert run_main(["export", "--format", "onnx", "--ckpt_path", str(run), "--output_dir", str(out)], run.parent) == 0
     info = json.loads((out / "onnx.json").read_text())
     assert info["inputs"][:2] == ["input_ids", "attention_mask"] and info["outputs"] == ["logits"]
+    assert info["model_class"] == "sequence_classification" and "head" not in info  # the name since the rename
     assert info["check"]["tolerance_abs"] == TOLERANCE == 1e-4
     assert 0 <= info["check"]["max_abs_diff"] <= TOLERANCE
     assert "## ONNX" in (out / "README.md").read_text()  # the model card says what the graph is

@@ -189,7 +189,7 @@ def test_a_checkpoint_of_another_family_is_refused_naming_both(command, victim, 
     argv = [command, "--config", str(victim.config), "--run_name", "x", "--ckpt_path", str(clm_ckpt)]
     assert run_main(argv, tmp_path / "runs") == 2
     line = one_error_line(capsys)
-    assert all(w in line for w in ("CausalLMModule (causal_lm head)", "SequenceClassificationModule",
+    assert all(w in line for w in ("CausalLMModule (causal_lm model class)", "SequenceClassificationModule",
                                    "sequence task", str(clm_ckpt))), line
     assert not (tmp_path / "runs" / "x" / "summary.json").exists()
 

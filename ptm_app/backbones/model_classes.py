@@ -1,8 +1,9 @@
-"""The transformers model classes behind ptm_app's head names, in one table: each ``ModelClass`` names its
-transformers Auto class (``from_config`` builds one from a transformers config), its peft task type (delta tuning,
-``backbones.delta``) and transformers' table of the architectures that are of this class (``head_of`` reads a
-config's).  A task kind (``task_kinds.registry.TaskKind``) names the model class it trains and adds its own intended
-use and pipeline tag; the classes no task kind trains (language models, encoders) carry theirs here."""
+"""The model classes a backbone is built as (a module's ``model_class``, a checkpoint's and an export's
+``model_class``), in one table: each ``ModelClass`` names its transformers Auto class (``from_config`` builds one from
+a transformers config), its peft task type (delta tuning, ``backbones.delta``) and transformers' table of the
+architectures that are of this class (``model_class_of`` reads a config's).  A task kind
+(``task_kinds.registry.TaskKind``) names the model class it trains and adds its own intended use and pipeline tag;
+the classes no task kind trains (language models, encoders) carry theirs here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ class ModelClass:
     pipeline_tag: Optional[str] = None
 
 
-# most specific first: ``head_of`` takes the first class whose architectures name the config's
+# most specific first: ``model_class_of`` takes the first class whose architectures name the config's
 MODEL_CLASSES: dict[str, ModelClass] = {
     "causal_lm": ModelClass("AutoModelForCausalLM", "CAUSAL_LM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
                             "continuing text left to right (main.py generate)", "text-generation"),
@@ -54,37 +55,38 @@ MODEL_CLASSES: dict[str, ModelClass] = {
 }
 
 
-def auto_class(head: str):
-    if head == "bilm":  # ELMo's BiLSTM: ptm_app's own transformers-compatible model
-        from ptm_app.backbones.bilstm import HEAD_CLASSES
+def auto_class(model_class: str):
+    if model_class == "bilm":  # ELMo's BiLSTM: ptm_app's own transformers-compatible model
+        from ptm_app.backbones.bilstm import BILSTM_CLASSES
 
-        return HEAD_CLASSES["bilm"]
-    return getattr(transformers, MODEL_CLASSES[head].auto_class)
-
-
-def auto_class_name(head: str, default: str = "AutoModel") -> str:
-    """The transformers class name of a head (``default`` for an unknown one), for messages and model cards."""
-    return MODEL_CLASSES[head].auto_class if head in MODEL_CLASSES else default
+        return BILSTM_CLASSES["bilm"]
+    return getattr(transformers, MODEL_CLASSES[model_class].auto_class)
 
 
-def head_of(config) -> str:
-    """The ptm_app head of a transformers config, from its first architecture name (``base`` if none matches)."""
+def auto_class_name(model_class: str, default: str = "AutoModel") -> str:
+    """The transformers class name of a model class (``default`` for an unknown one), for messages and model cards."""
+    return MODEL_CLASSES[model_class].auto_class if model_class in MODEL_CLASSES else default
+
+
+def model_class_of(config) -> str:
+    """The ptm_app model class of a transformers config, from its first architecture name (``base`` if none
+    matches)."""
     from transformers.models.auto import modeling_auto
 
     arch = (getattr(config, "architectures", None) or [None])[0]
-    for head, model_class in MODEL_CLASSES.items():
+    for name, model_class in MODEL_CLASSES.items():
         if arch is None or model_class.architectures is None:
             continue
         names = getattr(modeling_auto, model_class.architectures, {}).get(config.model_type)
         if arch in ((names,) if isinstance(names, str) else tuple(names or ())):
-            return head
+            return name
     return "base"
 
 
-def from_config(head, config):
-    """Instantiate a head class (a head name or the class) from a config (Auto classes and concrete classes alike;
-    never the code a config's ``auto_map`` names)."""
-    cls = auto_class(head) if isinstance(head, str) else head
+def from_config(model_class, config):
+    """Instantiate a model class (its ptm_app name or the class itself) from a config (Auto classes and concrete
+    classes alike; never the code a config's ``auto_map`` names)."""
+    cls = auto_class(model_class) if isinstance(model_class, str) else model_class
     if hasattr(cls, "from_config"):  # an Auto class
         model = cls.from_config(config, trust_remote_code=False)
     else:
