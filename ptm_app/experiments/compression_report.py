@@ -1,4 +1,4 @@
-"""``python main.py compress-report --config configs/compress/report_bbc.yaml``: the compression table, in the
+"""``python main.py compress-report --config configs/compress/minilm_report_bbc.yaml``: the compression table, in the
 style of Qiu et al. 2020's Table 3 (§4.5), measured here and never typed by hand.
 
 Every row is a trained model named in the config: a run directory, ``.ckpt``, export, ``prune`` or ``quantize``
