@@ -8,7 +8,7 @@
 - every strategy preset in ``configs/strategy/`` and every overlay in ``configs/memory/`` (``torch.compile``,
   low memory), each layered on ``configs/pretrain/bert_mlm_bbc.yaml`` at one device (``strategy/<name>``,
   ``memory/<name>``);
-- ``chain``: ``fit`` of ``bert_mlm`` → ``export`` → ``fit`` of ``configs/demo/demo_mlm_full_bbc.yaml`` from the export
+- ``chain``: ``fit`` of ``bert_mlm_bbc`` → ``export`` → ``fit`` of ``configs/demo/demo_mlm_full_bbc.yaml`` from the export
   → ``predict --text``.
 
 It prints one line per check (name, ``ok``/``FAIL``, seconds, the precision the run chose, and on failure the

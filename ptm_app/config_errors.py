@@ -138,7 +138,7 @@ def check_config_files(argv: list[str]) -> None:
 
 # Configs renamed to configs/<stage>/<model>_<method>_<data>.yaml (issue 27): old "<folder>/<stem>" -> new, so an old
 # path given to --config (or named by a plan) is one line naming the new file.  Paths are written without the
-# configs/ prefix and .yaml suffix here so that the test that every configs/...yaml path in the repository exists
+# configs/ prefix and .yaml suffix here so that the test that every config path the repository names exists
 # (tests/cli/test_config_hub.py) does not read them as references.
 RENAMED_CONFIGS = {
     "pretrain/albert": "pretrain/albert_mlm_sop_brown",

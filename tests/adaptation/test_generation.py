@@ -321,7 +321,7 @@ def test_tiny_decoder_resumes_exactly_tests_predicts_and_exports(copy_task, tmp_
     with torch.no_grad():
         assert torch.allclose(module.backbone(ids).logits, exported(ids).logits, atol=1e-5)
 
-    # the shipped decoder-with-prompt config, on this exported GPT (it names an exported gpt_clm run)
+    # the shipped decoder-with-prompt config, on this exported GPT (it names an exported gpt2_clm_bbc run)
     shipped = ROOT / "configs" / "adapt" / "gpt2_tldr_prompt_bbc_headlines.yaml"
     argv = ["fit", "--config", str(shipped), "--model.init_args.backbone", str(out), "--data.init_args.tokenizer.pretrained",
             str(out), "--data.init_args.source", str(copy_task), "--data.init_args.max_source_length", "24",

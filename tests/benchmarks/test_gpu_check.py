@@ -23,7 +23,7 @@ def run(args, tmp_path):
 
 @pytest.mark.slow  # ~45 s: a pre-training, export, fine-tuning and predict (the failure test runs one check quickly)
 def test_the_chain_on_the_cpu_is_one_ok_line_with_the_precision_chosen(tmp_path):
-    """The chain: pre-training recipe (bert_mlm) -> export -> fine-tune -> predict --text, one step each (four
+    """The chain: pre-training recipe (bert_mlm_bbc) -> export -> fine-tune -> predict --text, one step each (four
     processes, about 40 s on 2 quiet cores); the failing test below runs a pre-training recipe alone."""
     out = run(["--accelerator", "cpu", "--only", "chain", "--steps", "1"], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -326,7 +326,7 @@ def test_make_skips_finished_fits_and_resumes_stopped_ones(tmp_path, monkeypatch
     assert resumable(step) == [*step, "--ckpt_path", "last"]
     qat = ["fit", "--config", str(ROOT / "configs" / "compress" / "minilm_qat_bbc.yaml")]  # run name: the stem
     assert resumable(qat) is None
-    fresh = ["fit", "--config", config]  # prune_heads_bbc: never started
+    fresh = ["fit", "--config", config]  # minilm_prune_heads_bbc: never started
     assert resumable(fresh) == fresh
     quantize = ["quantize", "--ckpt_path", "checkpoints/minilm_qat_bbc", "--output_dir", "x"]
     assert resumable(quantize) == quantize
