@@ -222,7 +222,7 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, 
     """As shipped, with no runs: one line naming the teacher's fine-tuning command.  Every row's make command is a
     main.py command whose last step writes the row's model, and every fit step parses (``--print_config``: the
     overrides that retarget a BBC recipe are real keys)."""
-    from ptm_app.experiments.compression_report import CompressionRow, make_steps
+    from ptm_app.experiments.compression_report import CompressionRow, make_steps, make_text
 
     path = ROOT / "configs" / "compress" / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
@@ -243,7 +243,34 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, 
     monkeypatch.chdir(tmp_path)  # the rows' relative paths must not find runs a developer made in the repo
     assert run_main(["compress-report", "--config", str(path)], tmp_path / "runs") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and cfg["teacher"]["make"] in err[0] and f"{len(cfg['rows'])} more" in err[0], err
+    teacher = make_text(CompressionRow(**cfg["teacher"]))
+    assert teacher == f"python main.py fit --config {cfg['teacher']['make'][0]['fit']['config']}"
+    assert len(err) == 1 and f"make it with: {teacher} (" in err[0] and f"{len(cfg['rows'])} more" in err[0], err
+
+
+def test_make_steps_are_mappings_and_old_command_strings_still_load():
+    """A row's make is a list of {command: options} (options as a sweep plan's overrides); a report written before
+    (one command string, several joined by &&) gives the same argument lists; a malformed step is one line."""
+    from ptm_app.errors import PtmError
+    from ptm_app.experiments.compression_report import CompressionRow, make_steps, make_text
+
+    new = CompressionRow(name="qat", model="checkpoints/int8", make=[
+        {"fit": {"config": "configs/compress/minilm_qat_bbc.yaml", "run_name": "q", "trainer.max_epochs": 1,
+                 "model.init_args.qat.activations": True}},
+        {"quantize": {"ckpt_path": "checkpoints/q", "output_dir": "checkpoints/int8", "backend": "q8bert_static"}}])
+    old = CompressionRow(name="qat", model="checkpoints/int8", make=(
+        "python main.py fit --config configs/compress/minilm_qat_bbc.yaml --run_name q --trainer.max_epochs 1 "
+        "--model.init_args.qat.activations true && python main.py quantize --ckpt_path checkpoints/q "
+        "--output_dir checkpoints/int8 --backend q8bert_static"))
+    assert make_steps(new) == make_steps(old) == [
+        ["fit", "--config", "configs/compress/minilm_qat_bbc.yaml", "--run_name", "q", "--trainer.max_epochs", "1",
+         "--model.init_args.qat.activations", "true"],
+        ["quantize", "--ckpt_path", "checkpoints/q", "--output_dir", "checkpoints/int8", "--backend", "q8bert_static"]]
+    assert make_text(new) == old.make
+    for bad in ([{"fit": "configs/x.yaml"}], [{"fit": {}, "quantize": {}}], ["python main.py fit"]):
+        with pytest.raises(PtmError, match=r"row 'qat': make step .* is not one command and its options; write e\.g\. "
+                                           r"make: \[\{fit: \{config: "):
+            make_steps(CompressionRow(name="qat", model="m", make=bad))
 
 
 @pytest.mark.slow  # ~30 s: an early-exit fit, 16 tiny models scored and timed
