@@ -134,7 +134,7 @@ def test_sigterm_ends_the_running_command_and_reports_it_stopped(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_check", "--accelerator", "cpu", "--only",
                              "pretrain/unilm_unified_mlm_brown", "pretrain/xlm_tlm_bible", "--out", str(tmp_path / "out")],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    log = tmp_path / "out" / "logs" / "pretrain_unilm.log"
+    log = tmp_path / "out" / "logs" / "pretrain_unilm_unified_mlm_brown.log"
     deadline = time.time() + 120
     while not (log.exists() and log.read_text().startswith("$ python main.py fit")) and time.time() < deadline:
         time.sleep(0.2)
