@@ -1,6 +1,6 @@
 """The config hub's rules (ptm_app/experiments/config_catalogue.py): configs/README.md is what the generator writes,
 every config says what it runs in its first comment, run configs are named <model>_<method>_<data> in their stage's
-folder, ptm_app classes go by their short names, every configs/...yaml path the repository names exists, and an old
+folder, ptm_app classes go by their short names, every config path the repository names exists, and an old
 config path is one line naming its new one."""
 import re
 import subprocess

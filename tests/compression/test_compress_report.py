@@ -267,7 +267,7 @@ def test_make_steps_are_mappings_and_old_command_strings_still_load():
          "--model.init_args.qat.activations", "true"],
         ["quantize", "--ckpt_path", "checkpoints/q", "--output_dir", "checkpoints/int8", "--backend", "q8bert_static"]]
     assert make_text(new) == old.make
-    for bad in ([{"fit": "configs/x.yaml"}], [{"fit": {}, "quantize": {}}], ["python main.py fit"]):
+    for bad in ([{"fit": "a.yaml"}], [{"fit": {}, "quantize": {}}], ["python main.py fit"]):
         with pytest.raises(PtmError, match=r"row 'qat': make step .* is not one command and its options; write e\.g\. "
                                            r"make: \[\{fit: \{config: "):
             make_steps(CompressionRow(name="qat", model="m", make=bad))
