@@ -31,10 +31,10 @@ data: setup
 DEMO_DATA := bbc minilm
 demo: setup
 	$(PY) main.py data prepare $(DEMO_DATA)
-	$(PY) main.py fit --config configs/demo/mlm_minilm_bbc.yaml
+	$(PY) main.py fit --config configs/demo/minilm_mlm_bbc.yaml
 	$(PY) main.py export --ckpt_path checkpoints/demo_mlm --output_dir checkpoints/demo_mlm/export --overwrite
-	$(PY) main.py fit --config configs/demo/finetune_bbc.yaml
-	$(PY) main.py test --config configs/demo/finetune_bbc.yaml --ckpt_path best
+	$(PY) main.py fit --config configs/demo/demo_mlm_full_bbc.yaml
+	$(PY) main.py test --config configs/demo/demo_mlm_full_bbc.yaml --ckpt_path best
 
 # Two pytest workers (pytest-xdist), one test file each at a time, one thread each: about 9-10 minutes on 2 cores
 TEST_WORKERS ?= 2
@@ -53,29 +53,29 @@ results: data
 # The robustness recipe evaluates the tweet and BBC classifiers, and the probe of ptm_app's own recipe the small BERT run, each made
 # first when it is not there.  Slow (about two hours on 2 CPU cores); not part of `make test`.
 analysis: data
-	$(PY) main.py probe --config configs/analysis/probe_minilm.yaml --readme docs/analyse.md
-	$(PY) main.py probe --config configs/analysis/probe_mlp_minilm_smollm2.yaml --readme docs/analyse.md
-	$(PY) main.py contextuality --config configs/analysis/contextuality_minilm.yaml --readme docs/analyse.md
-	$(PY) main.py attention --config configs/analysis/attention_minilm.yaml --readme docs/analyse.md
-	$(PY) main.py knowledge-probe --config configs/analysis/knowledge_probe_smollm2.yaml --readme docs/analyse.md
-	test -f checkpoints/tweets_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm.yaml
-	test -f checkpoints/lora_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_tweets.yaml
-	$(PY) main.py robustness --config configs/analysis/robustness_tweets_minilm.yaml --readme docs/analyse.md
-	test -f checkpoints/tweets_minilm_freelb/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/tweets_minilm_freelb.yaml
-	$(PY) main.py attack --config configs/analysis/attack_tweets_minilm.yaml --readme docs/results/robustness.md
-	test -f checkpoints/bbc_minilm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/finetune/bbc_minilm.yaml
-	test -f checkpoints/lora_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/lora_bbc.yaml
-	$(PY) main.py robustness --config configs/analysis/robustness_bbc_minilm.yaml --readme docs/analyse.md
-	$(PY) main.py attack --config configs/analysis/attack_bbc_minilm.yaml --readme docs/results/robustness.md
-	test -f checkpoints/bert_mlm/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm.yaml
-	$(PY) main.py probe --config configs/analysis/probe_own_pretrained.yaml --readme docs/analyse.md
+	$(PY) main.py probe --config configs/analysis/minilm_probe_linear_mix.yaml --readme docs/analyse.md
+	$(PY) main.py probe --config configs/analysis/minilm_smollm2_probe_mlp_brown_pos.yaml --readme docs/analyse.md
+	$(PY) main.py contextuality --config configs/analysis/minilm_contextuality_brown.yaml --readme docs/analyse.md
+	$(PY) main.py attention --config configs/analysis/minilm_attention_brown.yaml --readme docs/analyse.md
+	$(PY) main.py knowledge-probe --config configs/analysis/smollm2_lama_wordnet.yaml --readme docs/analyse.md
+	test -f checkpoints/minilm_full_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/minilm_full_tweets.yaml
+	test -f checkpoints/minilm_lora_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/minilm_lora_tweets.yaml
+	$(PY) main.py robustness --config configs/analysis/minilm_robustness_tweets.yaml --readme docs/analyse.md
+	test -f checkpoints/minilm_freelb_tweets/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/minilm_freelb_tweets.yaml
+	$(PY) main.py attack --config configs/analysis/minilm_attack_tweets.yaml --readme docs/results/robustness.md
+	test -f checkpoints/minilm_full_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/minilm_full_bbc.yaml
+	test -f checkpoints/minilm_lora_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/adapt/minilm_lora_bbc.yaml
+	$(PY) main.py robustness --config configs/analysis/minilm_robustness_bbc.yaml --readme docs/analyse.md
+	$(PY) main.py attack --config configs/analysis/minilm_attack_bbc.yaml --readme docs/results/robustness.md
+	test -f checkpoints/bert_mlm_bbc/checkpoints/last.ckpt || $(PY) main.py fit --config configs/pretrain/bert_mlm_bbc.yaml
+	$(PY) main.py probe --config configs/analysis/bert_probe_linear_mix.yaml --readme docs/analyse.md
 
 # The compression tables (docs/results/compression.md, issue 14): every configs/compress recipe for the BBC and the tweets teachers
 # (each report config names the command of each row; --make_missing true runs the ones not yet made, in order),
 # then the tables, latencies measured in one process.  Hours on 2 CPU cores; not part of `make test`.
 compress: data
-	$(PY) main.py compress-report --config configs/compress/report_bbc.yaml --make_missing true --readme docs/results/compression.md
-	$(PY) main.py compress-report --config configs/compress/report_tweets.yaml --make_missing true --readme docs/results/compression.md
+	$(PY) main.py compress-report --config configs/compress/minilm_report_bbc.yaml --make_missing true --readme docs/results/compression.md
+	$(PY) main.py compress-report --config configs/compress/minilm_report_tweets.yaml --make_missing true --readme docs/results/compression.md
 
 # The knowledge table (docs/results/knowledge.md): five pre-trainings of the same small BERT on Brown
 # (MLM, ERNIE, SenseBERT, LIBERT, KEPLER) at equal steps, each exported, probed and fine-tuned on three tasks, and
@@ -109,10 +109,10 @@ XL_BERT := '{"model_type":"bert","hidden_size":128,"num_hidden_layers":2,"num_at
 XL_XLM := '{"model_type":"xlm","emb_dim":128,"n_layers":2,"n_heads":2,"max_position_embeddings":128}'
 XL_TOK := '{"pretrained":"checkpoints/xl_mm_mlm/tokenizer","train":null}'
 multilingual: data
-	$(PY) main.py fit --config configs/pretrain/mmlm.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --run_name xl_mm_mlm
-	$(PY) main.py fit --config configs/pretrain/mmlm.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --data.init_args.languages '[en]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_en_mlm
-	$(PY) main.py fit --config configs/pretrain/xlm_mix.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm
-	$(PY) main.py fit --config configs/pretrain/xlm_mix.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm, tlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm_tlm
+	$(PY) main.py fit --config configs/pretrain/mbert_mlm_quran_bible.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --run_name xl_mm_mlm
+	$(PY) main.py fit --config configs/pretrain/mbert_mlm_quran_bible.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_BERT) --data.init_args.languages '[en]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_en_mlm
+	$(PY) main.py fit --config configs/pretrain/xlm_clm_mlm_tlm_quran_bible.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm
+	$(PY) main.py fit --config configs/pretrain/xlm_clm_mlm_tlm_quran_bible.yaml $(XL_SMALL) --model.init_args.backbone_config $(XL_XLM) --model.init_args.objectives '[mlm, tlm]' --data.init_args.tokenizer $(XL_TOK) --run_name xl_xlm_mlm_tlm
 	$(PY) main.py crosslingual --encoder 'English MLM=checkpoints/xl_en_mlm' --encoder 'multilingual MLM=checkpoints/xl_mm_mlm' --encoder 'XLM MLM=checkpoints/xl_xlm_mlm' \
 		--encoder 'XLM MLM+TLM=checkpoints/xl_xlm_mlm_tlm' --encoder 'MiniLM=minilm' --seeds '[0, 1, 2]' --limit 200 --limit_train 500 \
 		--readme docs/results/multilingual.md

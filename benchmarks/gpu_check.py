@@ -6,9 +6,9 @@
 
 - every pre-training recipe in ``configs/pretrain/`` (``pretrain/<name>``);
 - every strategy preset in ``configs/strategy/`` and every overlay in ``configs/memory/`` (``torch.compile``,
-  low memory), each layered on ``configs/pretrain/bert_mlm.yaml`` at one device (``strategy/<name>``,
+  low memory), each layered on ``configs/pretrain/bert_mlm_bbc.yaml`` at one device (``strategy/<name>``,
   ``memory/<name>``);
-- ``chain``: ``fit`` of ``bert_mlm`` → ``export`` → ``fit`` of ``configs/demo/finetune_bbc.yaml`` from the export
+- ``chain``: ``fit`` of ``bert_mlm_bbc`` → ``export`` → ``fit`` of ``configs/demo/demo_mlm_full_bbc.yaml`` from the export
   → ``predict --text``.
 
 It prints one line per check (name, ``ok``/``FAIL``, seconds, the precision the run chose, and on failure the
@@ -41,9 +41,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 CONFIGS = ROOT / "configs"
-OVERLAY_BASE = CONFIGS / "pretrain" / "bert_mlm.yaml"  # a small recipe for the strategy and memory overlays
+OVERLAY_BASE = CONFIGS / "pretrain" / "bert_mlm_bbc.yaml"  # a small recipe for the strategy and memory overlays
 CHAIN_PRETRAIN = OVERLAY_BASE  # from scratch: the chain needs no pretrained weights
-CHAIN_FINETUNE = CONFIGS / "demo" / "finetune_bbc.yaml"
+CHAIN_FINETUNE = CONFIGS / "demo" / "demo_mlm_full_bbc.yaml"
 CHAIN_TEXT = "Shares in the bank rose after it reported record profits for the year."
 FEW_DOCUMENTS = 64  # documents a pre-training run tokenizes (PretrainDataModule.limit_documents)
 _PRECISION = re.compile(r"^model: .*?\bprecision ([\w-]+)", re.MULTILINE)  # RunConsole's model line
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="auto", help="trainer.precision of every run (default auto)")
     parser.add_argument("--steps", type=int, default=3, help="training steps of every fit (default 3)")
     parser.add_argument("--only", nargs="+", metavar="NAME",
-                        help="checks whose name matches (shell patterns: pretrain/electra 'strategy/*' chain)")
+                        help="checks whose name matches (shell patterns: pretrain/electra_rtd_brown 'strategy/*' chain)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="checks run at the same time (default 1), each then with a cache directory of its own")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per check (default 900)")

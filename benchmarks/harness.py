@@ -77,7 +77,7 @@ PRETRAIN = {  # key: (label, child module, kind, precision)
     "d": ("(d) bare PyTorch loop fp32", "peer", "bare_pretrain", "fp32"),
 }
 FINETUNE = {  # key: (label, child module); the targets compare the ptm_app rows with "hf"
-    "ptm": ("ptm_app recipe (tweets_minilm.yaml, defaults: length-grouped)", "ptm"),
+    "ptm": ("ptm_app recipe (minilm_full_tweets.yaml, defaults: length-grouped)", "ptm"),
     "ptm_shuffled": ("ptm_app recipe, group_by_length: false", "ptm"),
     "hf": ("Trainer --bf16, dynamic padding", "peer"),
     "hf_grouped": ("Trainer --bf16 --group_by_length", "peer"),
@@ -202,7 +202,7 @@ class Harness:
         from ptm_app.paths import data_root
 
         s = self.s
-        recipe = yaml.safe_load((ROOT / "configs/finetune/tweets_minilm.yaml").read_text())
+        recipe = yaml.safe_load((ROOT / "configs/adapt/minilm_full_tweets.yaml").read_text())
         init = recipe["data"]["init_args"]
         tweets = self.work / "tweets"
         if key.startswith("ptm"):

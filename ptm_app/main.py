@@ -61,6 +61,7 @@ COMMANDS: dict[str, Union[Command, dict[str, Command]]] = {
     "multimodal": Command("ptm_app.experiments.multimodal_report:multimodal", positional="plan"),
     "crosslingual": Command("ptm_app.experiments.crosslingual:crosslingual", trust=True),
     "compress-report": Command("ptm_app.experiments.compression_report:compress_report", trust=True),
+    "configs": Command("ptm_app.experiments.config_catalogue:configs"),
     "plot": Command("ptm_app.analysis.plot:plot", positional="runs"),
     "probe": Command("ptm_app.analysis.probing:probe", trust=True),
     "contextuality": Command("ptm_app.analysis.contextuality:contextuality", trust=True),

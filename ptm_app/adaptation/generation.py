@@ -20,7 +20,7 @@ Three ways to get a generator, one setting (``architecture``):
 Translation (Qiu et al. 2020 §7.5) is an ``encoder_decoder`` with ``source_language`` / ``target_language``: as
 mBART fine-tunes (Liu et al. 2020 §3.1, Fig. 1), the encoder reads ``source [EOS] <src>`` and the decoder starts
 from ``<tgt>`` (the language tokens of ``data.language_corpora``), so a model pre-trained by
-``configs/pretrain/mbart.yaml`` sees the layout of its pre-training.
+``configs/pretrain/mbart_dae_bible.yaml`` sees the layout of its pre-training.
 
 By default the architecture follows the backbone: ``encoder_decoder`` if its config is an encoder–decoder, else
 ``decoder`` (a bidirectional encoder is refused there); ``bert2bert`` is always asked for explicitly.

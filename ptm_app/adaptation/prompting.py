@@ -302,7 +302,7 @@ class InContextEvalModule(_LabelScoringModule):
         pool = self.data_facts.train_examples() if self.data_facts is not None else None
         if not isinstance(pool, PromptDataset):
             raise PtmError("InContextEvalModule draws demonstrations from the training split of a PromptDataModule; "
-                           "use data.class_path: ptm_app.data.prompt_data.PromptDataModule")
+                           "use data.class_path: PromptDataModule")
         return self.build_collator(tokenizer, pool)
 
     def forward(self, batch: dict) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""``python main.py attack --config configs/analysis/attack_tweets_minilm.yaml``: a word-substitution attack in the
+"""``python main.py attack --config configs/analysis/minilm_attack_tweets.yaml``: a word-substitution attack in the
 style of TextFooler (Jin et al. 2020, "Is BERT Really Robust?", §3) against fine-tuned sequence classifiers.
 
 For each test example the classifier gets right:

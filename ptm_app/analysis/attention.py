@@ -1,4 +1,4 @@
-"""``python main.py attention --config configs/analysis/attention_minilm.yaml``: what every attention head looks
+"""``python main.py attention --config configs/analysis/minilm_attention_brown.yaml``: what every attention head looks
 at over Brown sentences (Clark et al. 2019 §3-4; measures in ``attention_stats``): its entropy, its share of
 attention to [CLS], [SEP] and punctuation, its mean attended distance, and how often the word it attends to most
 is the previous / next word or, from Brown's POS tags, the noun of a determiner, adposition or adjective.

@@ -1,4 +1,4 @@
-"""``python main.py contextuality --config configs/analysis/contextuality_minilm.yaml``: how contextual each
+"""``python main.py contextuality --config configs/analysis/minilm_contextuality_brown.yaml``: how contextual each
 layer's word representations are, over Brown sentences (Ethayarajh 2019; measures in ``geometry``).
 
 A word is its first sub-token's representation (as in ``probe``); a word type is its lowercased form, and its

@@ -1,4 +1,4 @@
-"""``python main.py knowledge-probe --config configs/analysis/knowledge_probe_smollm2.yaml``: how much relational
+"""``python main.py knowledge-probe --config configs/analysis/smollm2_lama_wordnet.yaml``: how much relational
 knowledge a pre-trained LM answers as a cloze, with no training (LAMA, Petroni et al. 2019).
 
 Facts come from relation files (``knowledge_facts``: built-in WordNet relations or your JSONL), each fact

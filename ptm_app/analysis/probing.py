@@ -1,4 +1,4 @@
-"""``python main.py probe --config configs/analysis/probe_minilm.yaml``: layer-wise probing of frozen backbones
+"""``python main.py probe --config configs/analysis/minilm_probe_linear_mix.yaml``: layer-wise probing of frozen backbones
 (Tenney et al. 2019, "What do you learn from context?" and "BERT Rediscovers the Classical NLP Pipeline"), with
 control tasks and selectivity (Hewitt & Liang 2019), ELMo scalar-mix weights and their center of gravity.
 

@@ -1,4 +1,4 @@
-"""``python main.py robustness --config configs/analysis/robustness_tweets.yaml``: a fine-tuned classifier on
+"""``python main.py robustness --config configs/analysis/minilm_robustness_tweets.yaml``: a fine-tuned classifier on
 perturbed copies of its test set (character typos, word dropout, WordNet synonyms; ``perturbations``), seeded.
 
 The classifier is a run directory (or ``.ckpt``) of ``SequenceClassificationModule``, loaded with the module's

@@ -73,7 +73,7 @@ class DistillationModule(SequenceClassificationModule):
     and, once (the first validation after the sanity check), the teacher's as ``val/teacher_acc`` ….
 
     Args:
-        teacher: a run directory or ``.ckpt`` (e.g. ``checkpoints/bbc_minilm``, also looked up under the runs
+        teacher: a run directory or ``.ckpt`` (e.g. ``checkpoints/minilm_full_bbc``, also looked up under the runs
             directory), an exported directory or a prepared model name.  Frozen, eval mode, not saved.
         student_layers: build the student from the teacher: ``every_other`` (DistilBERT) or a list of teacher
             layers (1..L) whose weights it starts from (with the teacher's embeddings, pooler and head).  Unset:

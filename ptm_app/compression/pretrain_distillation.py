@@ -68,7 +68,7 @@ class PretrainDistillationModule(MaskedLMModule):
         if fresh and self.hparams.alpha_ce > 0:
             raise PtmError(f"teacher '{self.hparams.teacher}' has no trained masked-LM head ({fresh[0]} … were "
                            f"initialised at random: a bare encoder); give it one first, e.g. python main.py fit "
-                           f"--config configs/demo/mlm_minilm_bbc.yaml, then teacher: checkpoints/demo_mlm")
+                           f"--config configs/demo/minilm_mlm_bbc.yaml, then teacher: checkpoints/demo_mlm")
         if not self.hparams.student_layers:
             return super().build_model()
         layers = chosen_layers(self.hparams.student_layers, self.teacher.config.num_hidden_layers)

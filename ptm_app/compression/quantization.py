@@ -271,7 +271,7 @@ def quantize_static_q8bert(model: nn.Module, input_max: dict[str, float]) -> nn.
         top = input_max.get(name)
         if top is None or not top > 0:
             raise PtmError(f"--backend {STATIC}: no learned input range for {name}; quantize a QAT run "
-                           f"(configs/compress/quantize_qat_bbc.yaml) that trained with qat.activations: true")
+                           f"(configs/compress/minilm_qat_bbc.yaml) that trained with qat.activations: true")
         weight, step = int8_symmetric(linear.weight)
         _set_module(model, name, StaticInt8Linear.of(weight, step, top / QMAX, linear.bias))
     return model

@@ -91,7 +91,7 @@ def qat_input_ranges(loaded, where) -> dict[str, float]:
     ranges = getattr(loaded.module, "qat_ranges", None)
     if ranges is None:
         raise PtmError(f"--backend q8bert_static needs a quantization-aware run's learned input ranges; {where} is "
-                       f"not one (train configs/compress/quantize_qat_bbc.yaml and give its run directory, not an "
+                       f"not one (train configs/compress/minilm_qat_bbc.yaml and give its run directory, not an "
                        f"export), or use --backend torch_ao")
     from ptm_app.backbones.delta import transformers_model
     from ptm_app.compression.quantization import quantizable_linears

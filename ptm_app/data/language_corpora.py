@@ -51,7 +51,7 @@ def language_token_id(tokenizer, code: str) -> int:
     ids = tokenizer.convert_tokens_to_ids([token])
     if not ids or ids[0] is None or ids[0] == tokenizer.unk_token_id or token not in tokenizer.get_vocab():
         raise PtmError(f"language '{code}': the tokenizer has no token {token}; use the tokenizer of a run "
-                       f"pre-trained with that language (configs/pretrain/mbart.yaml adds one token per corpus "
+                       f"pre-trained with that language (configs/pretrain/mbart_dae_bible.yaml adds one token per corpus "
                        f"language) or train one with tokenizer.special_tokens: ['{token}']")
     return ids[0]
 

@@ -49,7 +49,7 @@ class ParallelSource:
             if path is not None and not path.is_file():
                 raise PtmError(f"parallel data file {path} does not exist; prepare the English-Spanish Bible with "
                                f"`python main.py data prepare bible_en_es` (source_file: bible_en_es) or supply "
-                               f"your own aligned pairs (see configs/pretrain/xlm.yaml)")
+                               f"your own aligned pairs (see configs/pretrain/xlm_tlm_bible.yaml)")
 
     def cache_key(self) -> list:
         self.check()

@@ -1,4 +1,4 @@
-"""``python main.py compress-report --config configs/compress/report_bbc.yaml``: the compression table, in the
+"""``python main.py compress-report --config configs/compress/minilm_report_bbc.yaml``: the compression table, in the
 style of Qiu et al. 2020's Table 3 (§4.5), measured here and never typed by hand.
 
 Every row is a trained model named in the config: a run directory, ``.ckpt``, export, ``prune`` or ``quantize``
@@ -29,7 +29,7 @@ import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import torch
 
@@ -47,14 +47,17 @@ class CompressionRow:
         name: the row's label in the table.
         model: a run directory (or run name under the runs directory), ``.ckpt``, export, ``prune`` or
             ``quantize`` output directory.
-        make: the command(s) that produce ``model`` (``python main.py ...``, several joined by ``&&``); named when
-            the model is missing, run by ``make_missing``.
+        make: the ``main.py`` commands that produce ``model``, in order: a list of one-key mappings, the command and
+            its options as in a sweep plan (``- fit: {config: configs/adapt/minilm_full_bbc.yaml, run_name: x,
+            trainer.max_epochs: 1}``); named when the model is missing, run by ``make_missing``.  Reports written
+            before this were command strings (``python main.py fit --config ...``, several joined by ``&&``): they
+            still load.
         exit: for an early-exit run: ``entropy:S`` (DeeBERT) or ``patience:t`` (PABEE).
     """
 
     name: str
     model: str
-    make: str = ""
+    make: Union[str, list[dict[str, dict[str, Any]]]] = ""
     exit: Optional[str] = None
 
 
@@ -146,8 +149,25 @@ def as_row(row) -> CompressionRow:
     return row if isinstance(row, CompressionRow) else CompressionRow(**row)
 
 
+MAKE_EXAMPLE = "make: [{fit: {config: configs/adapt/minilm_full_bbc.yaml}}]"
+
+
 def make_steps(row: CompressionRow) -> list[list[str]]:
-    """The ``main.py`` argument lists of ``row.make`` (only ``python main.py ...`` commands are accepted)."""
+    """The ``main.py`` argument lists of ``row.make``: one per step of the list (``{command: {option: value}}``, the
+    options as ``sweep.override_args`` writes them), or, for an old command string, one per ``python main.py ...``
+    command joined by ``&&``."""
+    from ptm_app.experiments.sweep import override_args
+
+    if not isinstance(row.make, str):
+        steps = []
+        for step in row.make if isinstance(row.make, list) else [row.make]:
+            if not (isinstance(step, dict) and len(step) == 1 and isinstance(next(iter(step)), str)
+                    and isinstance(next(iter(step.values())), (dict, type(None)))):
+                raise PtmError(f"row {row.name!r}: make step {step!r:.80} is not one command and its options; write "
+                               f"e.g. {MAKE_EXAMPLE}")
+            (command, options), = step.items()
+            steps.append([command, *override_args(options or {})])
+        return steps
     steps = []
     for part in row.make.split("&&"):
         words = shlex.split(part)
@@ -214,10 +234,15 @@ def run_make(row: CompressionRow) -> None:
                            f"fix it and run the report again")
 
 
+def make_text(row: CompressionRow) -> str:
+    """``row.make`` as the shell commands it runs (``python main.py ...``, joined by ``&&``)."""
+    return " && ".join(f"python main.py {shlex.join(argv)}" for argv in make_steps(row))
+
+
 def missing_line(rows: list[CompressionRow]) -> str:
     first = rows[0]
     more = f" ({len(rows) - 1} more rows are missing too)" if len(rows) > 1 else ""
-    how = f"make it with: {first.make}" if first.make else "give the path of a trained model"
+    how = f"make it with: {make_text(first)}" if first.make else "give the path of a trained model"
     return (f"compression row {first.name!r}: {first.model} not found (nor under {runs_root()}); {how}{more}; "
             f"or set make_missing: true to run every missing row's commands")
 

@@ -233,7 +233,7 @@ def crosslingual(encoder: list[str], seeds: Optional[list[int]] = None, limit: i
     for item in encoder:
         label_, sep, ref = item.partition("=")
         if not sep or not label_ or not ref or not re.fullmatch(r"[\w .+()-]+", label_):
-            raise PtmError(f"--encoder {item!r}: give LABEL=REF, e.g. mmlm=checkpoints/mmlm/export")
+            raise PtmError(f"--encoder {item!r}: give LABEL=REF, e.g. mmlm=checkpoints/mbert_mlm_quran_bible/export")
         parsed.append((label_, ref))
     if readme:
         require_markers(readme, name)

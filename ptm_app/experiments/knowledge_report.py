@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from ptm_app.config_errors import read_yaml
+from ptm_app.config_errors import check_renamed, read_yaml
 from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
                                        summary_metrics)
 from ptm_app.experiments.sweep import overrides, recorded_fingerprint
@@ -88,6 +88,8 @@ def load_knowledge_plan(path: str | Path) -> dict:
             raise PtmError(f"knowledge plan {path}: model {model['id']}: tasks {sorted(extra)} are not in the plan's "
                            f"tasks ({', '.join(plan['tasks'])})")
         configs += [model.get("pretrain"), *(model.get("adapters") or {}).values(), *(model.get("tasks") or {}).values()]
+    for config in configs:
+        check_renamed(config, f"knowledge plan {path}: config")
     missing = [c for c in configs if c is not None and not Path(c).is_file()]
     if missing:
         raise PtmError(f"knowledge plan {path}: config {missing[0]} not found (run from the repository root)")

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from ptm_app.config_errors import read_yaml
+from ptm_app.config_errors import check_renamed, read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, runs_root, write_json
 
@@ -61,6 +61,7 @@ def load_plan(path: str | Path) -> dict:
         if bad or "name" not in cell or "config" not in cell:
             raise PtmError(f"sweep plan {path}: cell {cell.get('name', '?')} needs 'name' and 'config' "
                            f"(optional 'set', 'fit', 'test_ckpt'); unknown keys: {sorted(bad) or 'none'}")
+        check_renamed(cell["config"], f"sweep plan {path}: cell {cell['name']}: config")
         if not Path(cell["config"]).is_file():
             raise PtmError(f"sweep plan {path}: cell {cell['name']}: config {cell['config']} not found")
         cell["set"] = overrides(cell.get("set"), f"sweep plan {path}: cell {cell['name']}")

@@ -2,8 +2,8 @@
 on its own task, combined for a downstream task by concatenating their outputs with the backbone's.
 
 Here an adapter is one of ptm_app's named bottleneck adapters (``backbones.adapters``; Houlsby et al. 2019 §2.1),
-trained by an ordinary delta-tuning run that names it: ``configs/knowledge/kadapter_factual.yaml`` (WordNet
-relation classification between two entity mentions, ``wordnet_kg``) and ``kadapter_linguistic.yaml`` (Brown POS
+trained by an ordinary delta-tuning run that names it: ``configs/knowledge/minilm_kadapter_factual_wordnet_kg.yaml`` (WordNet
+relation classification between two entity mentions, ``wordnet_kg``) and ``minilm_kadapter_linguistic_brown_pos.yaml`` (Brown POS
 tagging).  ``KAdapterModule`` loads those runs' adapters onto one frozen backbone; for each example it reads the
 backbone's last hidden state with no adapter active and with each adapter active in turn (the adapters are
 switchable, so one backbone serves all), and the task head reads ``[h; h_factual; h_linguistic]`` at [CLS]

@@ -82,7 +82,7 @@ class TranslationLMModule(MaskedLMModule):
         """The backbone's language id (``config.lang2id``) of each data language, checked against ``n_langs``."""
         if not languages:
             raise PtmError("TranslationLMModule needs parallel sentence pairs; use "
-                           "data.class_path: ptm_app.data.parallel.ParallelDataModule")
+                           "data.class_path: ParallelDataModule")
         config = self.backbone.config
         if config.model_type != "xlm":
             raise PtmError(f"TranslationLMModule needs an XLM backbone (backbone_config.model_type: xlm) for its "

@@ -55,8 +55,8 @@ def test_qa_with_adapters_keeps_the_encoder_bit_identical():
 
 
 @pytest.mark.parametrize("config, module_cls", [
-    ("lora_brown_pos", TokenClassificationModule),
-    pytest.param("houlsby_wordnet_qa", QuestionAnsweringModule, marks=pytest.mark.slow),
+    ("minilm_lora_brown_pos", TokenClassificationModule),
+    pytest.param("minilm_houlsby_wordnet_qa", QuestionAnsweringModule, marks=pytest.mark.slow),
 ])
 def test_delta_config_on_tagging_and_qa_resumes_exactly_and_reloads(config, module_cls, tmp_path):
     cfg, runs = str(ROOT / "configs" / "adapt" / f"{config}.yaml"), tmp_path / "runs"

@@ -17,7 +17,7 @@ QUICK = ["--trainer.max_steps", "6", "--trainer.val_check_interval", "6", "--tra
 @pytest.mark.parametrize("method", ["lora", *(pytest.param(m, marks=pytest.mark.slow)
                                               for m in ("houlsby", "prefix", "prompt", "bitfit"))])
 def test_delta_config_trains_resumes_and_exports(method, tmp_path):
-    cfg = str(ROOT / "configs" / "adapt" / f"{method}_tweets.yaml")
+    cfg = str(ROOT / "configs" / "adapt" / f"minilm_{method}_tweets.yaml")
     runs = tmp_path / "runs"
     assert_resumes_exactly(["fit", "--config", cfg, *QUICK], runs, stop=3, steps=6)
 

@@ -390,7 +390,7 @@ def minilm_weights() -> dict[str, torch.Tensor]:
     return load_file(prepared_dir("minilm") / "model.safetensors")
 
 
-@pytest.mark.parametrize("name", ["features_top_tweets", "features_scalar_mix_tweets"])
+@pytest.mark.parametrize("name", ["minilm_features_top_tweets", "minilm_features_scalar_mix_tweets"])
 def test_feature_configs_run_and_keep_minilm_frozen(name, prepared, tmp_path):
     assert run_main(["fit", "--config", str(ADAPT / f"{name}.yaml"), *QUICK], tmp_path) == 0
     ckpt = tmp_path / name / "checkpoints" / "last.ckpt"
@@ -411,7 +411,7 @@ def test_feature_configs_run_and_keep_minilm_frozen(name, prepared, tmp_path):
 
 
 def test_finetune_strategies_config_trains_only_the_head_first(prepared, tmp_path):
-    name = "finetune_strategies_bbc"
+    name = "minilm_ulmfit_strategies_bbc"
     assert run_main(["fit", "--config", str(ADAPT / f"{name}.yaml"), *QUICK], tmp_path) == 0
     trained, original = backbone_tensors(tmp_path / name / "checkpoints" / "last.ckpt"), minilm_weights()
     encoder = [k for k in original if f"bert.{k}" in trained and not k.startswith("pooler")]
@@ -422,9 +422,9 @@ def test_finetune_strategies_config_trains_only_the_head_first(prepared, tmp_pat
 
 
 def test_ulmfit_chain_runs_stage_1_then_stage_2(prepared, tmp_path):
-    assert run_main(["fit", "--config", str(ADAPT / "ulmfit_1_lm.yaml"), *QUICK], tmp_path) == 0
-    assert run_main(["fit", "--config", str(ADAPT / "ulmfit_2_classifier.yaml"), *QUICK], tmp_path) == 0
-    lm = backbone_tensors(tmp_path / "ulmfit_1_lm" / "checkpoints" / "last.ckpt")
-    clf = backbone_tensors(tmp_path / "ulmfit_2_classifier" / "checkpoints" / "last.ckpt")
+    assert run_main(["fit", "--config", str(ROOT / "configs" / "pretrain" / "minilm_ulmfit_lm_bbc.yaml"), *QUICK], tmp_path) == 0
+    assert run_main(["fit", "--config", str(ADAPT / "minilm_ulmfit_classifier_bbc.yaml"), *QUICK], tmp_path) == 0
+    lm = backbone_tensors(tmp_path / "minilm_ulmfit_lm_bbc" / "checkpoints" / "last.ckpt")
+    clf = backbone_tensors(tmp_path / "minilm_ulmfit_classifier_bbc" / "checkpoints" / "last.ckpt")
     key = "bert.encoder.layer.0.attention.self.query.weight"  # frozen for the first 20 steps of stage 2
     assert torch.equal(clf[key], lm[key]) and not torch.equal(clf[key], minilm_weights()[key[len("bert."):]])

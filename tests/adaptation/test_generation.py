@@ -321,8 +321,8 @@ def test_tiny_decoder_resumes_exactly_tests_predicts_and_exports(copy_task, tmp_
     with torch.no_grad():
         assert torch.allclose(module.backbone(ids).logits, exported(ids).logits, atol=1e-5)
 
-    # the shipped decoder-with-prompt config, on this exported GPT (it names an exported gpt_clm run)
-    shipped = ROOT / "configs" / "adapt" / "headlines_bbc_gpt_prompt.yaml"
+    # the shipped decoder-with-prompt config, on this exported GPT (it names an exported gpt2_clm_bbc run)
+    shipped = ROOT / "configs" / "adapt" / "gpt2_tldr_prompt_bbc_headlines.yaml"
     argv = ["fit", "--config", str(shipped), "--model.init_args.backbone", str(out), "--data.init_args.tokenizer.pretrained",
             str(out), "--data.init_args.source", str(copy_task), "--data.init_args.max_source_length", "24",
             "--data.init_args.max_target_length", "16", "--model.init_args.max_new_tokens", "8", "--trainer.max_steps", "2",
@@ -366,7 +366,7 @@ def test_shipped_config_runs_a_few_steps_on_bbc_headlines(tmp_path):
     from ptm_app.data.sources import prepared_dir
 
     prepared_dir("bbc_headlines"), prepared_dir("minilm")
-    cfg = ROOT / "configs" / "adapt" / "headlines_bbc_bert2bert.yaml"
+    cfg = ROOT / "configs" / "adapt" / "bert2bert_full_bbc_headlines.yaml"
     quick = ["--trainer.max_steps", "2", "--trainer.max_epochs", "1", "--trainer.val_check_interval", "2",
              "--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0", "--trainer.log_every_n_steps",
              "1", "--data.init_args.batch_size", "2", "--data.init_args.eval_batch_size", "4",

@@ -51,7 +51,7 @@ def test_smollm2_in_context_labels_obvious_sentiment(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["icl_tweets_smollm2", "icl_bbc_smollm2"])
+@pytest.mark.parametrize("config", ["smollm2_icl_tweets", "smollm2_icl_bbc"])
 def test_shipped_icl_configs_run_on_a_mixed_sample(config, tmp_path):
     """Two batches of the seeded test order (16 examples of several classes), 4 demonstrations each."""
     assert run_main(["test", "--config", str(ADAPT / f"{config}.yaml"), *QUIET, "--trainer.limit_test_batches", "2"],
@@ -65,12 +65,12 @@ def test_headline_generation_starts_from_smollm2_with_lora(tmp_path):
     """Two LoRA steps on 2 articles, then greedy headlines for 2 validation articles; delta-only checkpoints."""
     import torch
 
-    config = ADAPT / "headlines_bbc_smollm2.yaml"
+    config = ADAPT / "smollm2_lora_bbc_headlines.yaml"
     argv = ["fit", "--config", str(config), *QUIET, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
             "--trainer.limit_val_batches", "1", "--data.init_args.batch_size", "2", "--data.init_args.eval_batch_size",
             "2", "--model.init_args.max_new_tokens", "8"]
     assert run_main(argv, tmp_path) == 0
-    run = tmp_path / "headlines_bbc_smollm2"
+    run = tmp_path / "smollm2_lora_bbc_headlines"
     metrics = summary(run)
     assert 0 <= metrics["val/rougeL"] <= 1 and metrics["val/loss"] > 0
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)

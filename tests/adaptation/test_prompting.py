@@ -423,7 +423,7 @@ def assert_predictions(run: Path, test_file: Path, labels: set[str], accuracy: f
 
 
 def icl_config(corpus: Path, tmp_path: Path) -> Path:
-    cfg = yaml.safe_load((ADAPT / "icl_tweets.yaml").read_text())
+    cfg = yaml.safe_load((ADAPT / "gpt2_icl_tweets.yaml").read_text())
     cfg["model"]["init_args"].update(backbone=None, backbone_config=GPT, k_shot=3)
     cfg["data"]["init_args"].update(source=str(corpus),
                                     tokenizer={"train": "bpe", "vocab_size": 300, "min_frequency": 1})
@@ -454,16 +454,16 @@ FAST = ["--trainer.enable_progress_bar", "false", "--data.init_args.max_length",
 @pytest.mark.slow  # ~45 s on MiniLM and BBC; the PET configs run as shipped in make test-slow too
 def test_pet_zero_shot_then_few_shot_on_bbc(tmp_path):
     prepared_dir("bbc"), prepared_dir("minilm")  # fail loudly (with the fix) if `make data` was not run
-    zero, few = ADAPT / "pet_zero_shot_bbc.yaml", ADAPT / "pet_few_shot_bbc.yaml"
+    zero, few = ADAPT / "minilm_pet_zero_shot_bbc.yaml", ADAPT / "minilm_pet_few_shot_bbc.yaml"
     assert run_main(["test", "--config", str(zero), *FAST], tmp_path) == 0
-    zero_shot = summary(tmp_path / "pet_zero_shot_bbc")
+    zero_shot = summary(tmp_path / "minilm_pet_zero_shot_bbc")
     assert run_main(["fit", "--config", str(few), *FAST, "--trainer.max_steps", "25", "--trainer.limit_val_batches",
                      "0"], tmp_path) == 0
     assert run_main(["test", "--config", str(few), *FAST, "--ckpt_path", "last"], tmp_path) == 0
-    few_shot = summary(tmp_path / "pet_few_shot_bbc")
+    few_shot = summary(tmp_path / "minilm_pet_few_shot_bbc")
     assert run_main(["predict", "--config", str(few), *FAST, "--ckpt_path", "last"], tmp_path) == 0
     topics = {"business", "entertainment", "politics", "sports", "tech"}
-    assert_predictions(tmp_path / "pet_few_shot_bbc", prepared_dir("bbc") / "test.jsonl", topics, few_shot["test/acc"])
+    assert_predictions(tmp_path / "minilm_pet_few_shot_bbc", prepared_dir("bbc") / "test.jsonl", topics, few_shot["test/acc"])
     print(f"BBC test accuracy: zero-shot {zero_shot['test/acc']:.3f}, few-shot (32 examples, 25 steps) "
           f"{few_shot['test/acc']:.3f}")
     # MiniLM's MLM head transform is freshly initialised, so zero-shot sits near chance (5 topics);

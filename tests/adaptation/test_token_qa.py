@@ -187,17 +187,17 @@ def test_tag_outside_the_label_set_names_file_and_line(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def pos_run(tmp_path_factory):
     prepared_dir("brown_pos"), prepared_dir("minilm")
-    runs, cfg = tmp_path_factory.mktemp("pos"), str(ROOT / "configs" / "finetune" / "brown_pos_minilm.yaml")
+    runs, cfg = tmp_path_factory.mktemp("pos"), str(ROOT / "configs" / "adapt" / "minilm_full_brown_pos.yaml")
     assert run_main(["fit", "--config", cfg, *QUICK], runs) == 0
-    return runs / "brown_pos_minilm", cfg
+    return runs / "minilm_full_brown_pos", cfg
 
 
 @pytest.fixture(scope="module")
 def qa_run(tmp_path_factory):
     prepared_dir("wordnet_qa"), prepared_dir("minilm")
-    runs, cfg = tmp_path_factory.mktemp("qa"), str(ROOT / "configs" / "finetune" / "wordnet_qa_minilm.yaml")
+    runs, cfg = tmp_path_factory.mktemp("qa"), str(ROOT / "configs" / "adapt" / "minilm_full_wordnet_qa.yaml")
     assert run_main(["fit", "--config", cfg, *QUICK], runs) == 0
-    return runs / "wordnet_qa_minilm", cfg
+    return runs / "minilm_full_wordnet_qa", cfg
 
 
 def test_minilm_learns_brown_pos_and_predicts_one_tag_per_word(pos_run):

@@ -1,6 +1,7 @@
 """Every configs/analysis/ recipe runs end to end through main.py on the real prepared data and models, with only
 its sizes made tiny."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,10 @@ from tests.conftest import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs" / "analysis").glob("*.yaml"))
-SLOW = {"probe_mlp_minilm_smollm2", "knowledge_probe_smollm2",  # load the 135M-parameter SmolLM2: about 30 s
-        "robustness_tweets_minilm", "robustness_bbc_minilm",  # fine-tune MiniLM for 2 steps first
-        "probe_own_pretrained",  # pre-trains BERT for 2 steps first
-        "attack_tweets_minilm", "attack_bbc_minilm"}  # fine-tune MiniLM for 2 steps first (2-3 classifiers)
+SLOW = {"minilm_smollm2_probe_mlp_brown_pos", "smollm2_lama_wordnet",  # load the 135M-parameter SmolLM2: about 30 s
+        "minilm_robustness_tweets", "minilm_robustness_bbc",  # fine-tune MiniLM for 2 steps first
+        "bert_probe_linear_mix",  # pre-trains BERT for 2 steps first
+        "minilm_attack_tweets", "minilm_attack_bbc"}  # fine-tune MiniLM for 2 steps first (2-3 classifiers)
 TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5"],
         "contextuality": ["--sentences", "30", "--baseline_pairs", "200"],
         "attention": ["--sentences", "4"],
@@ -23,22 +24,20 @@ TINY = {"probe": ["--train_examples", "8", "--test_examples", "4", "--steps", "5
 # the runs a recipe reads from checkpoints/: the option naming them, and the configs that make them (run for 2 steps)
 # before the prepared models the recipe also names
 RUNS_MADE_FIRST = {
-    "robustness_tweets_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "tweets_minilm.yaml",
-                                                ROOT / "configs" / "adapt" / "lora_tweets.yaml"]),
-    "robustness_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml",
-                                             ROOT / "configs" / "adapt" / "lora_bbc.yaml"]),
-    "attack_tweets_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "tweets_minilm.yaml",
-                                            ROOT / "configs" / "adapt" / "lora_tweets.yaml",
-                                            ROOT / "configs" / "finetune" / "tweets_minilm_freelb.yaml"]),
-    "attack_bbc_minilm": ("--runs", [], [ROOT / "configs" / "finetune" / "bbc_minilm.yaml",
-                                         ROOT / "configs" / "adapt" / "lora_bbc.yaml"]),
-    "probe_own_pretrained": ("--models", ["minilm"], [ROOT / "configs" / "pretrain" / f"{name}.yaml"
-                                                      for name in ("bert_mlm",)])}
-COMMANDS = {"knowledge_probe": "knowledge-probe"}  # file-name prefix -> command, where the two differ
-
-
+    "minilm_robustness_tweets": ("--runs", [], [ROOT / "configs" / "adapt" / "minilm_full_tweets.yaml",
+                                                ROOT / "configs" / "adapt" / "minilm_lora_tweets.yaml"]),
+    "minilm_robustness_bbc": ("--runs", [], [ROOT / "configs" / "adapt" / "minilm_full_bbc.yaml",
+                                             ROOT / "configs" / "adapt" / "minilm_lora_bbc.yaml"]),
+    "minilm_attack_tweets": ("--runs", [], [ROOT / "configs" / "adapt" / "minilm_full_tweets.yaml",
+                                            ROOT / "configs" / "adapt" / "minilm_lora_tweets.yaml",
+                                            ROOT / "configs" / "adapt" / "minilm_freelb_tweets.yaml"]),
+    "minilm_attack_bbc": ("--runs", [], [ROOT / "configs" / "adapt" / "minilm_full_bbc.yaml",
+                                         ROOT / "configs" / "adapt" / "minilm_lora_bbc.yaml"]),
+    "bert_probe_linear_mix": ("--models", ["minilm"], [ROOT / "configs" / "pretrain" / f"{name}.yaml"
+                                                      for name in ("bert_mlm_bbc",)])}
 def command_of(config: Path) -> str:
-    return next((c for prefix, c in COMMANDS.items() if config.stem.startswith(prefix)), config.stem.split("_")[0])
+    """The command the recipe's header comment runs it with (``python main.py COMMAND --config`` the recipe)."""
+    return re.search(rf"python main\.py ([\w-]+) --config configs/analysis/{config.stem}\.yaml", config.read_text())[1]
 
 
 def test_catalogue_has_the_analysis_recipes():

@@ -23,7 +23,7 @@ def run(args, tmp_path):
 
 @pytest.mark.slow  # ~45 s: a pre-training, export, fine-tuning and predict (the failure test runs one check quickly)
 def test_the_chain_on_the_cpu_is_one_ok_line_with_the_precision_chosen(tmp_path):
-    """The chain: pre-training recipe (bert_mlm) -> export -> fine-tune -> predict --text, one step each (four
+    """The chain: pre-training recipe (bert_mlm_bbc) -> export -> fine-tune -> predict --text, one step each (four
     processes, about 40 s on 2 quiet cores); the failing test below runs a pre-training recipe alone."""
     out = run(["--accelerator", "cpu", "--only", "chain", "--steps", "1"], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -45,15 +45,15 @@ def test_the_chain_on_the_cpu_is_one_ok_line_with_the_precision_chosen(tmp_path)
 
 
 def test_a_failing_recipe_is_one_fail_line_with_its_reason_and_a_nonzero_exit(tmp_path):
-    out = run(["--accelerator", "cpu", "--precision", "16-mixed", "--only", "pretrain/unilm"], tmp_path)
+    out = run(["--accelerator", "cpu", "--precision", "16-mixed", "--only", "pretrain/unilm_unified_mlm_brown"], tmp_path)
     assert out.returncode == 1
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 3 and "Traceback" not in out.stdout
     name, status, *_ = lines[1].split()
-    assert (name, status) == ("pretrain/unilm", "FAIL")
+    assert (name, status) == ("pretrain/unilm_unified_mlm_brown", "FAIL")
     reason = lines[1].split("precision ?  ", 1)[1]
     assert reason.startswith("error: ") and "16" in reason and re.search(r"\(exit [12], fit\)$", reason)
-    assert lines[2].startswith("gpu-check: 0 of 1 ok, 1 failed (pretrain/unilm)")
+    assert lines[2].startswith("gpu-check: 0 of 1 ok, 1 failed (pretrain/unilm_unified_mlm_brown)")
     assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["results"][0]["reason"] == reason
 
 
@@ -89,10 +89,10 @@ def test_the_reason_is_the_error_line_or_the_exception_line():
 def test_a_report_made_elsewhere_goes_into_the_readme_section(tmp_path):
     """A report from a lent GPU machine (gpu_check.json) becomes the gpu-check section: the device and one row each."""
     report = {"date": "2026-11-27 05:00", "device": "NVIDIA H200", "torch": "2.11.0+cu130", "accelerator": "gpu",
-              "precision": "auto", "steps": 3, "summary": "gpu-check: 1 of 3 ok, 1 failed (pretrain/electra), 1 skipped",
+              "precision": "auto", "steps": 3, "summary": "gpu-check: 1 of 3 ok, 1 failed (pretrain/electra_rtd_brown), 1 skipped",
               "results": [
-                  {"name": "pretrain/bert", "ok": True, "seconds": 12.5, "precision": "bf16-mixed"},
-                  {"name": "pretrain/electra", "ok": False, "seconds": 9.0, "precision": "bf16-mixed",
+                  {"name": "pretrain/bert_mlm_nsp_brown", "ok": True, "seconds": 12.5, "precision": "bf16-mixed"},
+                  {"name": "pretrain/electra_rtd_brown", "ok": False, "seconds": 9.0, "precision": "bf16-mixed",
                    "reason": "RuntimeError: Expected a 'cuda' device type for generator but found 'cpu' (exit 1, fit)"},
                   {"name": "strategy/deepspeed_stage_1", "ok": True, "seconds": 0.0, "skipped": True,
                    "reason": "deepspeed is not installed"}]}
@@ -100,9 +100,9 @@ def test_a_report_made_elsewhere_goes_into_the_readme_section(tmp_path):
     readme.write_text("# x\n<!-- gpu-check:start -->\nNot run on a GPU yet.\n<!-- gpu-check:end -->\ntail\n")
     gpu_check.write_readme(report, readme)
     text = readme.read_text()
-    assert "**NVIDIA H200**" in text and "1 of 3 ok, 1 failed (pretrain/electra), 1 skipped." in text
-    assert "| pretrain/bert | ok | 12.5 | bf16-mixed |  |" in text
-    assert "| pretrain/electra | FAIL | 9.0 | bf16-mixed | RuntimeError: Expected a 'cuda' device type" in text
+    assert "**NVIDIA H200**" in text and "1 of 3 ok, 1 failed (pretrain/electra_rtd_brown), 1 skipped." in text
+    assert "| pretrain/bert_mlm_nsp_brown | ok | 12.5 | bf16-mixed |  |" in text
+    assert "| pretrain/electra_rtd_brown | FAIL | 9.0 | bf16-mixed | RuntimeError: Expected a 'cuda' device type" in text
     assert "| strategy/deepspeed_stage_1 | skip | 0.0 | - | deepspeed is not installed |" in text
     assert "Not run on a GPU yet" not in text and text.endswith("<!-- gpu-check:end -->\ntail\n")
     (tmp_path / "plain.md").write_text("no markers\n")
@@ -132,9 +132,9 @@ def test_sigterm_ends_the_running_command_and_reports_it_stopped(tmp_path):
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_check", "--accelerator", "cpu", "--only",
-                             "pretrain/unilm", "pretrain/xlm", "--out", str(tmp_path / "out")],
+                             "pretrain/unilm_unified_mlm_brown", "pretrain/xlm_tlm_bible", "--out", str(tmp_path / "out")],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    log = tmp_path / "out" / "logs" / "pretrain_unilm.log"
+    log = tmp_path / "out" / "logs" / "pretrain_unilm_unified_mlm_brown.log"
     deadline = time.time() + 120
     while not (log.exists() and log.read_text().startswith("$ python main.py fit")) and time.time() < deadline:
         time.sleep(0.2)
@@ -146,7 +146,7 @@ def test_sigterm_ends_the_running_command_and_reports_it_stopped(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
     lines = out.strip().splitlines()
-    assert [line.split()[:2] for line in lines[1:3]] == [["pretrain/unilm", "FAIL"], ["pretrain/xlm", "FAIL"]]
+    assert [line.split()[:2] for line in lines[1:3]] == [["pretrain/unilm_unified_mlm_brown", "FAIL"], ["pretrain/xlm_tlm_bible", "FAIL"]]
     assert lines[1].endswith("stopped (gpu-check was cut short) during fit")
     assert lines[2].endswith("stopped (gpu-check was cut short)") and "STOPPED by a signal" in lines[3]
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())

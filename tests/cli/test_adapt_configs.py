@@ -10,8 +10,8 @@ from tests.conftest import assert_resumes_exactly, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPT = sorted((ROOT / "configs" / "adapt").glob("*.yaml"))
-STAGE_1 = {"ulmfit_2_classifier": "ulmfit_1_lm", "multitask_then_tweets": "multitask_minilm"}
-NOT_TRAINED = {"icl_tweets"}
+STAGE_1 = {"minilm_ulmfit_classifier_bbc": "minilm_ulmfit_lm_bbc", "minilm_after_multitask_tweets": "minilm_multitask_mix"}
+NOT_TRAINED = {"gpt2_icl_tweets"}
 DEFAULT_SUITE: set[str] = set()  # each config is covered in the default suite by its own tests (~5 min for all)
 QUICK = ["--trainer.max_steps", "4", "--trainer.max_epochs", "1", "--trainer.val_check_interval", "4",
          "--trainer.check_val_every_n_epoch", "null", "--trainer.limit_val_batches", "1",
@@ -34,6 +34,6 @@ def quick(config: Path) -> list[str]:
 def test_adapt_config_trains_and_resumes_exactly(config, tmp_path):
     runs = tmp_path / "runs"
     if config.stem in STAGE_1:
-        first = ROOT / "configs" / "adapt" / f"{STAGE_1[config.stem]}.yaml"
+        first = next(ROOT.glob(f"configs/*/{STAGE_1[config.stem]}.yaml"))
         assert run_main(["fit", "--config", str(first), *quick(first)], runs) == 0
     assert_resumes_exactly(["fit", "--config", str(config), *quick(config)], runs, stop=2, steps=4)

@@ -21,7 +21,7 @@ ALL = sorted(p for p in (ROOT / "configs").glob("*/*.yaml") if p.parent.name not
 
 
 def test_catalogue_is_not_empty():
-    assert {p.parent.name for p in ALL} >= {"pretrain", "finetune", "demo"}
+    assert {p.parent.name for p in ALL} >= {"pretrain", "adapt", "demo"}
 
 
 @pytest.mark.parametrize("config", ALL, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -43,43 +43,41 @@ AS_SHIPPED = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "-
               "--trainer.limit_predict_batches", "1"]
 FEW_DOCUMENTS = ["--data.init_args.limit_documents", "64"]
 OVERLAYS = ("strategy", "memory", "optim")  # added to a run config: here to this recipe (or the one it names)
-OVERLAY_BASE = ROOT / "configs" / "pretrain" / "bert_mlm.yaml"
-OVERLAY_BASES = {"optim/lamb_8x_batch": "pretrain/bert", "optim/adafactor_t5": "pretrain/t5"}
+OVERLAY_BASE = ROOT / "configs" / "pretrain" / "bert_mlm_bbc.yaml"
+OVERLAY_BASES = {"optim/lamb_8x_batch": "pretrain/bert_mlm_nsp_brown", "optim/adafactor_t5": "pretrain/t5_span_corruption_brown"}
 
 
 def overlay_base(config: Path) -> Path:
-    """The recipe an overlay is added to: for ``optim/`` the one its header comment shows it with, else bert_mlm."""
+    """The recipe an overlay is added to: for ``optim/`` the one its header comment shows it with, else bert_mlm_bbc."""
     name = f"{config.parent.name}/{config.stem}"
     return ROOT / "configs" / f"{OVERLAY_BASES[name]}.yaml" if name in OVERLAY_BASES else OVERLAY_BASE
-NOT_TRAINED = {"icl_tweets", "icl_tweets_smollm2", "icl_bbc_smollm2"}  # in-context evaluation: 'test', never 'fit'
+NOT_TRAINED = {"gpt2_icl_tweets", "smollm2_icl_tweets", "smollm2_icl_bbc"}  # in-context evaluation: 'test', never 'fit'
 BEFORE = {  # configs that start from another run: those runs first, as shipped (then exported, for .../export)
-    "adapt/ulmfit_2_classifier": ["adapt/ulmfit_1_lm"],
-    "adapt/multitask_then_tweets": ["adapt/multitask_minilm"],
-    "adapt/headlines_bbc_gpt_prompt": ["pretrain/gpt_clm", "export gpt_clm"],
-    "adapt/icl_tweets": ["pretrain/gpt_clm", "export gpt_clm"],
-    "demo/finetune_bbc": ["demo/mlm_minilm_bbc", "export demo_mlm"],
-    "finetune/mt_en_es": ["pretrain/mbart", "export mbart"],
-    "finetune/mt_en_es_scratch": ["pretrain/mbart", "export mbart"],  # its tokenizer
-    "knowledge/kadapter_wordnet_supersense": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
-    "knowledge/kadapter_wordnet_pairs": ["knowledge/kadapter_factual", "knowledge/kadapter_linguistic"],
+    "adapt/minilm_ulmfit_classifier_bbc": ["pretrain/minilm_ulmfit_lm_bbc"],
+    "adapt/minilm_after_multitask_tweets": ["adapt/minilm_multitask_mix"],
+    "adapt/gpt2_tldr_prompt_bbc_headlines": ["pretrain/gpt2_clm_bbc", "export gpt2_clm_bbc"],
+    "adapt/gpt2_icl_tweets": ["pretrain/gpt2_clm_bbc", "export gpt2_clm_bbc"],
+    "demo/demo_mlm_full_bbc": ["demo/minilm_mlm_bbc", "export demo_mlm"],
+    "adapt/mbart_full_bible_en_es": ["pretrain/mbart_dae_bible", "export mbart_dae_bible"],
+    "adapt/bart_scratch_bible_en_es": ["pretrain/mbart_dae_bible", "export mbart_dae_bible"],  # its tokenizer
+    "knowledge/minilm_kadapter_wordnet_supersense": ["knowledge/minilm_kadapter_factual_wordnet_kg", "knowledge/minilm_kadapter_linguistic_brown_pos"],
+    "knowledge/minilm_kadapter_wordnet_pairs": ["knowledge/minilm_kadapter_factual_wordnet_kg", "knowledge/minilm_kadapter_linguistic_brown_pos"],
 }
-# In the default suite: the fine-tuning configs (as before) and a few fast pre-training and adaptation ones
+# In the default suite: the fast full fine-tuning configs (adapt/minilm_full_*) and a fast pre-training one
 # (about 5-15 s each on 2 quiet cores); the rest are slow tests (make test-slow): 60 configs take ~35 min.
-# Left to make test-slow where the default suite runs the recipe another way: bbc_minilm (the demo chain fine-tunes
-# MiniLM on BBC), brown_pos_minilm and wordnet_qa_minilm (tests/adaptation/test_token_qa.py trains and predicts with
-# them), the features_* configs (tests/adaptation/test_features_strategies.py), xlm and roberta (test_recipes.py), the
+# Left to make test-slow where the default suite runs the recipe another way: minilm_full_bbc (the demo chain fine-tunes
+# MiniLM on BBC), minilm_full_brown_pos and minilm_full_wordnet_qa (tests/adaptation/test_token_qa.py trains and predicts with
+# them), the minilm_features_* configs (tests/adaptation/test_features_strategies.py), xlm_tlm_bible and roberta_mlm_brown (test_recipes.py), the
 # optim/ overlays (tests/training/test_large_batch_optim.py runs them as shipped and checks the optimiser's state),
-# wordnet_pairs_minilm and wordnet_choice_minilm (tests/task_kinds/test_every_kind.py and test_multiple_choice.py cover
-# those paths; ~20-30 s each), adapt/prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
-# squad_minilm and squad2_minilm are slow: their first runs tokenize SQuAD's 98k (196k with the derived negatives)
+# minilm_full_wordnet_pairs and minilm_full_wordnet_choice (tests/task_kinds/test_every_kind.py and test_multiple_choice.py cover
+# those paths; ~20-30 s each), adapt/minilm_prompt_tweets (prompt tuning: tests/adaptation/test_prompting.py).
+# minilm_full_squad and minilm_full_squad2 are slow: their first runs tokenize SQuAD's 98k (196k with the derived negatives)
 # questions into 384-token windows (1-2 minutes); tests/adaptation/test_null_answer.py runs the null-answer path.
-# tweets_minilm_freelb (two passes a step) is slow: tests/analysis/test_attack.py fits and resumes FreeLB.
-# mt_en_es and mt_en_es_scratch are slow: each first runs pretrain/mbart (its tokenizer trains on the whole Bible)
+# minilm_freelb_tweets (two passes a step) is slow: tests/analysis/test_attack.py fits and resumes FreeLB.
+# mbart_full_bible_en_es and bart_scratch_bible_en_es are slow: each first runs pretrain/mbart_dae_bible (its tokenizer trains on the whole Bible)
 # and exports it (about 3 min on 2 busy cores); tests/objectives/test_mbart.py runs the same chain at tiny size.
-CHEAP = {f"finetune/{p.stem}" for p in ALL if p.parent.name == "finetune"} - {
-    "finetune/bbc_minilm", "finetune/brown_pos_minilm", "finetune/wordnet_qa_minilm", "finetune/squad_minilm",
-    "finetune/squad2_minilm", "finetune/tweets_minilm_freelb", "finetune/wordnet_pairs_minilm", "finetune/wordnet_choice_minilm", "finetune/mt_en_es",
-    "finetune/mt_en_es_scratch"} | {"pretrain/unilm"}
+CHEAP = {"adapt/minilm_full_openmoji", "adapt/minilm_full_tweets", "adapt/minilm_full_tweets_confidence",
+         "adapt/minilm_full_wnut16", "adapt/minilm_full_wordnet_supersense", "pretrain/unilm_unified_mlm_brown"}
 
 
 def name(config: Path) -> str:
@@ -102,7 +100,7 @@ def shipped_args(config: Path, base: Optional[Path] = None) -> list[str]:
 def run_as_shipped(config: Path, root: Path, base: Optional[Path] = None) -> Path:
     """Run ``config`` (an overlay: added to the recipe ``base``) for 2 steps (``test`` for evaluation-only configs)
     with the working directory at ``root`` and its runs in ``root/checkpoints`` (the configs' relative paths:
-    ``checkpoints/gpt_clm/export``, ``data/parallel/en-fr.tsv``); returns the run directory."""
+    ``checkpoints/gpt2_clm_bbc/export``, ``data/parallel/en-fr.tsv``); returns the run directory."""
     from tests.objectives.test_tlm import PAIRS, write_tsv
     from tests.scale.conftest import launch
 
@@ -115,7 +113,7 @@ def run_as_shipped(config: Path, root: Path, base: Optional[Path] = None) -> Pat
             run_as_shipped(ROOT / "configs" / f"{step}.yaml", root)
     base = base or overlay_base(config)
     recipe = base if config.parent.name in OVERLAYS else config
-    if recipe.stem == "xlm":  # the user's parallel corpus, where the recipe expects it
+    if recipe.stem == "xlm_tlm_bible":  # the user's parallel corpus, where the recipe expects it
         (root / "data" / "parallel").mkdir(parents=True, exist_ok=True)
         write_tsv(root / "data" / "parallel" / "en-fr.tsv", PAIRS)
     command = "test" if config.stem in NOT_TRAINED else "fit"
@@ -144,12 +142,12 @@ def test_config_runs_as_shipped(config, tmp_path, monkeypatch):
 
 def test_demo_pipeline_chains_pretraining_export_and_finetuning(tmp_path):
     demo = ROOT / "configs" / "demo"
-    assert run_main(["fit", "--config", str(demo / "mlm_minilm_bbc.yaml"), *QUICK], tmp_path) == 0
+    assert run_main(["fit", "--config", str(demo / "minilm_mlm_bbc.yaml"), *QUICK], tmp_path) == 0
     export = tmp_path / "demo_mlm" / "export"
     assert run_main(["export", "--ckpt_path", str(tmp_path / "demo_mlm"), "--output_dir", str(export)], tmp_path) == 0
     chained = ["--model.init_args.backbone", str(export), "--data.init_args.tokenizer.pretrained", str(export)]
-    assert run_main(["fit", "--config", str(demo / "finetune_bbc.yaml"), *QUICK, *chained], tmp_path) == 0
-    assert run_main(["test", "--config", str(demo / "finetune_bbc.yaml"), *QUICK, *chained, "--ckpt_path", "best"],
+    assert run_main(["fit", "--config", str(demo / "demo_mlm_full_bbc.yaml"), *QUICK, *chained], tmp_path) == 0
+    assert run_main(["test", "--config", str(demo / "demo_mlm_full_bbc.yaml"), *QUICK, *chained, "--ckpt_path", "best"],
                     tmp_path) == 0
     # the fine-tuned encoder started from the MLM run's weights, not from the prepared MiniLM
     mlm = torch.load(tmp_path / "demo_mlm" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]

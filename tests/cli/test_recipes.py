@@ -30,12 +30,15 @@ TINY = {  # per model_type: the recipe's architecture at toy width (the objectiv
     "ptm_bilstm_lm": dict(embedding_dim=32, hidden_size=128, num_layers=2),
     "xlm": dict(emb_dim=32, n_layers=2, n_heads=2, max_position_embeddings=64),
 }
-# the text recipes; the image-text ones (clip_emoji, visualbert_emoji) train, resume exactly (with CLIP's learned
+# the text recipes from scratch (a backbone_config: ULMFiT's stage 1 continues MiniLM, tests/adaptation/
+# test_features_strategies.py runs it); the image-text ones (clip_contrastive_emoji, visualbert_mlm_itm_emoji) train, resume exactly (with CLIP's learned
 # temperature) and export in tests/objectives/test_clip.py and test_visualbert.py
-# mmlm and xlm_mix (about a minute together) are slow here: tests/objectives/test_multilingual_lm.py checks their
+# mbert_mlm_quran_bible and xlm_clm_mlm_tlm_quran_bible (about a minute together) are slow here: tests/objectives/test_multilingual_lm.py checks their
 # objectives, and their resume and as-shipped runs are slow tests there too
-RECIPE_FILES = [p for p in sorted((ROOT / "configs" / "pretrain").glob("*.yaml")) if not p.stem.endswith("_emoji")]
-RECIPES = [pytest.param(p, marks=pytest.mark.slow) if p.stem in ("mmlm", "xlm_mix") else p for p in RECIPE_FILES]
+RECIPE_FILES = [p for p in sorted((ROOT / "configs" / "pretrain").glob("*.yaml")) if not p.stem.endswith("_emoji")
+                and "backbone_config" in yaml.safe_load(p.read_text())["model"]["init_args"]]
+RECIPES = [pytest.param(p, marks=pytest.mark.slow) if p.stem in ("mbert_mlm_quran_bible", "xlm_clm_mlm_tlm_quran_bible")
+           else p for p in RECIPE_FILES]
 
 
 def tiny_args(config: Path, steps: int) -> list[str]:
@@ -59,8 +62,9 @@ def losses(run: Path) -> dict[int, float]:
 
 def test_every_representative_model_has_a_recipe():
     names = {p.stem for p in (ROOT / "configs" / "pretrain").glob("*.yaml")}
-    assert {"bert", "roberta", "albert", "spanbert", "electra", "xlnet", "mass", "t5", "bart", "unilm",
-            "elmo"} <= names and "gpt_clm" in names
+    assert {"bert_mlm_nsp_brown", "roberta_mlm_brown", "albert_mlm_sop_brown", "spanbert_span_mlm_sbo_brown",
+            "electra_rtd_brown", "xlnet_plm_brown", "mass_seq2seq_mlm_brown", "t5_span_corruption_brown",
+            "bart_dae_brown", "unilm_unified_mlm_brown", "elmo_bilm_brown", "gpt2_clm_bbc"} <= names
 
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: getattr(p, "stem", None))
@@ -98,7 +102,7 @@ def test_recipe_overfits_one_fixed_batch(config, tmp_path, monkeypatch):
 
     monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path))
     # an LSTM memorises more slowly than attention; XLM's mix trains each of CLM, MLM and TLM every third step
-    steps = 80 if config.stem in ("elmo", "xlm_mix") else 40
+    steps = 80 if config.stem in ("elmo_bilm_brown", "xlm_clm_mlm_tlm_quran_bible") else 40
     cli = PtmCLI(args=[*tiny_args(config, steps=steps), "--model.init_args.optim.lr", "3e-2" if "elmo" in config.stem else "3e-3",
                        "--model.init_args.optim.warmup", "0", "--model.init_args.optim.schedule", "constant"], run=False)
     module, dm = cli.model, cli.datamodule

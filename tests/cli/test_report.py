@@ -226,7 +226,7 @@ def test_the_shipped_sweep_plan_is_mappings(monkeypatch):
     ({"set": ["trainer.max_steps", 2]}, "'trainer.max_steps' is not '--key value'; write the overrides as a mapping"),
     ({"set": {"--trainer.max_steps": 2}}, "'set' maps config keys (without --) to values, e.g. set: {"),
     ({"set": {"trainer.max_steps": 2}, "common": ["--seed_everything", "1"]}, "give the overrides once, as 'set'"),
-    ({"cells": ["configs/finetune/tweets_minilm.yaml"]}, "cell 1 is a str; each cell is a mapping"),
+    ({"cells": ["configs/adapt/minilm_full_tweets.yaml"]}, "cell 1 is a str; each cell is a mapping"),
     ({"cells": [{"name": "c", "config": "CONFIG", "set": "lr=1"}]}, "cell c: 'set' maps config keys"),
     ({"cells": [{"name": "c", "config": "CONFIG", "args": ["--trainer.max_steps"]}]},
      "cell c: '--trainer.max_steps' is not '--key value'"),

@@ -166,8 +166,8 @@ def test_the_shipped_plans_load_and_say_which_tasks_a_row_cannot_run(monkeypatch
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"objectives": [{"id": "xlm", "pretrain": "configs/pretrain/xlm.yaml"}]},
-     "objective xlm: configs/pretrain/xlm.yaml reads ParallelDataModule data, not the plan's corpus"),
+    ({"objectives": [{"id": "xlm", "pretrain": "configs/pretrain/xlm_tlm_bible.yaml"}]},
+     "objective xlm: configs/pretrain/xlm_tlm_bible.yaml reads ParallelDataModule data, not the plan's corpus"),
     ({"pretrain_seeds": [1, "2"]}, "pretrain_seeds: '2' is not an integer seed"),
     ({"finetune_seeds": [1.5]}, "finetune_seeds: 1.5 is not an integer seed"),
     ({"budgets": {"short": "lots"}}, "budget short must be a positive number of training FLOPs (got 'lots')"),

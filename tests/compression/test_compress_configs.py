@@ -1,6 +1,6 @@
 """Every configs/compress recipe runs from YAML through main.py, resumes exactly and exports.  The teacher is
-SUBSTITUTED: instead of the run the config names (MiniLM fine-tuned on BBC by configs/finetune/bbc_minilm.yaml,
-MiniLM after the MLM of configs/demo/mlm_minilm_bbc.yaml ...: minutes of training), a tiny 6-layer model of the same
+SUBSTITUTED: instead of the run the config names (MiniLM fine-tuned on BBC by configs/adapt/minilm_full_bbc.yaml,
+MiniLM after the MLM of configs/demo/minilm_mlm_bbc.yaml ...: minutes of training), a tiny 6-layer model of the same
 kind with the config's tokenizer is trained here for 2 steps on the real BBC data under that run name (looked up
 under the runs directory); everything else in the config is as shipped, bar step counts and lengths."""
 import csv
@@ -16,8 +16,8 @@ from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main
 pytestmark = pytest.mark.usefixtures("one_thread")  # and tests/compression/conftest.py's outside_the_repo
 ROOT = Path(__file__).resolve().parents[2]
 COMPRESS = sorted(c for c in (ROOT / "configs" / "compress").glob("*.yaml")
-                  if not c.stem.startswith(("prune_", "quantize_", "report_")))
-# prune_ / quantize_ / report_: test_pruning.py / test_quantization.py / test_compress_report.py
+                  if not c.stem.startswith(("minilm_prune_", "minilm_qat_", "minilm_report_")))
+# minilm_prune_ / minilm_qat_ / minilm_report_: test_pruning.py / test_quantization.py / test_compress_report.py
 QUICK = ["--trainer.max_steps", "4", "--trainer.max_epochs", "1", "--trainer.val_check_interval", "4",
          "--trainer.check_val_every_n_epoch", "null", "--trainer.limit_val_batches", "1",
          "--trainer.num_sanity_val_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.precision", "32-true",
@@ -58,13 +58,13 @@ def tiny_teacher(runs: Path, name: str, tmp: Path, student: str = "",
 
 
 def test_catalogue_is_not_empty():
-    assert {c.stem for c in COMPRESS} >= {"distill_bbc_3layer", "distill_bbc_bilstm", "distill_bbc_cnn",
-                                          "distill_bbc_albert", "distill_pretrain_minilm", "distill_smollm2", "theseus_bbc",
-                                          "early_exit_bbc_deebert", "early_exit_bbc_pabee"}
+    assert {c.stem for c in COMPRESS} >= {"minilm_distill_3layer_bbc", "minilm_distill_bilstm_bbc", "minilm_distill_cnn_bbc",
+                                          "minilm_distill_albert_bbc", "minilm_distill_mlm_bbc", "smollm2_distill_llama_bbc", "minilm_theseus_bbc",
+                                          "minilm_deebert_bbc", "minilm_pabee_bbc"}
 
 
 # over ~20 s each on 2 quiet cores (SmolLM2's or MiniLM's tokenizer over all of BBC, 6-layer MiniLM runs): slow tests
-SLOW = {"distill_smollm2", "distill_pretrain_minilm", "early_exit_bbc_deebert", "early_exit_bbc_pabee"}
+SLOW = {"smollm2_distill_llama_bbc", "minilm_distill_mlm_bbc", "minilm_deebert_bbc", "minilm_pabee_bbc"}
 
 
 @pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow if c.stem in SLOW else ())
@@ -122,11 +122,11 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path, monkeypatc
 
 
 def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys, outside_the_repo):
-    config = ROOT / "configs" / "compress" / "distill_bbc_3layer.yaml"
+    config = ROOT / "configs" / "compress" / "minilm_distill_3layer_bbc.yaml"
     assert run_main(["fit", "--config", str(config), *QUICK], tmp_path / "runs") != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "teacher 'checkpoints/bbc_minilm' not found" in err[0], err
-    assert "python main.py fit --config configs/finetune/bbc_minilm.yaml" in err[0]
+    assert len(err) == 1 and "teacher 'checkpoints/minilm_full_bbc' not found" in err[0], err
+    assert "python main.py fit --config configs/adapt/minilm_full_bbc.yaml" in err[0]
 
 
 def early_exit_config_runs(config: Path, model: dict, runs: Path, tmp_path: Path) -> None:

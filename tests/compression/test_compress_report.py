@@ -217,12 +217,12 @@ def made_by(argv: list[str]) -> str:
     return flags["--output_dir"]
 
 
-@pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
+@pytest.mark.parametrize("name", ["minilm_report_bbc", "minilm_report_tweets"])
 def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, monkeypatch):
     """As shipped, with no runs: one line naming the teacher's fine-tuning command.  Every row's make command is a
     main.py command whose last step writes the row's model, and every fit step parses (``--print_config``: the
     overrides that retarget a BBC recipe are real keys)."""
-    from ptm_app.experiments.compression_report import CompressionRow, make_steps
+    from ptm_app.experiments.compression_report import CompressionRow, make_steps, make_text
 
     path = ROOT / "configs" / "compress" / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
@@ -243,11 +243,38 @@ def test_shipped_report_names_the_teacher_command_first(name, tmp_path, capsys, 
     monkeypatch.chdir(tmp_path)  # the rows' relative paths must not find runs a developer made in the repo
     assert run_main(["compress-report", "--config", str(path)], tmp_path / "runs") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and cfg["teacher"]["make"] in err[0] and f"{len(cfg['rows'])} more" in err[0], err
+    teacher = make_text(CompressionRow(**cfg["teacher"]))
+    assert teacher == f"python main.py fit --config {cfg['teacher']['make'][0]['fit']['config']}"
+    assert len(err) == 1 and f"make it with: {teacher} (" in err[0] and f"{len(cfg['rows'])} more" in err[0], err
+
+
+def test_make_steps_are_mappings_and_old_command_strings_still_load():
+    """A row's make is a list of {command: options} (options as a sweep plan's overrides); a report written before
+    (one command string, several joined by &&) gives the same argument lists; a malformed step is one line."""
+    from ptm_app.errors import PtmError
+    from ptm_app.experiments.compression_report import CompressionRow, make_steps, make_text
+
+    new = CompressionRow(name="qat", model="checkpoints/int8", make=[
+        {"fit": {"config": "configs/compress/minilm_qat_bbc.yaml", "run_name": "q", "trainer.max_epochs": 1,
+                 "model.init_args.qat.activations": True}},
+        {"quantize": {"ckpt_path": "checkpoints/q", "output_dir": "checkpoints/int8", "backend": "q8bert_static"}}])
+    old = CompressionRow(name="qat", model="checkpoints/int8", make=(
+        "python main.py fit --config configs/compress/minilm_qat_bbc.yaml --run_name q --trainer.max_epochs 1 "
+        "--model.init_args.qat.activations true && python main.py quantize --ckpt_path checkpoints/q "
+        "--output_dir checkpoints/int8 --backend q8bert_static"))
+    assert make_steps(new) == make_steps(old) == [
+        ["fit", "--config", "configs/compress/minilm_qat_bbc.yaml", "--run_name", "q", "--trainer.max_epochs", "1",
+         "--model.init_args.qat.activations", "true"],
+        ["quantize", "--ckpt_path", "checkpoints/q", "--output_dir", "checkpoints/int8", "--backend", "q8bert_static"]]
+    assert make_text(new) == old.make
+    for bad in ([{"fit": "a.yaml"}], [{"fit": {}, "quantize": {}}], ["python main.py fit"]):
+        with pytest.raises(PtmError, match=r"row 'qat': make step .* is not one command and its options; write e\.g\. "
+                                           r"make: \[\{fit: \{config: "):
+            make_steps(CompressionRow(name="qat", model="m", make=bad))
 
 
 @pytest.mark.slow  # ~30 s: an early-exit fit, 16 tiny models scored and timed
-@pytest.mark.parametrize("name", ["report_bbc", "report_tweets"])
+@pytest.mark.parametrize("name", ["minilm_report_bbc", "minilm_report_tweets"])
 def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path, monkeypatch):
     """Every row of the shipped config SUBSTITUTED under its run name by a tiny model of its kind (a plain export,
     its int8 directory, an early-exit run): the config runs with only the repeats, examples and length changed."""
@@ -283,12 +310,12 @@ def test_report_on_distilled_and_theseus_runs(tmp_path):
     from tests.compression.test_compress_configs import QUICK, tiny_teacher
 
     runs = tmp_path / "runs"
-    tiny_teacher(runs, "bbc_minilm", tmp_path)
-    recipes = ["distill_bbc_bilstm", "distill_bbc_cnn", "theseus_bbc"]
+    tiny_teacher(runs, "minilm_full_bbc", tmp_path)
+    recipes = ["minilm_distill_bilstm_bbc", "minilm_distill_cnn_bbc", "minilm_theseus_bbc"]
     for recipe in recipes:
         config = ROOT / "configs" / "compress" / f"{recipe}.yaml"
         assert run_main(["fit", "--config", str(config), *QUICK], runs) == 0
-    config = report_config(tmp_path, "bbc_minilm", [{"name": r, "model": r} for r in recipes])
+    config = report_config(tmp_path, "minilm_full_bbc", [{"name": r, "model": r} for r in recipes])
     assert run_main(["compress-report", "--config", str(config)], runs) == 0
     by = check_table(runs / "table", ["teacher", *recipes])
     for recipe in recipes:
@@ -314,19 +341,19 @@ def test_make_skips_finished_fits_and_resumes_stopped_ones(tmp_path, monkeypatch
     from ptm_app.experiments.compression_report import CompressionRow, locate, resumable
 
     monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path / "runs"))
-    stopped, finished = tmp_path / "runs" / "prune_heads_bbc_25", tmp_path / "runs" / "quantize_qat_bbc"
+    stopped, finished = tmp_path / "runs" / "prune_heads_bbc_25", tmp_path / "runs" / "minilm_qat_bbc"
     for run in (stopped, finished):
         (run / "checkpoints").mkdir(parents=True)
         (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
     (finished / "summary.json").write_text("{}")
-    config = str(ROOT / "configs" / "compress" / "prune_heads_bbc.yaml")
+    config = str(ROOT / "configs" / "compress" / "minilm_prune_heads_bbc.yaml")
     assert locate(CompressionRow(name="p", model="checkpoints/prune_heads_bbc_25")) is None
-    assert locate(CompressionRow(name="q", model="checkpoints/quantize_qat_bbc")) == str(finished.resolve())
+    assert locate(CompressionRow(name="q", model="checkpoints/minilm_qat_bbc")) == str(finished.resolve())
     step = ["fit", "--config", config, "--run_name", "prune_heads_bbc_25"]
     assert resumable(step) == [*step, "--ckpt_path", "last"]
-    qat = ["fit", "--config", str(ROOT / "configs" / "compress" / "quantize_qat_bbc.yaml")]  # run name: the stem
+    qat = ["fit", "--config", str(ROOT / "configs" / "compress" / "minilm_qat_bbc.yaml")]  # run name: the stem
     assert resumable(qat) is None
-    fresh = ["fit", "--config", config]  # prune_heads_bbc: never started
+    fresh = ["fit", "--config", config]  # minilm_prune_heads_bbc: never started
     assert resumable(fresh) == fresh
-    quantize = ["quantize", "--ckpt_path", "checkpoints/quantize_qat_bbc", "--output_dir", "x"]
+    quantize = ["quantize", "--ckpt_path", "checkpoints/minilm_qat_bbc", "--output_dir", "x"]
     assert resumable(quantize) == quantize

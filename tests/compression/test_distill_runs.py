@@ -185,8 +185,8 @@ def test_token_losses_across_tokenizers_are_one_line(tiny_corpus, teacher, tmp_p
     ({"student_layers": "every_other", "distill": {"hidden": 1.0, "layer_map": [[1, 9]]}},
      "teacher layer 9, but the teacher has layers 1..4"),
     ({"student_layers": [1, 5]}, "student_layers names teacher layer 5, but the teacher has layers 1..4"),
-    ({"student_layers": "every_other", "teacher": "checkpoints/bbc_minilm"},  # names the config that makes it
-     "teacher 'checkpoints/bbc_minilm' not found (nor under the runs directory"),
+    ({"student_layers": "every_other", "teacher": "checkpoints/minilm_full_bbc"},  # names the config that makes it
+     "teacher 'checkpoints/minilm_full_bbc' not found (nor under the runs directory"),
     ({"backbone_config": {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 8},
       "distill": {"attention": 1.0}}, "BiLSTMForSequenceClassification has none: set distill.attention: 0"),
     ({"backbone_config": {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 8},
@@ -201,8 +201,8 @@ def test_bad_teachers_and_missing_layers_are_one_line(tiny_corpus, teacher, tmp_
     assert run_main(["fit", "--config", str(path)], tmp_path / "runs") != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
-    if "bbc_minilm" in message:
-        assert "python main.py fit --config configs/finetune/bbc_minilm.yaml" in err[0]
+    if "minilm_full_bbc" in message:
+        assert "python main.py fit --config configs/adapt/minilm_full_bbc.yaml" in err[0]
 
 
 def test_student_from_every_other_layer_has_the_teachers_weights(teacher):

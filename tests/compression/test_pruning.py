@@ -240,19 +240,19 @@ def test_magnitude_masks_reach_the_sparsity(scope):
         assert max(per_layer) - min(per_layer) > 0.01  # global: layers end up at different sparsities
 
 
-# -- the shipped recipes, end to end (a substituted tiny "bbc_minilm" run: tests/compression/test_compress_configs) --
+# -- the shipped recipes, end to end (a substituted tiny "minilm_full_bbc" run: tests/compression/test_compress_configs) --
 ROOT = Path(__file__).resolve().parents[2]
-PRUNE_CONFIGS = sorted((ROOT / "configs" / "compress").glob("prune_*.yaml"))
+PRUNE_CONFIGS = sorted((ROOT / "configs" / "compress").glob("minilm_prune_*.yaml"))
 FAST_SCHEDULE = {  # the recipes' schedule step counts, scaled to a 4-step run (nothing else changes)
-    "prune_heads_bbc": ["--model.init_args.pruning.heads.every", "1", "--model.init_args.pruning.heads.score_batches",
+    "minilm_prune_heads_bbc": ["--model.init_args.pruning.heads.every", "1", "--model.init_args.pruning.heads.score_batches",
                         "1"],
-    "prune_magnitude_bbc": ["--model.init_args.pruning.magnitude.steps", "2",
+    "minilm_prune_magnitude_bbc": ["--model.init_args.pruning.magnitude.steps", "2",
                             "--model.init_args.pruning.magnitude.every", "1"],
 }
 
 
 def test_prune_catalogue():
-    assert {c.stem for c in PRUNE_CONFIGS} == {"prune_heads_bbc", "prune_layers_bbc", "prune_magnitude_bbc"}
+    assert {c.stem for c in PRUNE_CONFIGS} == {"minilm_prune_heads_bbc", "minilm_prune_layers_bbc", "minilm_prune_magnitude_bbc"}
 
 
 @pytest.mark.slow  # ~25-35 s each: a tiny starting run, then full, paused and resumed runs
@@ -264,7 +264,7 @@ def test_prune_config_runs_resumes_exactly_exports_and_predicts(config, tmp_path
     from tests.conftest import assert_resumes_exactly, run_main
 
     runs = tmp_path / "runs"
-    tiny_teacher(runs, "bbc_minilm", tmp_path)  # 6 layers of 2 heads, width 32
+    tiny_teacher(runs, "minilm_full_bbc", tmp_path)  # 6 layers of 2 heads, width 32
     argv = ["fit", "--config", str(config), *QUICK, *FAST_SCHEDULE.get(config.stem, [])]
     assert_resumes_exactly(argv, runs, stop=2, steps=4)
     summary = json.loads((runs / "part" / "summary.json").read_text())["compression"]
@@ -275,12 +275,12 @@ def test_prune_config_runs_resumes_exactly_exports_and_predicts(config, tmp_path
     saved = json.loads((out / "config.json").read_text())
     weights = load_file(str(out / "model.safetensors"))
     assert not (out / "module_weights.safetensors").exists()  # the masks stay behind: the zeros are in the weights
-    if config.stem == "prune_heads_bbc":
+    if config.stem == "minilm_prune_heads_bbc":
         # rounds at steps 0, 1, 2 to 0.5 of 12 heads: 2, 4, then 6 gone, one per layer (each keeps its last)
         assert summary["heads_per_layer"] == [1] * 6 and sum(len(v) for v in saved["pruned_heads"].values()) == 6
         assert weights["bert.encoder.layer.0.attention.self.query.weight"].shape == (16, 32)
         assert weights["bert.encoder.layer.0.attention.output.dense.weight"].shape == (32, 16)
-    elif config.stem == "prune_layers_bbc":
+    elif config.stem == "minilm_prune_layers_bbc":
         assert saved["num_hidden_layers"] == 3 and saved["dropped_layers"] == [4, 5, 6]
         assert summary["num_hidden_layers"] == 3 and "bert.encoder.layer.3.output.dense.weight" not in weights
     else:  # cubic to 0.9 over updates at steps 0, 1, 2 (n = 2): 0, 0.9·(1 − 1/8), 0.9
@@ -310,9 +310,9 @@ def test_bad_pruning_settings_are_one_line(override, message, tmp_path, capsys):
     from tests.conftest import run_main
 
     runs = tmp_path / "runs"
-    tiny_teacher(runs, "bbc_minilm", tmp_path)
+    tiny_teacher(runs, "minilm_full_bbc", tmp_path)
     capsys.readouterr()
-    config = ROOT / "configs" / "compress" / "prune_magnitude_bbc.yaml"
+    config = ROOT / "configs" / "compress" / "minilm_prune_magnitude_bbc.yaml"
     assert run_main(["fit", "--config", str(config), *QUICK, *override], runs) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
@@ -324,7 +324,7 @@ def test_prune_command_one_shot_without_fine_tuning(tmp_path, capsys):
     from tests.conftest import run_main
 
     runs = tmp_path / "runs"
-    teacher = tiny_teacher(runs, "bbc_minilm", tmp_path)  # 6 layers of 2 heads
+    teacher = tiny_teacher(runs, "minilm_full_bbc", tmp_path)  # 6 layers of 2 heads
     out = tmp_path / "pruned"
     capsys.readouterr()
     assert run_main(["prune", "--ckpt_path", str(teacher), "--output_dir", str(out), "--drop_layers", "top:2",
@@ -357,9 +357,9 @@ def test_heads_and_magnitude_together_resume_exactly(tmp_path):
     from tests.conftest import assert_resumes_exactly
 
     runs = tmp_path / "runs"
-    tiny_teacher(runs, "bbc_minilm", tmp_path)
-    config = ROOT / "configs" / "compress" / "prune_heads_bbc.yaml"
-    assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *FAST_SCHEDULE["prune_heads_bbc"],
+    tiny_teacher(runs, "minilm_full_bbc", tmp_path)
+    config = ROOT / "configs" / "compress" / "minilm_prune_heads_bbc.yaml"
+    assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *FAST_SCHEDULE["minilm_prune_heads_bbc"],
                             "--model.init_args.pruning.magnitude", "{sparsity: 0.5, schedule: cubic, steps: 3, every: 1}"],
                            runs, stop=2, steps=4)
     summary = json.loads((runs / "part" / "summary.json").read_text())["compression"]

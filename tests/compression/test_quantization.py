@@ -178,8 +178,8 @@ def test_qat_recipe_resumes_exactly_quantizes_and_predicts(tmp_path, capsys):
     from tests.conftest import assert_resumes_exactly, run_main
 
     runs = tmp_path / "runs"
-    tiny_teacher(runs, "bbc_minilm", tmp_path)
-    config = ROOT / "configs" / "compress" / "quantize_qat_bbc.yaml"
+    tiny_teacher(runs, "minilm_full_bbc", tmp_path)
+    config = ROOT / "configs" / "compress" / "minilm_qat_bbc.yaml"
     assert_resumes_exactly(["fit", "--config", str(config), *QUICK], runs, stop=2, steps=4)
     ckpt = torch.load(runs / "part" / "checkpoints" / "last.ckpt", weights_only=True)
     ranges = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("qat_ranges.") and v.dim() == 0

@@ -1,5 +1,5 @@
 """``data prepare bible_en_es``: verse-aligned World English Bible / Reina-Valera 1909 pairs (XLM's TLM data,
-Lample & Conneau 2019 §3.3): alignment, markup removal, book-level splits, the manifest, and xlm.yaml as shipped."""
+Lample & Conneau 2019 §3.3): alignment, markup removal, book-level splits, the manifest, and xlm_tlm_bible.yaml as shipped."""
 from __future__ import annotations
 
 import json
@@ -177,17 +177,17 @@ def test_parallel_data_module_reads_the_prepared_splits(bible_root, rows, monkey
 
 @pytest.mark.slow
 def test_xlm_recipe_runs_as_shipped(bible_root, tmp_path, monkeypatch):
-    """configs/pretrain/xlm.yaml with only the step count changed (about a minute on 2 busy cores)."""
+    """configs/pretrain/xlm_tlm_bible.yaml with only the step count changed (about a minute on 2 busy cores)."""
     monkeypatch.setenv("PTM_DATA_DIR", str(bible_root))
-    assert run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--trainer.max_steps", "2"],
+    assert run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm_tlm_bible.yaml"), "--trainer.max_steps", "2"],
                     tmp_path) == 0
-    ckpt = torch.load(tmp_path / "xlm" / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(tmp_path / "xlm_tlm_bible" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2
 
 
 def test_xlm_recipe_without_the_prepared_set_says_how_to_prepare_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PTM_DATA_DIR", str(tmp_path / "empty"))
-    code = run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--trainer.max_steps", "2"], tmp_path)
+    code = run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm_tlm_bible.yaml"), "--trainer.max_steps", "2"], tmp_path)
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert code == 2 and errors == [f"error: dataset or model 'bible_en_es' is not prepared (looked in "
                                     f"{tmp_path / 'empty' / 'bible_en_es'}); run: python main.py data prepare "

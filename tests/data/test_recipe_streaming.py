@@ -17,7 +17,7 @@ CORPUS_RECIPES = [c for c in RECIPE_FILES if yaml.safe_load(c.read_text())["data
 STEPS = 3
 # in the default suite: one recipe per kind of reading (NSP sentence pairs, span masking, permutation LM, a
 # bidirectional LSTM LM, causal LM blocks), ~5 s each; the other ten (~80 s) run with `make test-slow`
-DEFAULT = {"bert", "spanbert", "xlnet", "elmo", "gpt_clm"}
+DEFAULT = {"bert_mlm_nsp_brown", "spanbert_span_mlm_sbo_brown", "xlnet_plm_brown", "elmo_bilm_brown", "gpt2_clm_bbc"}
 
 
 def logged(run: Path) -> dict[str, list[float]]:
@@ -28,7 +28,8 @@ def logged(run: Path) -> dict[str, list[float]]:
 
 
 def test_every_corpus_recipe_is_compared():
-    assert len(CORPUS_RECIPES) >= 14 and {"bert", "spanbert", "xlnet", "t5", "bart", "infoword", "elmo"} <= {
+    assert len(CORPUS_RECIPES) >= 14 and {"bert_mlm_nsp_brown", "spanbert_span_mlm_sbo_brown", "xlnet_plm_brown", "t5_span_corruption_brown",
+                                          "bart_dae_brown", "infoword_dim_mlm_brown", "elmo_bilm_brown"} <= {
         c.stem for c in CORPUS_RECIPES}
 
 

@@ -315,7 +315,7 @@ def bad_line(argv, capsys) -> str:
 
 
 def test_knowledge_masking_on_a_corpus_without_spans_is_one_line(tiny_corpus, capsys):
-    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_brown.yaml"),
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_entity_mlm_brown.yaml"),
                      "--data.init_args.source", str(tiny_corpus), "--trainer.max_steps", "1"], capsys)
     assert "no 'phrases' span field" in line and "data prepare brown_spans" in line and "train.jsonl:1" in line
 
@@ -327,12 +327,12 @@ def recipe_args(recipe: str, corpus: Path, tmp_path: Path) -> list[str]:
     from tests.cli.test_recipes import tiny_args
 
     config = ROOT / "configs" / "knowledge" / f"{recipe}.yaml"
-    if recipe == "libert_brown":  # two streams: the control's sentence blocks and the pairs
+    if recipe == "libert_mlm_lexrel_brown":  # two streams: the control's sentence blocks and the pairs
         args = libert_args(corpus, pair_files(tmp_path / "pairs"), "alternate", 6)
         return [*args, "--data.init_args.corpus", json.dumps({"source": str(corpus), "examples": "knowledge_spans",
                                                               "max_length": 32})]
     args = ["fit", *tiny_args(config, steps=6), "--data.init_args.source", str(corpus)]
-    if recipe == "kepler_brown":
+    if recipe == "kepler_mlm_transe_brown":
         from tests.knowledge.test_kepler import make_graph
 
         args += ["--data.init_args.graph", str(make_graph(tmp_path / "kg")), "--data.init_args.kg_batch_size", "5",
@@ -340,7 +340,7 @@ def recipe_args(recipe: str, corpus: Path, tmp_path: Path) -> list[str]:
     return args
 
 
-@pytest.mark.parametrize("recipe", ["mlm_brown", "ernie_brown", "sensebert_brown", "libert_brown", "kepler_brown"])
+@pytest.mark.parametrize("recipe", ["bert_wwm_mlm_brown", "ernie_entity_mlm_brown", "sensebert_mlm_supersense_brown", "libert_mlm_lexrel_brown", "kepler_mlm_transe_brown"])
 def test_recipe_resumes_exactly_and_exports(recipe, tmp_path):
     """Each pre-training of the knowledge table, from its shipped config: 6 steps, paused at 3 and resumed to the
     same losses, exported to a plain masked LM."""
@@ -353,20 +353,20 @@ def test_recipe_resumes_exactly_and_exports(recipe, tmp_path):
     args = recipe_args(recipe, corpus, tmp_path)
     assert_resumes_exactly(args, runs, stop=3, steps=6)  # ERNIE: stages change at steps 2 and 4
     rows = (runs / "full" / "logs" / "metrics.csv").read_text()
-    assert ("train/knowledge_stage" in rows) == (recipe == "ernie_brown")
-    if recipe == "ernie_brown":  # stages [0.33, 0.66] of 6 steps: word, word, phrase, phrase, entity, entity
+    assert ("train/knowledge_stage" in rows) == (recipe == "ernie_entity_mlm_brown")
+    if recipe == "ernie_entity_mlm_brown":  # stages [0.33, 0.66] of 6 steps: word, word, phrase, phrase, entity, entity
         import csv
 
         stages = {int(r["step"]): float(r["train/knowledge_stage"])
                   for r in csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")) if r.get("train/knowledge_stage")}
         assert [stages[s] for s in range(6)] == [0, 0, 1, 1, 2, 2]
-    assert ("val/supersense_acc" in rows) == (recipe == "sensebert_brown")
+    assert ("val/supersense_acc" in rows) == (recipe == "sensebert_mlm_supersense_brown")
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     exported = AutoModelForMaskedLM.from_pretrained(out).eval()
     assert exported.config.hidden_size == TINY_BERT["hidden_size"]
     assert sorted(losses(runs / "full")) == list(range(6))
-    if recipe == "sensebert_brown":
+    if recipe == "sensebert_mlm_supersense_brown":
         assert_sense_input_is_folded_into_the_export(runs / "full" / "checkpoints" / "last.ckpt", exported, out)
 
 
@@ -410,7 +410,7 @@ def pair_files(root: Path) -> Path:
 
 
 def libert_args(tiny_corpus: Path, pairs: Path, combine: str, steps: int) -> list[str]:
-    return ["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_brown.yaml"),
+    return ["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_mlm_lexrel_brown.yaml"),
             "--model.init_args.backbone_config", json.dumps(TINY_BERT),
             "--data.init_args.tokenizer", json.dumps({"train": "wordpiece", "vocab_size": 200, "min_frequency": 1}),
             "--data.init_args.corpus", json.dumps({"source": str(tiny_corpus), "max_length": 32}),
@@ -517,21 +517,21 @@ def test_libert_streams_alternate_or_sum_and_resume_exactly(combine, tiny_corpus
 
 def test_knowledge_recipe_without_brown_spans_prepared_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PTM_DATA_DIR", str(tmp_path / "empty_data"))
-    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_brown.yaml"),
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_entity_mlm_brown.yaml"),
                      "--trainer.max_steps", "1"], capsys)
     assert "'brown_spans' is not prepared" in line and "python main.py data prepare brown_spans" in line
 
 
 def test_bad_knowledge_settings_are_one_line(tiny_corpus, tmp_path, capsys):
-    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_brown.yaml"),
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "ernie_entity_mlm_brown.yaml"),
                      "--model.init_args.targets", json.dumps([{"class_path": "MaskedLM", "init_args": {
                          "masking": "knowledge", "knowledge_stages": [0.7, 0.2]}}]), "--trainer.max_steps", "1"], capsys)
     assert "knowledge_stages must be two step fractions" in line
-    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_brown.yaml"),
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_mlm_lexrel_brown.yaml"),
                      "--data.init_args.pairs", json.dumps({"source": "wordnet_lexrel", "text_pair_fieldd": "x"}),
                      "--trainer.max_steps", "1"], capsys)
     assert "unknown option 'text_pair_fieldd' for TaskDataModule" in line
-    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_brown.yaml"),
+    line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / "libert_mlm_lexrel_brown.yaml"),
                      "--data.init_args.pairs", json.dumps({"source": "wordnet_lexrel"}),
                      "--trainer.max_steps", "1"], capsys)
     assert "pairs needs text_pair_field" in line
@@ -565,7 +565,7 @@ def test_span_blocks_pack_whole_sentences_of_one_document():
 
 def test_knowledge_objectives_on_other_examples_are_one_line(tmp_path, capsys):
     corpus = span_corpus(tmp_path / "corpus")
-    for recipe, word in (("ernie_brown", "masking: knowledge"), ("sensebert_brown", "Supersense")):
+    for recipe, word in (("ernie_entity_mlm_brown", "masking: knowledge"), ("sensebert_mlm_supersense_brown", "Supersense")):
         line = bad_line(["fit", "--config", str(ROOT / "configs" / "knowledge" / f"{recipe}.yaml"),
                          "--data.init_args.source", str(corpus), "--data.init_args.examples", "blocks",
                          "--model.init_args.backbone_config", json.dumps(TINY_BERT), "--data.init_args.max_length",

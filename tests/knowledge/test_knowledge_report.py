@@ -108,10 +108,10 @@ def test_the_shipped_plan_runs_configs_that_run_as_shipped(monkeypatch):
 @pytest.mark.parametrize("change, message", [
     ({"colour": 1}, "unknown keys: ['colour']"),
     ({"models": ["mlm"]}, "'models' is a list of settings"),
-    ({"tasks": {"pos": {"config": "configs/finetune/brown_pos_minilm.yaml"}}}, "task pos needs exactly 'config', 'metric'"),
-    ({"models": [{"id": "a b", "pretrain": "configs/knowledge/mlm_brown.yaml"}]}, "model a b needs a unique 'id'"),
+    ({"tasks": {"pos": {"config": "configs/adapt/minilm_full_brown_pos.yaml"}}}, "task pos needs exactly 'config', 'metric'"),
+    ({"models": [{"id": "a b", "pretrain": "configs/knowledge/bert_wwm_mlm_brown.yaml"}]}, "model a b needs a unique 'id'"),
     ({"models": [{"id": "x", "pretrain": "configs/knowledge/nope.yaml"}]}, "config configs/knowledge/nope.yaml not found"),
-    ({"models": [{"id": "x", "tasks": {"ner": "configs/finetune/brown_pos_minilm.yaml"}}]},
+    ({"models": [{"id": "x", "tasks": {"ner": "configs/adapt/minilm_full_brown_pos.yaml"}}]},
      "tasks ['ner'] are not in the plan's tasks"),
     ({"probe": {"relation": "hypernym", "heldout": True}}, "'probe' takes facts, held_out, relation, seed; unknown: "
                                                            "['heldout']"),
@@ -209,10 +209,10 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
                          "data.init_args.limit_train": 24, "data.init_args.batch_size": 8,
                          "trainer.enable_progress_bar": False},
             "probe": {"relation": "hypernym", "facts": 40, "seed": 0},
-            "tasks": {"wordnet_supersense": {"config": "configs/finetune/wordnet_supersense_minilm.yaml",
+            "tasks": {"wordnet_supersense": {"config": "configs/adapt/minilm_full_wordnet_supersense.yaml",
                                              "metric": "acc", "column": "supersense acc"}},
-            "models": [{"id": "mlm", "label": "MLM", "pretrain": "configs/knowledge/mlm_brown.yaml"},
-                       {"id": "sensebert", "label": "SenseBERT", "pretrain": "configs/knowledge/sensebert_brown.yaml"}]}
+            "models": [{"id": "mlm", "label": "MLM", "pretrain": "configs/knowledge/bert_wwm_mlm_brown.yaml"},
+                       {"id": "sensebert", "label": "SenseBERT", "pretrain": "configs/knowledge/sensebert_mlm_supersense_brown.yaml"}]}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     assert run_main(["knowledge-report", str(path)], runs_dir) == 0

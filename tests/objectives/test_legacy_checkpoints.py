@@ -119,7 +119,7 @@ def test_a_run_resumes_from_an_old_checkpoint_with_its_weights(runs_dir):
         pytest.skip("brown is not prepared (python main.py data prepare brown)")
     tiny = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
             "intermediate_size": 32, "max_position_embeddings": 40}
-    argv = ["fit", "--config", str(ROOT / "configs" / "pretrain" / "bert.yaml"), "--run_name", "old",
+    argv = ["fit", "--config", str(ROOT / "configs" / "pretrain" / "bert_mlm_nsp_brown.yaml"), "--run_name", "old",
             "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--trainer.accelerator", "cpu",
             "--trainer.precision", "32-true", "--seed_everything", "3",
             "--model.init_args.backbone_config", json.dumps(tiny), "--data.init_args.max_length", "32",

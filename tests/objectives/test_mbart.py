@@ -198,7 +198,7 @@ TRAINER = {"accelerator": "cpu", "devices": 1, "log_every_n_steps": 1, "num_sani
 
 def test_pretrain_export_translate_export_generate_with_language_tokens(bible, tmp_path):
     runs = tmp_path / "runs"
-    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/pretrain/mbart.yaml").read_text())
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/pretrain/mbart_dae_bible.yaml").read_text())
     pre = {"seed_everything": 1, "trainer": TRAINER,
            "model": {"class_path": "Seq2SeqDenoisingModule",
                      "init_args": {**shipped["model"]["init_args"], "backbone_config": TINY}},
@@ -253,7 +253,7 @@ def test_pretrain_export_translate_export_generate_with_language_tokens(bible, t
 def test_random_init_control_is_the_mbart_architecture_with_the_same_settings():
     root = Path(__file__).resolve().parents[2] / "configs"
     mbart, pre, scratch = (yaml.safe_load((root / p).read_text()) for p in
-                           ("pretrain/mbart.yaml", "finetune/mt_en_es.yaml", "finetune/mt_en_es_scratch.yaml"))
+                           ("pretrain/mbart_dae_bible.yaml", "adapt/mbart_full_bible_en_es.yaml", "adapt/bart_scratch_bible_en_es.yaml"))
     assert scratch["model"]["init_args"]["backbone_config"] == mbart["model"]["init_args"]["backbone_config"]
     same = {k: v for k, v in pre["model"]["init_args"].items() if k != "backbone"}
     assert {k: v for k, v in scratch["model"]["init_args"].items() if k != "backbone_config"} == same

@@ -42,7 +42,7 @@ def three_languages(tmp_path_factory) -> Path:
 
 def mix_args(data, *more) -> list[str]:
     root, extra = data
-    return ["fit", "--config", str(ROOT / "configs/pretrain/xlm_mix.yaml"), "--model.init_args.backbone_config",
+    return ["fit", "--config", str(ROOT / "configs/pretrain/xlm_clm_mlm_tlm_quran_bible.yaml"), "--model.init_args.backbone_config",
             json.dumps(TINY_XLM), "--data.init_args.sources", json.dumps([str(root), str(extra)]),
             "--data.init_args.pairs", json.dumps(["en-es", "en-fr"]), *QUICK, *more]
 
@@ -51,7 +51,7 @@ def test_xlm_mix_alternates_clm_mlm_tlm_and_exports(three_languages, tmp_path):
     from transformers import AutoModelForMaskedLM
 
     assert run_main(mix_args(three_languages, "--trainer.max_steps", "6"), tmp_path) == 0
-    rows = list(csv.DictReader(open(tmp_path / "xlm_mix" / "logs" / "metrics.csv")))
+    rows = list(csv.DictReader(open(tmp_path / "xlm_clm_mlm_tlm_quran_bible" / "logs" / "metrics.csv")))
     turns = {int(r["step"]): float(r["train/objective"]) for r in rows if r.get("train/objective")}
     assert turns == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1, 5: 2}  # clm, mlm, tlm: one objective per step, in turn
     losses = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
@@ -61,7 +61,7 @@ def test_xlm_mix_alternates_clm_mlm_tlm_and_exports(three_languages, tmp_path):
     val = next(r for r in rows if r.get("val/clm"))
     assert float(val["val/loss"]) == float(val["val/mlm"]) and float(val["val/tlm"]) > 0
     out = tmp_path / "export"
-    assert run_main(["export", "--ckpt_path", str(tmp_path / "xlm_mix"), "--output_dir", str(out)], tmp_path) == 0
+    assert run_main(["export", "--ckpt_path", str(tmp_path / "xlm_clm_mlm_tlm_quran_bible"), "--output_dir", str(out)], tmp_path) == 0
     hf = AutoModelForMaskedLM.from_pretrained(out)
     assert hf.config.lang2id == {"en": 0, "fr": 1, "es": 2} and hf.config.n_langs == 3
     assert not hf.config.causal  # CLM steps made attention causal for their call only
@@ -117,7 +117,7 @@ def test_clm_step_predicts_the_next_token_under_causal_attention(three_languages
 
 def mmlm_args(data) -> list[str]:
     root, extra = data
-    return ["fit", "--config", str(ROOT / "configs/pretrain/mmlm.yaml"), "--model.init_args.backbone_config",
+    return ["fit", "--config", str(ROOT / "configs/pretrain/mbert_mlm_quran_bible.yaml"), "--model.init_args.backbone_config",
             json.dumps(TINY_BERT), "--data.init_args.sources", json.dumps([str(root), str(extra)]), *QUICK,
             "--trainer.max_steps", "6"]
 

@@ -155,7 +155,7 @@ def test_two_stage_refuses_shared_embeddings():
 
 
 def test_two_stage_resumes_exactly_across_the_switch(tmp_path):
-    """configs/pretrain/electra.yaml in two_stage mode through main.py, paused after the switch (step 4 of 6, the
+    """configs/pretrain/electra_rtd_brown.yaml in two_stage mode through main.py, paused after the switch (step 4 of 6, the
     switch at 2) and resumed with --ckpt_path last: the same losses, bit for bit, as the uninterrupted run, and G
     unchanged from the pause to the end."""
     from ptm_app.checkpoints import read_checkpoint
@@ -163,7 +163,7 @@ def test_two_stage_resumes_exactly_across_the_switch(tmp_path):
     from tests.conftest import run_main
 
     runs = tmp_path / "runs"
-    args = [*tiny_args(ROOT / "configs" / "pretrain" / "electra.yaml", steps=6), "--model.init_args.mode",
+    args = [*tiny_args(ROOT / "configs" / "pretrain" / "electra_rtd_brown.yaml", steps=6), "--model.init_args.mode",
             "two_stage", "--model.init_args.generator_size", "1.0", "--model.init_args.generator_steps", "2"]
     assert run_main(["fit", *args, "--run_name", "full"], runs) == 0
     assert run_main(["fit", *args, "--run_name", "part", "--stop_at_step", "4"], runs) == 0

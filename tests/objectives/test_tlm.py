@@ -1,5 +1,5 @@
 """Translation language modelling (XLM §3.3): pair format, masking of both halves, the XLM loss, data errors,
-and the xlm.yaml recipe end to end (fit, export, reload, exact resume)."""
+and the xlm_tlm_bible.yaml recipe end to end (fit, export, reload, exact resume)."""
 import csv
 import json
 import re
@@ -43,7 +43,7 @@ PAIRS = [  # English–French, written for these tests (numbers, days, colours)
     ("the little dog runs in the garden", "le petit chien court dans le jardin"),
 ]
 WORDPIECE = TokenizerSpec(train="wordpiece", vocab_size=300, min_frequency=1)
-# xlm.yaml reads the prepared English-Spanish Bible; these tests give it their own en-fr pairs file
+# xlm_tlm_bible.yaml reads the prepared English-Spanish Bible; these tests give it their own en-fr pairs file
 EN_FR = ["--data.init_args.source_field", "src", "--data.init_args.target_field", "tgt",
          "--data.init_args.target_lang", "fr"]
 
@@ -216,7 +216,7 @@ def test_misaligned_files_are_one_line_naming_both_files(tmp_path):
 def test_malformed_tsv_line_is_reported_as_file_and_line(tmp_path, capsys):
     bad = tmp_path / "bad.tsv"
     bad.write_text("src\ttgt\nI am happy\tje suis heureux\ngood morning\tbonjour\textra\n", encoding="utf-8")
-    code = run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--data.init_args.source_file",
+    code = run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm_tlm_bible.yaml"), "--data.init_args.source_file",
                      str(bad), *EN_FR, "--trainer.enable_progress_bar", "false"], tmp_path)
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if line.startswith("error:")]
@@ -231,8 +231,8 @@ def test_xlm_recipe_runs_exports_and_reloads(parallel, tmp_path):
              "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     data = ["--data.init_args.source_file", str(parallel["tsv"]), *EN_FR,
             "--data.init_args.batch_size", "8"]  # 5 batches/epoch
-    assert run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), *data, *quick], tmp_path) == 0
-    run = tmp_path / "xlm"
+    assert run_main(["fit", "--config", str(ROOT / "configs/pretrain/xlm_tlm_bible.yaml"), *data, *quick], tmp_path) == 0
+    run = tmp_path / "xlm_tlm_bible"
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
 
     out = tmp_path / "export"
@@ -260,7 +260,7 @@ def test_xlm_recipe_resumes_exactly(parallel, tmp_path):
         rows = csv.DictReader(open(run / "logs" / "metrics.csv"))
         return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
 
-    args = ["fit", "--config", str(ROOT / "configs/pretrain/xlm.yaml"), "--model.init_args.backbone_config",
+    args = ["fit", "--config", str(ROOT / "configs/pretrain/xlm_tlm_bible.yaml"), "--model.init_args.backbone_config",
             json.dumps(TINY_XLM), "--data.init_args.source_file", str(parallel["tsv"]), *EN_FR,
             "--data.init_args.batch_size", "8", "--data.init_args.max_length", "32", "--trainer.precision", "32-true",
             "--trainer.max_steps", "8", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",

@@ -20,7 +20,7 @@ from tests.scale.conftest import ROOT, launch, strategy_config, train_losses
 
 
 def fit(method: str, strategy: str, runs: Path, *extra: str) -> Path:
-    cfg = str(ROOT / "configs" / "adapt" / f"{method}_tweets.yaml")
+    cfg = str(ROOT / "configs" / "adapt" / f"minilm_{method}_tweets.yaml")
     launch(["fit", "--config", cfg, "--config", strategy_config(strategy), *QUICK, "--run_name", strategy, *extra],
            runs)
     return runs / strategy

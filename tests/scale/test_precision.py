@@ -150,7 +150,7 @@ def test_the_demo_on_a_cpu_without_bf16_chooses_fp32(tmp_path, monkeypatch, caps
 
     prepared_dir("bbc"), prepared_dir("minilm")
     monkeypatch.setenv(prec.SEAM, "0")
-    config = Path(__file__).resolve().parents[2] / "configs" / "demo" / "mlm_minilm_bbc.yaml"
+    config = Path(__file__).resolve().parents[2] / "configs" / "demo" / "minilm_mlm_bbc.yaml"
     argv = ["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
             "--data.init_args.limit_documents", "64", "--trainer.enable_progress_bar", "false"]
     assert run_main(argv, tmp_path / "runs") == 0

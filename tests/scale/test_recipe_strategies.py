@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = sorted((ROOT / "configs" / "strategy").glob("*.yaml"))
 RECIPES = sorted((ROOT / "configs" / "pretrain").glob("*.yaml"))
 REFUSED = {  # (strategy, recipe): refused in one line before training, with the fix
-    ("fsdp", "elmo"): "FSDP: no transformer blocks found in BiLMModule; use strategy ddp",  # an LSTM: no blocks
-    ("fsdp_hybrid", "elmo"): "FSDP: no transformer blocks found in BiLMModule; use strategy ddp",
+    ("fsdp", "elmo_bilm_brown"): "FSDP: no transformer blocks found in BiLMModule; use strategy ddp",  # an LSTM: no blocks
+    ("fsdp_hybrid", "elmo_bilm_brown"): "FSDP: no transformer blocks found in BiLMModule; use strategy ddp",
 }
 
 

@@ -219,5 +219,5 @@ def test_a_run_name_is_one_path_component(name, victim, tmp_path, capsys):
 
 
 def test_good_run_names_pass():
-    for name in ("bbc_minilm", "run-2.v1", "A1"):
+    for name in ("minilm_full_bbc", "run-2.v1", "A1"):
         assert check_run_name(name) == name

@@ -137,7 +137,7 @@ def test_deepspeed_is_refused(monkeypatch):
 def test_compile_config_appends_to_a_run_configs_callbacks(capsys):
     from ptm_app.main import main
 
-    run = ROOT / "configs" / "adapt" / "ulmfit_2_classifier.yaml"  # has its own trainer.callbacks
+    run = ROOT / "configs" / "adapt" / "minilm_ulmfit_classifier_bbc.yaml"  # has its own trainer.callbacks
     with pytest.raises(SystemExit) as done:
         main(["fit", "--config", str(run), "--config", COMPILE, "--print_config"])
     assert done.value.code in (0, None)
