@@ -36,7 +36,10 @@ def rebuild_backbone(ckpt: dict) -> nn.Module:
     config = dict(ckpt["hyper_parameters"]["backbone_config"])
     hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
     model = from_config(ckpt[CKPT_KEY]["model_class"], hf_config)
-    missing, unexpected = model.load_state_dict(backbone_state(ckpt), strict=False)
+    own = model.state_dict()
+    state = {k: v.reshape(own[k].shape) if k in own and v.shape != own[k].shape and v.numel() == own[k].numel() == 1
+             else v for k, v in backbone_state(ckpt).items()}  # a one-element parameter kept as [1] for FSDP2
+    missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     real_missing = [k for k in missing if k not in tied and not any(k.endswith(t) for t in tied)]
     if real_missing or unexpected:

@@ -159,9 +159,15 @@ class DualEncoderModule(ImageTextModule):
         from ptm_app.backbones.build import build_backbone
 
         if self.is_whole():  # a checkpoint's resolved dual-encoder config
-            return build_backbone("base", None, self.hparams.backbone_config)
-        text = build_backbone("base", self.hparams.backbone, self.hparams.backbone_config, **self.config_updates())
-        return build_dual_encoder(text, self.vision_config, self.projection_dim, self.logit_scale_init)
+            model = build_backbone("base", None, self.hparams.backbone_config)
+        else:
+            text = build_backbone("base", self.hparams.backbone, self.hparams.backbone_config, **self.config_updates())
+            model = build_dual_encoder(text, self.vision_config, self.projection_dim, self.logit_scale_init)
+        # FSDP2's fully_shard refuses 0-dim parameters: the temperature trains as one element of shape [1] (the
+        # model's forward broadcasts it the same); exports and old checkpoints keep transformers' scalar
+        # (``backbones.from_checkpoint.rebuild_backbone``, ``on_load_checkpoint``).
+        model.logit_scale = torch.nn.Parameter(model.logit_scale.detach().reshape(1))
+        return model
 
     def check_lengths(self, facts) -> None:
         from ptm_app.backbones.build import max_positions
@@ -192,6 +198,9 @@ class DualEncoderModule(ImageTextModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
+        state = checkpoint.get("state_dict", {})
+        if "backbone.logit_scale" in state and state["backbone.logit_scale"].dim() == 0:  # written before [1]
+            state["backbone.logit_scale"] = state["backbone.logit_scale"].reshape(1)
         self._text_memo.clear()
 
     def make_collator(self, tokenizer, seed: int = 0) -> ImageTextCollator:
@@ -230,7 +239,7 @@ class DualEncoderModule(ImageTextModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self._losses(batch)
-        scale = self.backbone.logit_scale.detach().clamp(max=math.log(self.max_logit_scale)).exp()
+        scale = self.backbone.logit_scale.detach().clamp(max=math.log(self.max_logit_scale)).exp().squeeze()
         return self.log_train_losses(losses["loss"], {"logit_scale": scale}, len(batch["input_ids"]))
 
     def evaluated(self, batch: dict) -> dict[str, torch.Tensor]:

@@ -107,6 +107,18 @@ def test_resumes_exactly_with_the_learned_temperature_and_exports_a_dual_encoder
         theirs = model(input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=pixels)
         mine = module.backbone(input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=pixels)
     torch.testing.assert_close(theirs.logits_per_image, mine.logits_per_image)
+    assert full["backbone.logit_scale"].shape == (1,) and model.logit_scale.dim() == 0  # [1] for FSDP2; scalar out
+
+    # A checkpoint written before the temperature became [1] (a 0-dim parameter) still loads, resumes and exports.
+    old = runs / "old" / "checkpoints" / "last.ckpt"
+    old.parent.mkdir(parents=True)
+    raw = torch.load(runs / "part" / "checkpoints" / "last.ckpt", weights_only=False)
+    raw["state_dict"]["backbone.logit_scale"] = raw["state_dict"]["backbone.logit_scale"].reshape(())
+    torch.save(raw, old)
+    reloaded = DualEncoderModule.load_from_checkpoint(old)
+    assert reloaded.backbone.logit_scale.item() == pytest.approx(part["backbone.logit_scale"].item())
+    assert run_main(["export", "--ckpt_path", str(old), "--output_dir", str(tmp_path / "old_export")], runs) == 0
+    assert VisionTextDualEncoderModel.from_pretrained(tmp_path / "old_export").logit_scale.dim() == 0
 
 
 def _rank_loss(rank: int, world: int, port: int, images, texts, out) -> None:
