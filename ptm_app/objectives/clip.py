@@ -143,6 +143,7 @@ class DualEncoderModule(ImageTextModule):
                                                                            max_logit_scale)
         self.freeze_text = freeze_text
         self._text_memo: dict[tuple, torch.Tensor] = {}  # freeze_text: caption ids -> the locked tower's output
+        self._pending_captions: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # on_fit_start's, not yet run
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.val_metrics = nn.ModuleDict({name: MeanMetric() for name in ("loss", "acc")})
 
@@ -193,8 +194,10 @@ class DualEncoderModule(ImageTextModule):
         rows = [torch.tensor(i) for i in ids]
         from ptm_app.data.collators import pad
 
-        batch = pad(rows, self.tokenizer.pad_token_id).to(self.device)
-        self.text_embeds(batch, pad([torch.ones_like(r) for r in rows], 0).to(self.device))
+        # embedded at the first step's text_embeds, inside the step: under FSDP2 the locked tower's weights are
+        # sharded outside the root unit's forward
+        self._pending_captions = (pad(rows, self.tokenizer.pad_token_id).to(self.device),
+                                  pad([torch.ones_like(r) for r in rows], 0).to(self.device))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
@@ -216,6 +219,9 @@ class DualEncoderModule(ImageTextModule):
         tower's pooled output is memoised per caption, then projected)."""
         if not self.freeze_text:
             return self.backbone.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+        pending, self._pending_captions = self._pending_captions, None
+        if pending is not None:  # every caption of the data first (on_fit_start)
+            self.text_embeds(*pending)
         tower = self.backbone.text_model
         tower.eval()  # locked: no dropout, ever
         keys = [tuple(row[mask.bool()].tolist()) for row, mask in zip(input_ids, attention_mask)]
