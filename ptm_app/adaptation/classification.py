@@ -11,6 +11,8 @@ import torch
 from ptm_app.adaptation.chaining import InitFrom
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.label_scores import positive_index
@@ -46,6 +48,9 @@ class SequenceClassificationModule(TaskModule):
             it must be the data's kind.
         adversarial: FreeLB adversarial training in the word-embedding space (``training.adversarial.FreeLB``,
             Zhu et al. 2020): each step trains on K perturbed copies of the batch; the defence ``attack`` measures.
+        distill: distil from a teacher of the same model class (``compression.teacher_loss.Distillation``: the
+            teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's.
+        qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
     """
 
     head = "sequence_classification"
@@ -56,7 +61,8 @@ class SequenceClassificationModule(TaskModule):
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
                  delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None,
-                 kind: Optional[str] = None, adversarial: Optional[FreeLB] = None):
+                 kind: Optional[str] = None, adversarial: Optional[FreeLB] = None,
+                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         if adversarial is not None:  # checked now; a plain dict in the hparams (weights-only checkpoints)
             self.hparams["adversarial"] = asdict(adversarial if isinstance(adversarial, FreeLB)
@@ -104,9 +110,6 @@ class SequenceClassificationModule(TaskModule):
 
     def make_collator(self, tokenizer, seed: int = 0) -> PadCollator:
         return PadCollator(pad_token_id=tokenizer.pad_token_id)
-
-    def forward(self, batch: dict) -> torch.Tensor:
-        return self.backbone(**self.model_inputs(batch)).logits
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """The kind's scores: every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
