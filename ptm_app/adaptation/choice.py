@@ -14,6 +14,7 @@ import torch
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
 from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec
 from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.collators import ChoiceCollator
 from ptm_app.errors import PtmError
@@ -32,6 +33,8 @@ class MultipleChoiceModule(TaskModule):
             teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's; the soft targets are
             the distribution over each question's choices.
         qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
+        pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
     """
 
     head = "multiple_choice"
@@ -40,7 +43,8 @@ class MultipleChoiceModule(TaskModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  num_choices: Optional[int] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
-                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None):
+                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
+                 pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:

@@ -205,15 +205,17 @@ class WeightAnchor(nn.Module):
 
 
 def fine_tuning_policies(delta: Optional[DeltaSpec | dict] = None, delta_only: bool = True,
-                         init_from: Optional[InitFromSpec | dict] = None, l2_sp: float = 0.0) -> list[BackbonePolicy]:
+                         init_from: Optional[InitFromSpec | dict] = None, l2_sp: float = 0.0,
+                         reshaping: tuple[BackbonePolicy, ...] = ()) -> list[BackbonePolicy]:
     """The policies a fine-tuning module's ``delta`` / ``delta_only`` / ``init_from`` / ``l2_sp`` settings ask for,
-    in the order they apply: the delta on the fresh backbone, the earlier stage's weights, then the anchor of what
-    trains."""
+    in the order they apply: the delta on the fresh backbone, the earlier stage's weights, the policies that reshape
+    the model (``reshaping``: pruning drops layers of the loaded weights), then the anchor of what trains."""
     policies: list[BackbonePolicy] = []
     if delta is not None:
         policies.append(Delta(delta, delta_only))
     if init_from is not None:
         policies.append(InitFrom(init_from))
+    policies.extend(reshaping)
     if l2_sp:
         policies.append(L2SP(l2_sp))
     return policies

@@ -21,6 +21,7 @@ import torch
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
 from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec
 from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.collators import QACollator
 from ptm_app.errors import PtmError
@@ -47,6 +48,8 @@ class QuestionAnsweringModule(TaskModule):
             teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's; the soft targets are
             the start and the end distributions over each window's real tokens.
         qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
+        pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
     """
 
     head = "question_answering"
@@ -57,7 +60,8 @@ class QuestionAnsweringModule(TaskModule):
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
                  delta_only: bool = True, null_answer: bool = False, distill: Optional[Distillation] = None,
-                 qat: Optional[QATSpec] = None):
+                 qat: Optional[QATSpec] = None,
+                 pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def connect_data(self, facts) -> None:

@@ -12,6 +12,7 @@ from torch import nn
 from ptm_app.adaptation.policies import BackbonePolicy, fine_tuning_policies
 from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.compression.fake_quant import FakeQuant
+from ptm_app.compression.pruning_policy import Pruning
 from ptm_app.compression.teacher_loss import TeacherLoss, as_distillation
 from ptm_app.task_kinds.spans import SPLITS
 from ptm_app.checkpoints import CKPT_KEY
@@ -26,8 +27,9 @@ class TaskModule(PtmModule):
     ``forward(batch)`` returns the kind's outputs (label scores, values, tag scores, span logits or choice scores);
     training, ``val/*`` and ``test/*`` logging follow from the task kind's entry, and so do ``predict --text``'s rows
     (``predicts_rows = False``: a module whose ``predict_step`` is its own, e.g. prompting's label scoring).  The
-    settings ``delta``, ``delta_only``, ``init_from``, ``l2_sp``, ``distill`` (``compression.teacher_loss
-    .Distillation``) and ``qat`` (``compression.fake_quant.QATSpec``), where a subclass takes them, become policies.
+    settings ``delta``, ``delta_only``, ``init_from``, ``l2_sp``, ``pruning`` (``compression.pruning_policy
+    .PruneSpec``), ``distill`` (``compression.teacher_loss.Distillation``) and ``qat``
+    (``compression.fake_quant.QATSpec``), where a subclass takes them, become policies.
 
     ``forward(batch)`` is ``outputs(backbone(**backbone_inputs(batch)))``: a subclass says how its batch feeds the
     model and how the model's output becomes the kind's, so a teacher of the same model class is read the same way.
@@ -39,8 +41,12 @@ class TaskModule(PtmModule):
 
     def make_policies(self) -> list[BackbonePolicy]:
         hp = self.hparams
+        pruning = Pruning(hp.pruning) if hp.get("pruning") is not None else None
+        if pruning is not None and pruning.spec.heads is not None and hp.get("qat") is not None:
+            raise PtmError("pruning.heads replaces the attention's linear layers, which qat has made fake-quantized; "
+                           "prune first, then train the pruned run with qat")
         policies = fine_tuning_policies(hp.get("delta"), hp.get("delta_only", True), hp.get("init_from"),
-                                        hp.get("l2_sp", 0.0))
+                                        hp.get("l2_sp", 0.0), (pruning,) if pruning is not None else ())
         distill = as_distillation(hp.get("distill"))
         if distill is not None:
             if hp.get("adversarial"):
@@ -148,6 +154,22 @@ class TaskModule(PtmModule):
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
         self.policies_epoch_end("test")
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        for policy in self.policies:
+            policy.train_batch_start(self)
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        for policy in self.policies:
+            policy.optimizer_stepped(self)
+
+    def summary_facts(self) -> dict:
+        """Every policy's facts for ``summary.json`` (a student's and its teacher's sizes, a pruned model's ...)."""
+        facts: dict = {}
+        for policy in self.policies:
+            facts.update(policy.summary(self))
+        return facts
 
     def on_train_epoch_end(self) -> None:
         self.policies_epoch_end("train")

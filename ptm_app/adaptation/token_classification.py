@@ -15,6 +15,7 @@ import torch
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
 from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec
 from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.datasets import _index
 from ptm_app.data.collators import TokenLabelCollator
@@ -40,6 +41,8 @@ class TokenClassificationModule(TaskModule):
             teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's; the soft targets are
             per labelled token (each word's first sub-token).
         qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
+        pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
     """
 
     head = "token_classification"
@@ -48,7 +51,8 @@ class TokenClassificationModule(TaskModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
                  gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
-                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None):
+                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
+                 pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.predictions: list[dict] = []
 

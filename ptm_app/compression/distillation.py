@@ -15,7 +15,7 @@ from ptm_app.adaptation.classification import SequenceClassificationModule
 from ptm_app.backbones.build import max_positions
 from ptm_app.compression.students import (SharedStudent, StudentLayers, as_shared_student, chosen_layers,
                                           copy_teacher_embeddings, shared_student, student_from_teacher)
-from ptm_app.compression.teacher import TeacherInputs, same_vocabulary, size_facts
+from ptm_app.compression.teacher import TeacherInputs, same_vocabulary
 from ptm_app.compression.teacher_loss import (TOKEN_LOSSES, Distillation, DistillSpec,  # noqa: F401 (older imports)
                                               TeacherLoss, as_distill_spec)
 from ptm_app.errors import PtmError
@@ -142,10 +142,6 @@ class DistillationModule(SequenceClassificationModule):
         facts = self.data_facts
         limit = [n for n in (max_positions(self.teacher), facts.max_length if facts else None) if n]
         return TeacherInputs(base, tokenizer, teacher_tok, min(limit) if limit else 512)
-
-    def summary_facts(self) -> dict:
-        """The student's and the teacher's parameter counts for ``summary.json`` (shared weights count once)."""
-        return size_facts(self.backbone, self.teacher)
 
     # -- checkpoints: the teacher by name, never its weights ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

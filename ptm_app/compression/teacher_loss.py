@@ -22,7 +22,7 @@ from ptm_app.backbones.layers import hidden_width
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.compression import losses
 from ptm_app.compression.layer_maps import LayerMap, layer_pairs
-from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher, same_vocabulary
+from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher, same_vocabulary, size_facts
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.parts import SoftTargets
 from ptm_app.training.policy import BackbonePolicy
@@ -340,6 +340,10 @@ class TeacherLoss(BackbonePolicy):
             values = module.kind.compute(self.reference, lambda: module.data_facts.records(SPLITS["val"]))
             module.log_dict({f"val/teacher_{k}": v for k, v in values.items()})
             self.logged = True
+
+    def summary(self, module) -> dict:
+        """The student's and the teacher's parameter counts for ``summary.json`` (shared weights count once)."""
+        return size_facts(module.backbone, self.teacher)
 
     # -- checkpoints: the teacher by name, never its weights ------------------------------------------------------
     def save(self, module, checkpoint: dict) -> None:

@@ -3,10 +3,12 @@ its training, instead of a mixin or a subclass (docs/design.md principle 10).
 
 ``PtmModule.configure_model`` builds the backbone, then runs each policy's ``apply`` in order; checkpoint save /
 load run each policy's ``save`` / ``load``.  A task module (``adaptation.task_module.TaskModule``) also asks its
-policies for a training loss that replaces the task's (a teacher's: ``compression.teacher_loss``), lets them
-watch evaluation batches and tells them when an epoch ends.  The policies themselves live with their concept:
-``adaptation.policies`` (delta tuning, frozen features, ``init_from``, L2-SP), ``compression.teacher_loss``
-(knowledge distillation) and ``compression.fake_quant`` (quantization-aware training)."""
+policies for a training loss that replaces the task's (a teacher's: ``compression.teacher_loss``), calls them before
+each training batch and after each optimiser step (pruning's schedule and masks), lets them watch evaluation
+batches, tells them when an epoch ends and adds their facts to ``summary.json``.  The policies themselves live with
+their concept: ``adaptation.policies`` (delta tuning, frozen features, ``init_from``, L2-SP),
+``compression.teacher_loss`` (knowledge distillation), ``compression.fake_quant`` (quantization-aware training) and
+``compression.pruning_policy`` (layer, head and magnitude pruning)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -38,11 +40,21 @@ class BackbonePolicy:
         ``train/<name>``), or None to keep the task's."""
         return None
 
+    def train_batch_start(self, module) -> None:
+        """Before each training batch (at ``module.global_step``)."""
+
+    def optimizer_stepped(self, module) -> None:
+        """After each optimiser step."""
+
     def eval_step(self, module, stage: str, batch: dict, outputs: Any) -> None:
         """Watch one ``val`` / ``test`` batch (``outputs``: the module's)."""
 
     def epoch_end(self, module, stage: str) -> None:
         """An epoch of ``stage`` (``train``, ``val``, ``test``) ended (for ``train`` also called when the fit ends)."""
+
+    def summary(self, module) -> dict:
+        """Facts for the run's ``summary.json`` (sizes, sparsity ...)."""
+        return {}
 
     def save(self, module, checkpoint: dict) -> None:
         """Write what the policy owns into ``checkpoint`` (plain data only: weights-only loading)."""

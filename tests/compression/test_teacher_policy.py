@@ -70,7 +70,7 @@ def test_sequence_kd_is_the_plain_soft_target_loss():
     student, teacher = torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), torch.randn(5, 3)
     got = kind_soft_target_loss(task_kind("sequence").soft_targets, student, teacher, {}, 3.0)
     assert torch.equal(got, soft_target_loss(student, teacher, 3.0))
-    assert task_kind("regression").soft_targets is None  # a value has no distribution: distill refuses it
+    assert task_kind("regression").soft_targets is None  # a value has no distribution: no distill on regression
 
 
 LABELS = ["DET", "NOUN", "VERB", "X"]
@@ -239,3 +239,37 @@ def test_qat_policy_on_a_tagger_fake_quantizes_every_linear_as_quant_aware_modul
     with torch.no_grad():
         assert torch.equal(old(ids), new(ids))
     assert set(old.state_dict()) == set(new.state_dict())  # qat_ranges.* where older checkpoints have them
+
+
+# -- pruning as a policy ---------------------------------------------------------------------------------------------
+def test_pruning_policy_prunes_a_tagger_layers_heads_and_weights_through_main(tmp_path):
+    """``pruning`` on a TokenClassificationModule: a layer dropped, one head of layer 0 removed at step 1 (scored and
+    sliced as for classification), magnitude sparsity 0.5 kept through the steps after it; the checkpoint reloads
+    the smaller model and the summary reports it."""
+    import json
+
+    from ptm_app.adaptation.token_classification import TokenClassificationModule
+    from ptm_app.compression.magnitude import prunable_weights, sparsity_of
+    from tests.task_kinds.test_every_kind import splits, tagged
+
+    root = splits(tmp_path / "tags", tagged)
+    pruning = {"layers": {"drop": "top", "k": 1}, "heads": {"heads": {0: [1]}, "start_step": 1},
+               "magnitude": {"sparsity": 0.5, "start_step": 2}}
+    cfg = {"seed_everything": 5, "trainer": {"max_steps": 4, "val_check_interval": 4, "limit_val_batches": 1,
+                                             **QUIET},
+           "model": {"class_path": "TokenClassificationModule",
+                     "init_args": {"backbone_config": {**TINY_BERT, "num_hidden_layers": 3}, "pruning": pruning,
+                                   "optim": {"lr": 1e-2, "warmup": 0}}},
+           "data": {"class_path": "TokenTaskDataModule",
+                    "init_args": {"source": str(root), "max_length": 16, "batch_size": 8, "tokenizer": WORDPIECE}}}
+    path = tmp_path / "prune_tags.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(path)], runs) == 0
+    facts = json.loads((runs / "prune_tags" / "summary.json").read_text())["compression"]
+    assert facts["num_hidden_layers"] == 2 and facts["dropped_layers"] == [3]
+    assert facts["heads_per_layer"] == [1, 2] and facts["sparsity"] == pytest.approx(0.5, abs=0.01)
+    module = TokenClassificationModule.load_from_checkpoint(runs / "prune_tags" / "checkpoints" / "last.ckpt")
+    assert module.backbone.config.num_hidden_layers == 2
+    assert sparsity_of(prunable_weights(module.backbone).values()) == pytest.approx(0.5, abs=0.01)
+    assert module.style() == "pruning"
