@@ -143,6 +143,34 @@ def test_a_tagger_trained_on_its_teachers_soft_targets_moves_toward_the_teacher(
     assert after[1] < 0.4 * before[1], (before, after)
 
 
+def test_a_choice_student_learns_the_teachers_distribution_over_the_choices(tmp_path):
+    """Multiple choice: the teacher reads the same [B, choices, L] inputs, and kd is Hinton's loss over each
+    question's choice scores."""
+    from ptm_app.adaptation.choice import MultipleChoiceModule
+    from ptm_app.compression.losses import soft_target_loss
+    from ptm_app.compression.teacher_loss import TeacherLoss
+
+    config = {**TINY_BERT, "vocab_size": 60}
+    torch.manual_seed(1)
+    MultipleChoiceModule(backbone_config=config, num_choices=3).build().backbone.save_pretrained(tmp_path / "t")
+    torch.manual_seed(2)
+    student = MultipleChoiceModule(backbone_config=config, num_choices=3,
+                                   distill={"teacher": str(tmp_path / "t"), "kd": 1.0, "hard": 1.0}).build().eval()
+    g = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(5, 60, (6, 7), generator=g), "labels": torch.tensor([0, 2]),
+             "attention_mask": torch.ones(6, 7, dtype=torch.long)}
+    policy = student.policy(TeacherLoss)
+    with torch.no_grad():
+        loss, parts = policy.training_loss(student, batch)
+        scores, teacher = student(batch), policy.teacher_forward(student, batch, hidden=False)[1]
+    assert scores.shape == teacher.shape == (2, 3)
+    assert float(parts["kd"]) > 0
+    assert float(parts["kd"]) == pytest.approx(float(soft_target_loss(scores, teacher, 2.0)), rel=1e-5)
+    assert float(parts["hard"]) == pytest.approx(float(torch.nn.functional.cross_entropy(scores, batch["labels"])),
+                                                 rel=1e-5)
+    assert float(loss) == pytest.approx(float(parts["kd"] + parts["hard"]), rel=1e-5)
+
+
 def test_distill_on_a_kind_without_soft_targets_and_without_a_teacher_is_one_line(tmp_path):
     from ptm_app.adaptation.classification import SequenceRegressionModule, SequenceClassificationModule
     from ptm_app.errors import PtmError
