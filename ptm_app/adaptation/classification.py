@@ -125,7 +125,7 @@ class SequenceRegressionModule(SequenceClassificationModule):
     on the [CLS] state, mean-squared error loss; logs ``val/pearson``, ``val/spearman``, ``val/mse`` (and
     ``test/*``); ``predict`` writes one value per example.  Takes every ``SequenceClassificationModule``
     option but the label set and ``distill`` (a value has no distribution to distil): delta tuning, ``init_from``,
-    L2-SP, ``qat``.
+    L2-SP, ``qat``, ``pruning``.
     """
 
     task_kind = "regression"
@@ -134,7 +134,7 @@ class SequenceRegressionModule(SequenceClassificationModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=3e-5), gradient_checkpointing: bool = False, l2_sp: float = 0.0,
                  init_from: Optional[InitFrom] = None, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
-                 qat: Optional[QATSpec] = None):
+                 qat: Optional[QATSpec] = None, pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, None, optim, gradient_checkpointing, l2_sp, init_from, delta,
                          delta_only)
 
