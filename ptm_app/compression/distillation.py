@@ -129,6 +129,13 @@ class DistillationModule(SequenceClassificationModule):
         rank_zero_info(f"student: teacher layers {layers} of {self.teacher.config.num_hidden_layers}")
         return student_from_teacher(self.teacher, layers, **updates)
 
+    def configure_model(self) -> None:
+        """The teacher is checked whenever the student is built (its students are made from the teacher anyway)."""
+        fresh = self.backbone is None
+        super().configure_model()
+        if fresh:
+            self.teaching.check(self)
+
     def make_collator(self, tokenizer, seed: int = 0):
         """A teacher with another vocabulary reads each example again, tokenized its way (logit losses only)."""
         base = super().make_collator(tokenizer, seed)

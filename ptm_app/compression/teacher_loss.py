@@ -111,8 +111,8 @@ class TeacherLoss(BackbonePolicy):
     metrics are logged once (the first validation after the sanity check) as ``val/teacher_<metric>``.
 
     ``same_vocabulary_for``: settings of the module beyond the losses that need the teacher's vocabulary (named in
-    the refusal).  The teacher is loaded and checked when a fit (or ``build()``) builds the student, else on its
-    first use."""
+    the refusal).  The teacher is loaded and checked when a fit builds the student, else on its first use: a
+    distilled student predicts, exports and serves without it."""
 
     def __init__(self, spec: Distillation, model_class: str, same_vocabulary_for: tuple[str, ...] = ()):
         self.spec = spec
@@ -139,7 +139,7 @@ class TeacherLoss(BackbonePolicy):
     def apply(self, module, fresh: bool, fitting: bool) -> None:
         if fresh:
             self.checked = False
-            if fitting or module._trainer is None:
+            if fitting:
                 self.check(module)
 
     def check(self, module) -> None:
@@ -356,6 +356,10 @@ class TeacherLoss(BackbonePolicy):
 
     def load(self, module, checkpoint: dict) -> None:
         self.logged = bool(checkpoint.get(CKPT_KEY, {}).get("teacher_logged"))
+        if getattr(module, "distill_projection", None) is None:  # loaded to predict or export: W_h only trains
+            state = checkpoint.get("state_dict", {})
+            for key in [k for k in state if k.startswith("distill_projection.")]:
+                del state[key]
 
 
 def kind_soft_target_loss(targets: SoftTargets, student: Any, teacher: Any, batch: dict,

@@ -203,13 +203,15 @@ def qa_config(tmp_path, name: str, root, model: dict, steps: int) -> str:
 
 def test_qa_student_distils_start_and_end_from_a_teacher_resumes_and_exports(tmp_path):
     from ptm_app.adaptation.qa import QuestionAnsweringModule
+    from ptm_app.compression.teacher_loss import TeacherLoss
     from tests.task_kinds.test_every_kind import qa_rows, splits
 
     root = splits(tmp_path / "qa", qa_rows)
     runs = tmp_path / "runs"
     teacher = {"backbone_config": {**TINY_BERT, "num_hidden_layers": 3}}
     assert run_main(["fit", "--config", qa_config(tmp_path, "teacher", root, teacher, 4)], runs) == 0
-    student = {"backbone_config": {**TINY_BERT, "num_hidden_layers": 1},
+    narrow = {**TINY_BERT, "num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32}  # W_h: 16 -> 32
+    student = {"backbone_config": narrow,
                "distill": {"teacher": str(runs / "teacher"), "temperature": 2.0, "kd": 0.5, "hard": 0.5,
                            "hidden": 1.0, "layer_map": "uniform"}}
     path = qa_config(tmp_path, "student", root, student, 4)
@@ -225,8 +227,10 @@ def test_qa_student_distils_start_and_end_from_a_teacher_resumes_and_exports(tmp
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["hyper_parameters"]["distill"]["teacher"] == str((runs / "teacher").resolve())
     assert not any("teacher" in k for k in ckpt["state_dict"]) and ckpt["ptm_app"]["teacher_logged"] is True
+    assert ckpt["state_dict"]["distill_projection.weight"].shape == (32, 16)  # TinyBERT's W_h, kept for resume
     module = QuestionAnsweringModule.load_from_checkpoint(runs / "full" / "checkpoints" / "last.ckpt")
     assert module.backbone.config.num_hidden_layers == 1
+    assert module.policy(TeacherLoss).frozen._model is None  # the student loads (predicts, exports) without it
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(tmp_path / "x")], runs) == 0
     assert (tmp_path / "x" / "config.json").exists()
 
