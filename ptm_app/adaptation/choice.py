@@ -13,6 +13,9 @@ import torch
 
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec
+from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.collators import ChoiceCollator
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
@@ -26,6 +29,12 @@ class MultipleChoiceModule(TaskModule):
         num_choices: choices per question; by default the data module's.
         optim: optimiser and schedule.
         delta / delta_only: parameter-efficient tuning (``backbones.delta.DeltaSpec``), as for classification.
+        distill: distil from a teacher of the same model class (``compression.teacher_loss.Distillation``: the
+            teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's; the soft targets are
+            the distribution over each question's choices.
+        qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
+        pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
     """
 
     model_class = "multiple_choice"
@@ -33,7 +42,9 @@ class MultipleChoiceModule(TaskModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  num_choices: Optional[int] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
-                 gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+                 gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
+                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
+                 pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:
@@ -55,11 +66,11 @@ class MultipleChoiceModule(TaskModule):
     def make_collator(self, tokenizer, seed: int = 0) -> ChoiceCollator:
         return ChoiceCollator(pad_token_id=tokenizer.pad_token_id)
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        """Choice scores [B, num_choices] from the collator's [B·num_choices, L] pairs."""
+    def backbone_inputs(self, batch: dict) -> dict:
+        """The collator's [B·num_choices, L] pairs as [B, num_choices, L] (the model gives choice scores
+        [B, num_choices])."""
         n = self.hparams.num_choices
-        inputs = {k: v.view(-1, n, v.shape[-1]) for k, v in self.model_inputs(batch).items()}
-        return self.backbone(**inputs).logits
+        return {k: v.view(-1, n, v.shape[-1]) for k, v in self.model_inputs(batch).items()}
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """Every choice's probability (``training.callbacks.PredictionWriter`` writes the rows)."""

@@ -11,6 +11,9 @@ import torch
 from ptm_app.adaptation.chaining import InitFrom
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec
+from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.label_scores import positive_index
@@ -46,6 +49,11 @@ class SequenceClassificationModule(TaskModule):
             it must be the data's kind.
         adversarial: FreeLB adversarial training in the word-embedding space (``training.adversarial.FreeLB``,
             Zhu et al. 2020): each step trains on K perturbed copies of the batch; the defence ``attack`` measures.
+        distill: distil from a teacher of the same model class (``compression.teacher_loss.Distillation``: the
+            teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's.
+        qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
+        pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
     """
 
     model_class = "sequence_classification"
@@ -56,7 +64,9 @@ class SequenceClassificationModule(TaskModule):
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, l2_sp: float = 0.0, init_from: Optional[InitFrom] = None,
                  delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None,
-                 kind: Optional[str] = None, adversarial: Optional[FreeLB] = None):
+                 kind: Optional[str] = None, adversarial: Optional[FreeLB] = None,
+                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
+                 pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         if adversarial is not None:  # checked now; a plain dict in the hparams (weights-only checkpoints)
             self.hparams["adversarial"] = asdict(adversarial if isinstance(adversarial, FreeLB)
@@ -106,9 +116,6 @@ class SequenceClassificationModule(TaskModule):
     def make_collator(self, tokenizer, seed: int = 0) -> PadCollator:
         return PadCollator(pad_token_id=tokenizer.pad_token_id)
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        return self.backbone(**self.model_inputs(batch)).logits
-
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """The kind's scores: every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
         return {"keys": batch["keys"], **self.kind.scores(self(batch), self)}
@@ -118,7 +125,8 @@ class SequenceRegressionModule(SequenceClassificationModule):
     """Fine-tuning for a real-valued target (GLUE's STS-B: Wang et al. 2019 §3; BERT §4.1): one linear output
     on the [CLS] state, mean-squared error loss; logs ``val/pearson``, ``val/spearman``, ``val/mse`` (and
     ``test/*``); ``predict`` writes one value per example.  Takes every ``SequenceClassificationModule``
-    option but the label set (delta tuning, ``init_from``, L2-SP).
+    option but the label set and ``distill`` (a value has no distribution to distil): delta tuning, ``init_from``,
+    L2-SP, ``qat``, ``pruning``.
     """
 
     task_kind = "regression"
@@ -126,7 +134,8 @@ class SequenceRegressionModule(SequenceClassificationModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=3e-5), gradient_checkpointing: bool = False, l2_sp: float = 0.0,
-                 init_from: Optional[InitFrom] = None, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+                 init_from: Optional[InitFrom] = None, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
+                 qat: Optional[QATSpec] = None, pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, None, optim, gradient_checkpointing, l2_sp, init_from, delta,
                          delta_only)
 

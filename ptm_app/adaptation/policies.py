@@ -3,7 +3,8 @@
 
 A module lists its policies (``PtmModule.make_policies``, from its settings); ``PtmModule.configure_model`` builds the
 backbone, then runs each policy's ``apply`` in order, and every checkpoint save / load runs each policy's ``save`` /
-``load``, so each policy saves and restores what it owns.  The policies:
+``load``, so each policy saves and restores what it owns (the hooks: ``training.policy.BackbonePolicy``).  The
+fine-tuning policies here:
 
 * ``Delta``: parameter-efficient tuning (Ding et al. 2023 §3; ``backbones.delta``), with delta-only checkpoints
   (the frozen base is rebuilt from its source on load).
@@ -13,6 +14,9 @@ backbone, then runs each policy's ``apply`` in order, and every checkpoint save 
   when a fit builds the module (Howard & Ruder 2018 §3; ``adaptation.chaining``).
 * ``L2SP``: the L2-SP penalty ``α/2·‖w − w⁰‖²`` pulling the pre-trained encoder towards its starting point
   against catastrophic forgetting (Li et al. 2018).
+
+Compression's policies are ``compression.teacher_loss.TeacherLoss`` (knowledge distillation from a teacher) and
+``compression.fake_quant.FakeQuant`` (Q8BERT's quantization-aware training).
 """
 from __future__ import annotations
 
@@ -27,35 +31,11 @@ from torch import nn
 from ptm_app.adaptation.chaining import InitFrom as InitFromSpec, apply_init_from, as_init_from, freeze_prefixes
 from ptm_app.backbones.delta import (PROMPT_METHODS, DeltaSpec, apply_delta, as_delta_spec, delta_state_dict,
                                     trainable_report, transformers_model)
+from ptm_app.backbones.layers import hidden_width
 from ptm_app.backbones.scalar_mix import ScalarMix
 from ptm_app.checkpoints import CKPT_KEY, restore_frozen_base, strip_frozen_base
 from ptm_app.errors import PtmError
-
-
-class BackbonePolicy:
-    """One behaviour on the backbone; every hook is a no-op unless the policy needs it."""
-
-    def apply(self, module, fresh: bool, fitting: bool) -> None:
-        """Run on each ``configure_model`` call (``fresh``: the backbone was just built; ``fitting``: by a fit);
-        a policy may replace ``module.backbone``."""
-
-    def virtual_positions(self) -> int:
-        """Positions the policy puts before the input (soft prompts)."""
-        return 0
-
-    def style(self) -> Optional[str]:
-        """What the run is, for results tables; None leaves it to the module or another policy."""
-        return None
-
-    def penalty(self, module) -> Optional[tuple[str, torch.Tensor]]:
-        """A ``(name, value)`` term added to the training loss, or None."""
-        return None
-
-    def save(self, module, checkpoint: dict) -> None:
-        """Write what the policy owns into ``checkpoint`` (plain data only: weights-only loading)."""
-
-    def load(self, module, checkpoint: dict) -> None:
-        """Read it back, before Lightning loads ``checkpoint['state_dict']``."""
+from ptm_app.training.policy import BackbonePolicy
 
 
 class Delta(BackbonePolicy):
@@ -136,8 +116,8 @@ class FrozenFeatures(BackbonePolicy):
 
     @staticmethod
     def width(backbone) -> int:
-        """The feature width (the BiLSTM's ``[h→; h←]`` is ``output_dim``)."""
-        return getattr(backbone.config, "output_dim", None) or backbone.config.hidden_size
+        """The feature width (``backbones.layers.hidden_width``)."""
+        return hidden_width(backbone)
 
     def token_features(self, module, batch: dict) -> torch.Tensor:
         """Per-token features [B, T, D] of the chosen representation (gradients reach only the mix).  An
@@ -225,15 +205,17 @@ class WeightAnchor(nn.Module):
 
 
 def fine_tuning_policies(delta: Optional[DeltaSpec | dict] = None, delta_only: bool = True,
-                         init_from: Optional[InitFromSpec | dict] = None, l2_sp: float = 0.0) -> list[BackbonePolicy]:
+                         init_from: Optional[InitFromSpec | dict] = None, l2_sp: float = 0.0,
+                         reshaping: tuple[BackbonePolicy, ...] = ()) -> list[BackbonePolicy]:
     """The policies a fine-tuning module's ``delta`` / ``delta_only`` / ``init_from`` / ``l2_sp`` settings ask for,
-    in the order they apply: the delta on the fresh backbone, the earlier stage's weights, then the anchor of what
-    trains."""
+    in the order they apply: the delta on the fresh backbone, the earlier stage's weights, the policies that reshape
+    the model (``reshaping``: pruning drops layers of the loaded weights), then the anchor of what trains."""
     policies: list[BackbonePolicy] = []
     if delta is not None:
         policies.append(Delta(delta, delta_only))
     if init_from is not None:
         policies.append(InitFrom(init_from))
+    policies.extend(reshaping)
     if l2_sp:
         policies.append(L2SP(l2_sp))
     return policies

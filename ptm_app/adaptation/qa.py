@@ -19,7 +19,10 @@ from typing import Optional
 import torch
 
 from ptm_app.adaptation.task_module import TaskModule
-from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
+from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec
+from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.collators import QACollator
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.spans import SPLITS, Answer, BestSpans, answer_row, epoch_answers
@@ -41,6 +44,12 @@ class QuestionAnsweringModule(TaskModule):
         max_answer_length: longest answer considered, in tokens.
         n_best: start and end candidates per window.
         null_answer: questions may have no answer (SQuAD 2.0): "no answer" below a threshold tuned on validation.
+        distill: distil from a teacher of the same model class (``compression.teacher_loss.Distillation``: the
+            teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's; the soft targets are
+            the start and the end distributions over each window's real tokens.
+        qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
+        pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
     """
 
     model_class = "question_answering"
@@ -50,7 +59,9 @@ class QuestionAnsweringModule(TaskModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
-                 delta_only: bool = True, null_answer: bool = False):
+                 delta_only: bool = True, null_answer: bool = False, distill: Optional[Distillation] = None,
+                 qat: Optional[QATSpec] = None,
+                 pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def connect_data(self, facts) -> None:
@@ -65,10 +76,9 @@ class QuestionAnsweringModule(TaskModule):
     def make_collator(self, tokenizer, seed: int = 0) -> QACollator:
         return QACollator(pad_token_id=tokenizer.pad_token_id)
 
-    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def outputs(self, model_output, virtual: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Start and end logits [B, T] over the input tokens (prompt / P-tuning's virtual tokens dropped)."""
-        out, virtual = self.backbone(**self.model_inputs(batch)), prepended_tokens(self.backbone)
-        return out.start_logits[:, virtual:].float(), out.end_logits[:, virtual:].float()
+        return model_output.start_logits[:, virtual:].float(), model_output.end_logits[:, virtual:].float()
 
     def null_threshold(self) -> Optional[float]:
         """τ tuned on validation (None: the model always answers with a span)."""

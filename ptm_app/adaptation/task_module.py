@@ -1,6 +1,7 @@
 """The base of every single-task adaptation module: the task's loss, metrics and evaluation come from its task kind
-(``task_kinds.registry``: the same entries ``MultitaskModule`` uses), and the backbone's behaviours (delta tuning,
-``init_from``, L2-SP, frozen features) from policies (``adaptation.policies``), not from mixins."""
+(``task_kinds.registry``: the same entries ``MultitaskModule`` uses), and the backbone's behaviours from policies,
+not from mixins or subclasses: delta tuning, ``init_from``, L2-SP, frozen features (``adaptation.policies``), a
+teacher's loss (``compression.teacher_loss``) and quantization-aware training (``compression.fake_quant``)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -9,8 +10,13 @@ import torch
 from torch import nn
 
 from ptm_app.adaptation.policies import BackbonePolicy, fine_tuning_policies
+from ptm_app.backbones.delta import prepended_tokens
+from ptm_app.compression.fake_quant import FakeQuant
+from ptm_app.compression.pruning_policy import Pruning
+from ptm_app.compression.teacher_loss import TeacherLoss, as_distillation
 from ptm_app.task_kinds.spans import SPLITS
 from ptm_app.checkpoints import CKPT_KEY
+from ptm_app.errors import PtmError
 from ptm_app.task_kinds.registry import TaskKind, task_kind
 from ptm_app.training.module import PtmModule
 
@@ -20,8 +26,13 @@ class TaskModule(PtmModule):
 
     ``forward(batch)`` returns the kind's outputs (label scores, values, tag scores, span logits or choice scores);
     training, ``val/*`` and ``test/*`` logging follow from the task kind's entry, and so do ``predict --text``'s rows
-    (``predicts_rows = False``: a module whose ``predict_step`` is its own, e.g. prompting's label scoring).  The fine-tuning settings ``delta``,
-    ``delta_only``, ``init_from`` and ``l2_sp``, where a subclass takes them, become policies.
+    (``predicts_rows = False``: a module whose ``predict_step`` is its own, e.g. prompting's label scoring).  The
+    settings ``delta``, ``delta_only``, ``init_from``, ``l2_sp``, ``pruning`` (``compression.pruning_policy
+    .PruneSpec``), ``distill`` (``compression.teacher_loss.Distillation``) and ``qat``
+    (``compression.fake_quant.QATSpec``), where a subclass takes them, become policies.
+
+    ``forward(batch)`` is ``outputs(backbone(**backbone_inputs(batch)))``: a subclass says how its batch feeds the
+    model and how the model's output becomes the kind's, so a teacher of the same model class is read the same way.
     """
 
     task_kind: str = "sequence"
@@ -30,7 +41,32 @@ class TaskModule(PtmModule):
 
     def make_policies(self) -> list[BackbonePolicy]:
         hp = self.hparams
-        return fine_tuning_policies(hp.get("delta"), hp.get("delta_only", True), hp.get("init_from"), hp.get("l2_sp", 0.0))
+        pruning = Pruning(hp.pruning) if hp.get("pruning") is not None else None
+        if pruning is not None and pruning.spec.heads is not None and hp.get("qat") is not None:
+            raise PtmError("pruning.heads replaces the attention's linear layers, which qat has made fake-quantized; "
+                           "prune first, then train the pruned run with qat")
+        policies = fine_tuning_policies(hp.get("delta"), hp.get("delta_only", True), hp.get("init_from"),
+                                        hp.get("l2_sp", 0.0), (pruning,) if pruning is not None else ())
+        distill = as_distillation(hp.get("distill"))
+        if distill is not None:
+            if hp.get("adversarial"):
+                raise PtmError("adversarial (FreeLB) and distill each replace the training loss; give only one")
+            policies.append(TeacherLoss(distill, self.model_class))
+        if hp.get("qat") is not None:
+            policies.append(FakeQuant(hp.qat))
+        return policies
+
+    # -- the model's inputs and outputs ----------------------------------------------------------------------------
+    def backbone_inputs(self, batch: dict) -> dict:
+        """The backbone's keyword inputs for ``batch``."""
+        return self.model_inputs(batch)
+
+    def outputs(self, model_output: Any, virtual: int = 0) -> Any:
+        """The kind's outputs from the backbone's output (``virtual``: soft-prompt positions to drop)."""
+        return model_output.logits
+
+    def forward(self, batch: dict) -> Any:
+        return self.outputs(self.backbone(**self.backbone_inputs(batch)), prepended_tokens(self.backbone))
 
     def default_style(self) -> str:
         return "full fine-tuning"
@@ -77,6 +113,10 @@ class TaskModule(PtmModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         n = self.batch_size(batch)
+        for policy in self.policies:  # a teacher's loss replaces the task's
+            replaced = policy.training_loss(self, batch)
+            if replaced is not None:
+                return self.add_penalties(self.log_train_losses(*replaced, n), n)
         adversarial = self.hparams.get("adversarial")
         if adversarial:  # FreeLB: the mean loss over K perturbed copies of the embeddings (training.adversarial)
             from ptm_app.training.adversarial import FreeLB, freelb_loss
@@ -92,6 +132,8 @@ class TaskModule(PtmModule):
         out = self(batch)
         self.log(f"{stage}/loss", self.kind.loss(out, batch), batch_size=self.batch_size(batch))
         self.kind.update(self.stage_metrics[stage], out, batch, self.eval_settings())
+        for policy in self.policies:
+            policy.eval_step(self, stage, batch, out)
         return out
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
@@ -107,9 +149,37 @@ class TaskModule(PtmModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val")
+        self.policies_epoch_end("val")
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
+        self.policies_epoch_end("test")
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        for policy in self.policies:
+            policy.train_batch_start(self)
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        for policy in self.policies:
+            policy.optimizer_stepped(self)
+
+    def summary_facts(self) -> dict:
+        """Every policy's facts for ``summary.json`` (a student's and its teacher's sizes, a pruned model's ...)."""
+        facts: dict = {}
+        for policy in self.policies:
+            facts.update(policy.summary(self))
+        return facts
+
+    def on_train_epoch_end(self) -> None:
+        self.policies_epoch_end("train")
+
+    def on_train_end(self) -> None:
+        self.policies_epoch_end("train")
+
+    def policies_epoch_end(self, stage: str) -> None:
+        for policy in self.policies:
+            policy.epoch_end(self, stage)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -118,8 +188,6 @@ class TaskModule(PtmModule):
 
 def output_layer(model: nn.Module, width: int) -> nn.Linear:
     """The task head's last linear layer: the last ``nn.Linear`` of ``model`` with ``width`` outputs and a bias."""
-    from ptm_app.errors import PtmError
-
     found = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == width and m.bias is not None]
     if not found:
         raise PtmError(f"{type(model).__name__} has no output layer of {width} features with a bias to initialise")

@@ -13,7 +13,10 @@ from typing import Optional
 import torch
 
 from ptm_app.adaptation.task_module import TaskModule
-from ptm_app.backbones.delta import DeltaSpec, prepended_tokens
+from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec
+from ptm_app.compression.teacher_loss import Distillation
 from ptm_app.data.datasets import _index
 from ptm_app.data.collators import TokenLabelCollator
 from ptm_app.errors import PtmError
@@ -34,6 +37,12 @@ class TokenClassificationModule(TaskModule):
             adapters, lora, ia3, prefix, prompt, ptuning, bitfit); only the delta (+ head) trains.  The
             outputs at prompt / P-tuning's virtual tokens are dropped, so logits line up with the labels.
         delta_only: checkpoints then hold only the delta weights; the frozen base is rebuilt from ``backbone``.
+        distill: distil from a teacher of the same model class (``compression.teacher_loss.Distillation``: the
+            teacher and the loss weights; Hinton et al. 2015 §2): its loss replaces the task's; the soft targets are
+            per labelled token (each word's first sub-token).
+        qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
+        pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
     """
 
     model_class = "token_classification"
@@ -41,7 +50,9 @@ class TokenClassificationModule(TaskModule):
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
-                 gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True):
+                 gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
+                 distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
+                 pruning: Optional[PruneSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.predictions: list[dict] = []
 
@@ -61,9 +72,9 @@ class TokenClassificationModule(TaskModule):
     def make_collator(self, tokenizer, seed: int = 0) -> TokenLabelCollator:
         return TokenLabelCollator(pad_token_id=tokenizer.pad_token_id)
 
-    def forward(self, batch: dict) -> torch.Tensor:
+    def outputs(self, model_output, virtual: int = 0) -> torch.Tensor:
         """Tag logits [B, T, labels], one per input token (prompt / P-tuning's virtual tokens dropped)."""
-        return self.backbone(**self.model_inputs(batch)).logits[:, prepended_tokens(self.backbone):]
+        return model_output.logits[:, virtual:]
 
     def word_tags(self, ids: torch.Tensor, where: torch.Tensor) -> list[list[str]]:
         return word_tags(self.hparams.labels, ids, where)

@@ -19,6 +19,11 @@ def _backbone(model: nn.Module) -> tuple[nn.Module, str]:
     return (backbone, "backbone.") if isinstance(backbone, nn.Module) else (model, "")
 
 
+def hidden_width(model: nn.Module) -> int:
+    """The width of a transformers model's hidden states (the BiLSTM's ``[h→; h←]`` is ``output_dim``)."""
+    return getattr(model.config, "output_dim", None) or model.config.hidden_size
+
+
 def num_layers(model: nn.Module) -> int:
     """L, the number of blocks (``config.num_hidden_layers``) of ``model`` or of its ``.backbone``."""
     backbone, _ = _backbone(model)

@@ -1,5 +1,5 @@
-"""The teacher-logits cache on disk (``DistillationModule(cache_teacher_logits=True)``): the teacher runs once per
-training example, and later epochs, a resumed run, a second run or another student of the same teacher read its
+"""The teacher-logits cache on disk (``distill.cache_teacher_logits``, ``compression.teacher_loss``): the teacher
+runs once per training example, and later epochs, a resumed run, a second run or another student of the same teacher read its
 logits instead (the soft targets of Hinton et al. 2015 §2 depend only on the teacher and the example).
 
 Keyed like the tokenize-once cache (``data/cache.py``: by the content that determines the result, so a changed input

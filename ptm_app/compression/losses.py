@@ -1,5 +1,5 @@
-"""Distillation losses, pure functions on model outputs (each weighted and logged on its own by
-``compression.distillation.DistillationModule``).
+"""Distillation losses, pure functions on model outputs (each weighted and logged on its own by the ``distill``
+policy, ``compression.teacher_loss.TeacherLoss``).
 
 * ``soft_target_loss``: Hinton et al. 2015 §2, ``T² · KL(p_T ‖ p_S)`` between the softmaxes at temperature T.
   The surveys print the soft cross-entropy without its minus sign; this is the correct, non-negative form, and

@@ -6,10 +6,9 @@
   torch.ao's API is deprecated; while it exists it is the ``torch_ao`` backend, and ``weight_only`` (int8 weights
   stored, dequantised per call: 4x smaller, no speed-up) is the fallback when it is gone
   (``tests/compression/test_quantization.py`` notices).
-* Quantization-aware fine-tuning (``QuantAwareModule``; Q8BERT, Zafrir et al. 2019 §2): symmetric linear 8-bit fake
-  quantization ``x_q = clamp(round(x · S), −127, 127) / S`` with ``S = 127 / max|x|`` of the weights (per call) and
-  of the inputs of every linear layer (``max|x|`` an exponential moving average during training), gradients passed
-  straight through (``∂x_q/∂x = 1``); the run then converts to int8 with the same weight scale.
+* Quantization-aware fine-tuning (Q8BERT, Zafrir et al. 2019 §2): the ``qat`` policy of any task module
+  (``compression.fake_quant``); ``QuantAwareModule`` is the sequence classifier that carries it (the name older
+  configs and checkpoints use).  The run then converts to int8 with the same weight scale.
 * Weights are weight-exact in both: the int8 weight is ``round(w · 127/max|w|)`` (Q8BERT's symmetric scale).
   A quantized model is a directory: the fp32 model's config and tokenizer, ``model_int8.safetensors`` (int8 weights,
   scales, every other tensor) and ``quantization.json``; it reloads without pickle, and ``predict`` runs on it.
@@ -19,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import types
 import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +27,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ptm_app.adaptation.classification import SequenceClassificationModule
-from ptm_app.checkpoints import CKPT_KEY
+from ptm_app.compression.fake_quant import (QMAX, ActivationRanges, QATSpec, disable_fake_quant,  # noqa: F401
+                                            enable_fake_quant, fake_quant_forward, fake_quantize, quantizable_linears,
+                                            symmetric_scale)
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
 
@@ -38,95 +37,13 @@ QUANT_CONFIG, QUANT_WEIGHTS = "quantization.json", "model_int8.safetensors"
 BACKENDS = ("torch_ao", "weight_only")  # dynamic int8: any fp32 model
 STATIC = "q8bert_static"  # Q8BERT's int8 with the input ranges a QAT run learned (``quantize_static_q8bert``)
 STATIC_OP = "linear_with_input_q_dq_qweight_dq_output_fp32"  # fbgemm's int8 linear with a given input scale
-QMAX = 127
-
-
-# -- Q8BERT's symmetric fake quantization ------------------------------------------------------------------------------
-def symmetric_scale(max_abs: torch.Tensor) -> torch.Tensor:
-    """``S = 127 / max|x|`` (1 for an all-zero tensor)."""
-    return QMAX / max_abs.clamp_min(1e-12) if float(max_abs) > 0 else torch.ones_like(max_abs)
-
-
-class _RoundSTE(torch.autograd.Function):
-    """``clamp(round(x·S), −127, 127)/S`` forward; the identity backward (straight-through estimator)."""
-
-    @staticmethod
-    def forward(ctx, x, scale):
-        return torch.clamp(torch.round(x * scale), -QMAX, QMAX) / scale
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-def fake_quantize(x: torch.Tensor, max_abs: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Symmetric 8-bit fake quantization of ``x`` (scale from ``max_abs``, default ``max|x|``), STE gradient."""
-    max_abs = x.detach().abs().max() if max_abs is None else max_abs
-    return _RoundSTE.apply(x, symmetric_scale(max_abs.to(x.dtype)))
-
-
-@dataclass
-class QATSpec:
-    """Args:
-        ema: decay of the moving average of each linear layer's input ``max|x|`` (Q8BERT §2).
-        activations: also fake-quantize the inputs of the linear layers (else weights only).
-    """
-
-    ema: float = 0.9999
-    activations: bool = True
-
-    def __post_init__(self):
-        if not 0.0 <= float(self.ema) < 1.0:
-            raise PtmError(f"qat.ema={self.ema} is outside [0, 1); use a decay such as 0.9999")
-
-
-class ActivationRanges(nn.Module):
-    """One EMA ``max|x|`` buffer per quantized linear layer (in the checkpoint: a resumed run continues exactly)."""
-
-    def __init__(self, names: list[str]):
-        super().__init__()
-        for name in names:
-            self.register_buffer(name.replace(".", "__"), torch.zeros(()))
-        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
-
-    def get(self, name: str) -> torch.Tensor:
-        return getattr(self, name.replace(".", "__"))
-
-
-def fake_quant_forward(ranges: ActivationRanges, name: str, spec: QATSpec):
-    """A replacement ``nn.Linear.forward`` (bound to the layer) with fake-quantized weights and inputs."""
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if spec.activations:
-            current = ranges.get(name)
-            if self.training:
-                observed = x.detach().abs().max().float()
-                current.copy_(observed if float(current) == 0 else spec.ema * current + (1 - spec.ema) * observed)
-            x = fake_quantize(x, current.to(x.dtype) if float(current) > 0 else None)
-        return F.linear(x, fake_quantize(self.weight), self.bias)
-    return forward
-
-
-def disable_fake_quant(model: nn.Module) -> nn.Module:
-    """The plain fp32 computation again (the QAT run's weights, as ``export`` writes them)."""
-    for linear in quantizable_linears(model).values():
-        linear.__dict__.pop("forward", None)
-    return model
-
-
-def quantizable_linears(model: nn.Module) -> dict[str, nn.Linear]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-
-
-def enable_fake_quant(model: nn.Module, ranges: ActivationRanges, spec: QATSpec) -> None:
-    """Every ``nn.Linear`` of ``model`` computes with fake-quantized weights and inputs (the modules, their
-    weights and state_dict stay plain: export and the int8 conversion read ordinary fp32 weights)."""
-    for name, linear in quantizable_linears(model).items():
-        linear.forward = types.MethodType(fake_quant_forward(ranges, name, spec), linear)
 
 
 class QuantAwareModule(SequenceClassificationModule):
-    """Quantization-aware fine-tuning (Q8BERT) of a sequence classifier; every ``SequenceClassificationModule``
-    setting applies.  Then ``python main.py quantize --ckpt_path RUN --output_dir DIR`` converts it to int8.
+    """A sequence classifier fine-tuned quantization-aware (Q8BERT): ``SequenceClassificationModule`` with the
+    ``qat`` policy always on (``compression.fake_quant.FakeQuant``), the name older configs and checkpoints use.
+    ``backbone`` may name a run (looked up under the runs directory).  Then ``python main.py quantize --ckpt_path
+    RUN --output_dir DIR`` converts it to int8.
 
     Args:
         qat: ``QATSpec`` (EMA decay of the activation ranges; activations on/off).
@@ -136,13 +53,8 @@ class QuantAwareModule(SequenceClassificationModule):
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, qat: QATSpec = QATSpec(),
                  positive_label: Optional[str] = None):
-        self.qat_spec = qat if isinstance(qat, QATSpec) else QATSpec(**(qat or {}))
-        self.qat_ranges = None
         super().__init__(backbone, backbone_config, labels, optim, gradient_checkpointing,
                          positive_label=positive_label)
-
-    def default_style(self) -> str:
-        return "quantization-aware (Q8BERT)"
 
     def build_model(self):
         if not self.hparams.backbone:
@@ -154,18 +66,6 @@ class QuantAwareModule(SequenceClassificationModule):
             return build_backbone(self.model_class, resolve_teacher(self.hparams.backbone),
                                   self.hparams.backbone_config,
                                   **self.config_updates())
-
-    def configure_model(self) -> None:
-        fresh = self.backbone is None
-        super().configure_model()
-        if fresh:
-            self.qat_ranges = ActivationRanges(list(quantizable_linears(self.backbone)))
-            enable_fake_quant(self.backbone, self.qat_ranges, self.qat_spec)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["hyper_parameters"]["qat"] = asdict(self.qat_spec)
-        checkpoint[CKPT_KEY]["training_only"] = ["qat_ranges."]  # export: the plain fp32 weights
 
 
 # -- dynamic int8 ----------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from torch import nn
 from ptm_app.backbones.model_classes import MODEL_CLASSES, ModelClass
 from ptm_app.data.collators import PadCollator
 from ptm_app.task_kinds.forms import InputForm
-from ptm_app.task_kinds.parts import HeadShape, Metrics, Scores
+from ptm_app.task_kinds.parts import HeadShape, Metrics, Scores, SoftTargets
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class TaskKind:
     scores: Optional[Scores] = None  # what predict_step returns for a batch's outputs
     problem_type: Optional[str] = None  # transformers' config.problem_type marking this kind on a shared class
     initial_bias: Optional[Callable[[Any], Optional[torch.Tensor]]] = None  # (data facts) -> a new head's output bias
+    soft_targets: Optional[SoftTargets] = None  # the rows a teacher's outputs teach (None: no distillation)
 
     @property
     def model(self) -> ModelClass:

@@ -5,7 +5,9 @@
 - losses: ``loss(outputs, batch) -> tensor``;
 - metrics: built per stage, updated from one batch, computed over an epoch, with the main one averaged into
   multitask ``val/macro``;
-- scores: what ``predict_step`` returns for a batch's outputs (``training.callbacks.score_rows`` writes the rows).
+- scores: what ``predict_step`` returns for a batch's outputs (``training.callbacks.score_rows`` writes the rows);
+- soft targets: the score rows a teacher's outputs teach a student's (knowledge distillation,
+  ``compression.teacher_loss``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from ptm_app.constants import IGNORE_INDEX
 from ptm_app.task_kinds.label_scores import label_metrics, regression_metrics
 from ptm_app.task_kinds.spans import (BestSpans, best_span, epoch_answers, span_loss, squad_scores,
                                      tune_null_threshold, with_null)
@@ -106,6 +109,50 @@ class SpanCrossEntropy:
 
     def __call__(self, out: tuple[torch.Tensor, torch.Tensor], batch: dict) -> torch.Tensor:
         return span_loss(*out, batch)
+
+
+# -- soft targets (knowledge distillation) -----------------------------------------------------------
+class SoftTargets:
+    """Where a kind's outputs are distributions a teacher can teach (Hinton et al. 2015 §2: the student matches
+    ``softmax(z_T/T)``): ``rows(outputs, batch)`` gives score rows [N, C], each soft-maxed over its last dimension,
+    the student's and the teacher's lining up one to one; the soft-target loss is the mean over the list of its
+    per-row mean.  ``by_label``: the last dimension is the task's label set (the teacher's logits are put in the
+    student's label order)."""
+
+    by_label = True
+
+    def rows(self, out: torch.Tensor, batch: dict) -> list[torch.Tensor]:
+        return [out]
+
+
+class PerExample(SoftTargets):
+    """One distribution per example: over the labels [B, C] (sequence), or over a question's choices (choice)."""
+
+    def __init__(self, by_label: bool = True):
+        self.by_label = by_label
+
+
+class PerLabelledToken(SoftTargets):
+    """One distribution over the tags per labelled token: the positions whose gold label is not ``IGNORE_INDEX``
+    (each word's first sub-token, BERT §4.3), never padding, special tokens or later sub-tokens: [N_labelled, C]."""
+
+    def rows(self, out: torch.Tensor, batch: dict) -> list[torch.Tensor]:
+        return [out[batch["labels"] != IGNORE_INDEX]]
+
+
+NO_POSITION = -1.0e4  # a score whose softmax weight is exactly 0 in float32 at any temperature up to 100
+
+
+class StartAndEnd(SoftTargets):
+    """Two distributions per window, over its token positions: the answer's start and its end (BERT §4.2's two
+    softmaxes).  Padding positions are set to ``NO_POSITION`` in both the student's and the teacher's scores, so
+    they take no probability and add nothing to the KL or the squared error."""
+
+    by_label = False
+
+    def rows(self, out: tuple[torch.Tensor, torch.Tensor], batch: dict) -> list[torch.Tensor]:
+        padding = ~batch["attention_mask"].bool()
+        return [scores.float().masked_fill(padding, NO_POSITION) for scores in out]
 
 
 # -- metrics -----------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ A ``TaskKind`` bundles:
 - the model card's intended use and the Hub pipeline tag;
 - its data module and the collator its examples need;
 - its head's shape (what it reads, its width, its outputs), its loss and its metrics, as small classes
-  (``task_kinds.parts``);
+  (``task_kinds.parts``), and the score rows a teacher teaches (``soft_targets``: knowledge distillation);
 - its predictions: the scores ``predict_step`` returns, and the input form (``task_kinds.forms``: what
   ``predict --text/--input`` reads and the serve request body) with the rows ``predict`` prints.
 
@@ -37,9 +37,10 @@ from ptm_app.inference import predictors
 from ptm_app.task_kinds import multilabel
 from ptm_app.task_kinds.forms import CHOICES, QA, TEXT, WORDS
 from ptm_app.task_kinds.kind import Prediction, TaskKind
-from ptm_app.task_kinds.parts import (ChoiceMetrics, Choices, CrossEntropy, LabelMetrics, MeanSquaredError, Pooled,
-                                       RegressionMetrics, Softmax, SpanCrossEntropy, SpanMetrics, Spans,
-                                       TagCrossEntropy, TaggingMetrics, Tokens, Value, Values)
+from ptm_app.task_kinds.parts import (ChoiceMetrics, Choices, CrossEntropy, LabelMetrics, MeanSquaredError,
+                                       PerExample, PerLabelledToken, Pooled, RegressionMetrics, Softmax,
+                                       SpanCrossEntropy, SpanMetrics, Spans, StartAndEnd, TagCrossEntropy,
+                                       TaggingMetrics, Tokens, Value, Values)
 
 
 def _kinds(*entries: TaskKind) -> dict[str, TaskKind]:
@@ -50,20 +51,20 @@ TASK_KINDS: dict[str, TaskKind] = _kinds(
     TaskKind("sequence", "sequence_classification",
              "labelling a text (or a text pair) with one of its labels (main.py predict)", "text-classification",
              TaskDataModule, Pooled(), CrossEntropy(), LabelMetrics(), Prediction(TEXT, predictors.label_rows),
-             scores=Softmax()),
+             scores=Softmax(), soft_targets=PerExample()),
     TaskKind("regression", "sequence_classification",
              "labelling a text (or a text pair) with one of its labels (main.py predict)", "text-classification",
              TaskDataModule, Value(), MeanSquaredError(), RegressionMetrics(), Prediction(TEXT, predictors.label_rows),
              scores=Values(), problem_type="regression"),
     TaskKind("token", "token_classification", "labelling each word of a text", "token-classification",
              TokenTaskDataModule, Tokens(), TagCrossEntropy(), TaggingMetrics(), Prediction(WORDS, predictors.tag_rows),
-             TokenLabelCollator),
+             TokenLabelCollator, soft_targets=PerLabelledToken()),
     TaskKind("qa", "question_answering", "extracting the answer span to a question from a context",
              "question-answering", QADataModule, Spans(), SpanCrossEntropy(), SpanMetrics(),
-             Prediction(QA, predictors.answer_rows), QACollator),
+             Prediction(QA, predictors.answer_rows), QACollator, soft_targets=StartAndEnd()),
     TaskKind("choice", "multiple_choice", "picking one of several candidate answers", None, MultipleChoiceDataModule,
              Choices(), CrossEntropy(), ChoiceMetrics(), Prediction(CHOICES, predictors.choice_rows), ChoiceCollator,
-             scores=Softmax()),
+             scores=Softmax(), soft_targets=PerExample(by_label=False)),
     TaskKind("generation", "seq2seq_lm", None, None, Seq2SeqDataModule, None, None, None,
              Prediction(TEXT, predictors.generation_rows)),
     multilabel.KIND,

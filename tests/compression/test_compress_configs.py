@@ -1,8 +1,9 @@
 """Every configs/compress recipe runs from YAML through main.py, resumes exactly and exports.  The teacher is
-SUBSTITUTED: instead of the run the config names (MiniLM fine-tuned on BBC by configs/adapt/minilm_full_bbc.yaml,
-MiniLM after the MLM of configs/demo/minilm_mlm_bbc.yaml ...: minutes of training), a tiny 6-layer model of the same
-kind with the config's tokenizer is trained here for 2 steps on the real BBC data under that run name (looked up
-under the runs directory); everything else in the config is as shipped, bar step counts and lengths."""
+SUBSTITUTED: instead of the run the config names (MiniLM fine-tuned on BBC by configs/adapt/minilm_full_bbc.yaml, on
+brown_pos by configs/adapt/minilm_full_brown_pos.yaml, MiniLM after the MLM of configs/demo/minilm_mlm_bbc.yaml ...:
+minutes of training), a tiny 6-layer model of the same kind with the config's tokenizer is trained here for 2 steps
+on the config's real data (BBC, brown_pos) under that run name (looked up under the runs directory); everything else
+in the config is as shipped, bar step counts and lengths.  A task module's teacher is its ``distill.teacher``."""
 import csv
 import json
 from pathlib import Path
@@ -36,14 +37,17 @@ TEACHERS = {
                                   "max_position_embeddings": 64, "tie_word_embeddings": True}, FEW_DOCUMENTS),
 }
 CLASSIFIER = ("SequenceClassificationModule", "TaskDataModule", {**TINY_BERT, "num_hidden_layers": 6}, [])
+TEACHERS["TokenClassificationModule"] = ("TokenClassificationModule", "TokenTaskDataModule",  # a tagger's: a tagger
+                                         {**TINY_BERT, "num_hidden_layers": 6}, [])
 
 
 def tiny_teacher(runs: Path, name: str, tmp: Path, student: str = "",
-                 tokenizer: dict = {"pretrained": "minilm"}) -> Path:
+                 tokenizer: dict = {"pretrained": "minilm"}, source: str = "bbc") -> Path:
     """A tiny 6-layer model of the teacher's kind for ``student`` (a BERT classifier on BBC by default; a BERT
-    masked LM on BBC ...) with the config's tokenizer (MiniLM's by default), trained 2 steps, as run ``name``."""
+    masked LM on BBC, a BERT tagger on brown_pos ...) with the config's tokenizer (MiniLM's by default), trained 2
+    steps on ``source``, as run ``name``."""
     module, datamodule, backbone, _ = TEACHERS.get(student, CLASSIFIER)
-    data = {"source": "bbc", "tokenizer": tokenizer, "max_length": 32, "batch_size": 4}
+    data = {"source": source, "tokenizer": tokenizer, "max_length": 32, "batch_size": 4}
     if datamodule == "PretrainDataModule":
         data["limit_documents"] = 64
     cfg = {"seed_everything": 1,
@@ -60,11 +64,12 @@ def tiny_teacher(runs: Path, name: str, tmp: Path, student: str = "",
 def test_catalogue_is_not_empty():
     assert {c.stem for c in COMPRESS} >= {"minilm_distill_3layer_bbc", "minilm_distill_bilstm_bbc", "minilm_distill_cnn_bbc",
                                           "minilm_distill_albert_bbc", "minilm_distill_mlm_bbc", "smollm2_distill_llama_bbc", "minilm_theseus_bbc",
-                                          "minilm_deebert_bbc", "minilm_pabee_bbc"}
+                                          "minilm_deebert_bbc", "minilm_pabee_bbc", "minilm_distill_3layer_brown_pos"}
 
 
-# over ~20 s each on 2 quiet cores (SmolLM2's or MiniLM's tokenizer over all of BBC, 6-layer MiniLM runs): slow tests
-SLOW = {"smollm2_distill_llama_bbc", "minilm_distill_mlm_bbc", "minilm_deebert_bbc", "minilm_pabee_bbc"}
+# over ~20 s each on 2 quiet cores (SmolLM2's or MiniLM's tokenizer over all of BBC or brown_pos, MiniLM runs): slow
+SLOW = {"smollm2_distill_llama_bbc", "minilm_distill_mlm_bbc", "minilm_deebert_bbc", "minilm_pabee_bbc",
+        "minilm_distill_3layer_brown_pos"}
 
 
 @pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow if c.stem in SLOW else ())
@@ -89,19 +94,28 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path, monkeypatc
             ramp_params = sum(v.numel() for k, v in ramps["state_dict"].items() if k.startswith("exits."))
             assert summary["trainable_params"] == ramp_params < summary["total_params"]  # the off-ramps alone
         return
-    reference = model["init_args"].get("teacher") or model["init_args"].get("predecessor")  # Theseus: a predecessor
+    reference = (model["init_args"].get("teacher") or model["init_args"].get("predecessor")  # Theseus: a predecessor
+                 or (model["init_args"].get("distill") or {}).get("teacher"))  # a task module's distill policy
     if reference is None:  # a recipe without a teacher: as shipped, bar the lengths
         assert_resumes_exactly(["fit", "--config", str(config), *QUICK], runs, stop=2, steps=4)
         assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(tmp_path / "x")], runs) == 0
         return
-    teacher = tiny_teacher(runs, Path(reference).name, tmp_path, model["class_path"], tokenizer)
+    source = yaml.safe_load(config.read_text())["data"]["init_args"]["source"]
+    teacher = tiny_teacher(runs, Path(reference).name, tmp_path, model["class_path"], tokenizer, source)
     extras = TEACHERS.get(model["class_path"], CLASSIFIER)[3]
     assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *extras], runs, stop=2, steps=4)
     ckpt = torch.load(runs / "full" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["hyper_parameters"].get("teacher", ckpt["hyper_parameters"].get("predecessor")) == \
+    hparams = ckpt["hyper_parameters"]
+    assert hparams.get("teacher", hparams.get("predecessor", (hparams.get("distill") or {}).get("teacher"))) == \
         str(teacher.resolve())
-    student = ckpt["hyper_parameters"]["backbone_config"]
-    if model["class_path"] == "CausalDistillationModule":  # the shipped tiny Llama student, as configured
+    student = hparams["backbone_config"]
+    if model["class_path"] == "TokenClassificationModule":  # MiniLM's first 3 layers, taught per labelled token
+        assert (student["model_type"], student["num_hidden_layers"]) == ("bert", 3)
+        rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
+        kd = [float(r["train/kd"]) for r in rows if r.get("train/kd")]
+        assert len(kd) == 4 and all(v > 0 for v in kd)
+        assert len([r for r in rows if r.get("val/teacher_acc")]) == 1  # the teacher's reference, once
+    elif model["class_path"] == "CausalDistillationModule":  # the shipped tiny Llama student, as configured
         assert (student["model_type"], student["num_hidden_layers"], student["hidden_size"]) == ("llama", 2, 128)
         rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
         assert any(r.get("val/teacher_ppl") for r in rows) and any(r.get("val/ppl") for r in rows)
