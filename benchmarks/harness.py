@@ -438,10 +438,6 @@ def _strip(value):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a == "--device" or a.startswith("--device=") for a in argv):  # the GPU benchmark (gpu_bench.py)
-        from benchmarks.gpu_bench import main as gpu_main
-
-        return gpu_main(argv)
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0],
                                      epilog="python -m benchmarks --device cuda: the GPU benchmark "
                                             "(benchmarks/gpu_bench.py; --device cpu --smoke: its CPU check)")

@@ -22,7 +22,7 @@ import transformers
 from huggingface_hub.errors import StrictDataclassError
 
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone_dir, is_checkpoint
-from ptm_app.backbones.model_classes import MODEL_CLASSES, auto_class, from_config  # noqa: F401  (re-exported)
+from ptm_app.backbones.model_classes import MODEL_CLASSES, auto_class, from_config, load_pruned  # noqa: F401
 from ptm_app.data.sources.references import REMOTE_CODE, load_error, resolve_pretrained
 from ptm_app.errors import PtmError
 
@@ -38,7 +38,7 @@ def build_backbone(model_class: str, pretrained: Optional[str], config: Optional
         if attention is not None:
             check_attention(attention, concrete_class(
                 auto, lambda: transformers.AutoConfig.from_pretrained(where, **REMOTE_CODE)))
-        from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
+        from ptm_app.backbones.pruned_heads import is_head_pruned
 
         if is_head_pruned(where):  # heads sliced out (backbones.pruned_heads): built to its shapes, then loaded
             model = load_pruned(auto, where, **overrides)

@@ -96,3 +96,28 @@ def from_config(model_class, config):
 
         restructure(model)
     return model
+
+
+def load_pruned(auto, directory, **kwargs) -> transformers.PreTrainedModel:
+    """``auto.from_pretrained(directory)`` for a head-pruned ``save_pretrained`` directory: the model is built from
+    its config, restructured to the pruned shapes, and its safetensors weights loaded strictly."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from ptm_app.data.sources.references import REMOTE_CODE
+    from ptm_app.errors import PtmError
+
+    config = transformers.AutoConfig.from_pretrained(directory, **REMOTE_CODE, **kwargs)
+    model = from_config(auto, config)  # restructured to the pruned shapes the config records
+    state = {}
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        if file.name.startswith("model"):
+            state.update(load_file(str(file)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise PtmError(f"{directory}: weights do not fit the pruned config (missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]}); export the run again")
+    return model.eval()

@@ -2,7 +2,7 @@
 rows of the query, key and value projections and its columns of the attention output projection are sliced out, so
 the model is smaller and faster.  ``config.pruned_heads`` (``{"layer": [original head ids]}``, layers 0-based, as
 transformers 4 recorded it) makes every load rebuild the same shapes (``restructure`` in ``heads.from_config``,
-``load_pruned`` for ``save_pretrained`` directories).  Which heads to remove is ``compression.heads``' business.
+``backbones.model_classes.load_pruned`` for ``save_pretrained`` directories).  Which heads to remove is ``compression.heads``' business.
 
 Two families, both of whose attention infers its head count from the projection widths:
 
@@ -144,31 +144,6 @@ def restructure(model: nn.Module, on_slice: Callable | None = None) -> nn.Module
     model.config.pruned_heads = {}
     prune_heads(model, recorded, on_slice)
     return model
-
-
-def load_pruned(auto, directory, **kwargs) -> nn.Module:
-    """``auto.from_pretrained(directory)`` for a head-pruned ``save_pretrained`` directory: the model is built from
-    its config, restructured to the pruned shapes, and its safetensors weights loaded strictly."""
-    import transformers
-    from safetensors.torch import load_file
-    from pathlib import Path
-
-    from ptm_app.backbones.model_classes import from_config
-    from ptm_app.data.sources.references import REMOTE_CODE
-
-    config = transformers.AutoConfig.from_pretrained(directory, **REMOTE_CODE, **kwargs)
-    model = restructure(from_config(auto, config))
-    state = {}
-    for file in sorted(Path(directory).glob("*.safetensors")):
-        if file.name.startswith("model"):
-            state.update(load_file(str(file)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise PtmError(f"{directory}: weights do not fit the pruned config (missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]}); export the run again")
-    return model.eval()
 
 
 def is_head_pruned(directory) -> bool:

@@ -10,9 +10,10 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from ptm_app.backbones.model_classes import load_pruned  # noqa: F401
 from ptm_app.backbones.pruned_heads import (PrunedHeads, attention_blocks, head_size, heads_per_layer,  # noqa: F401
-                                            is_head_pruned, kept_heads, load_pruned, prune_heads, recorded_pruned,
-                                            restructure, unit_width)
+                                            is_head_pruned, kept_heads, prune_heads, recorded_pruned, restructure,
+                                            unit_width)
 
 __all__ = ["PrunedHeads", "attention_blocks", "head_size", "heads_per_layer", "is_head_pruned", "kept_heads",
            "load_pruned", "prune_heads", "recorded_pruned", "restructure", "unit_width", "head_gates",

@@ -99,7 +99,8 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     try:
         config = transformers.AutoConfig.from_pretrained(directory, **REMOTE_CODE)
         model_class = read_record(info)["model_class"] if info.is_file() else model_class_of(config)
-        from ptm_app.backbones.pruned_heads import is_head_pruned, load_pruned
+        from ptm_app.backbones.model_classes import load_pruned
+        from ptm_app.backbones.pruned_heads import is_head_pruned
 
         pruned = is_head_pruned(directory)  # heads sliced out (backbones.pruned_heads): built to its shapes
         model = (load_pruned(auto_class(model_class), directory) if pruned

@@ -53,7 +53,7 @@ def test_targets_at_the_filling_batch():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_no_gpu_is_one_line(capsys):
-    from benchmarks.harness import main
+    from benchmarks.__main__ import main
 
     assert main(["--device", "cuda"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
@@ -77,7 +77,7 @@ def test_a_result_made_elsewhere_goes_into_the_readme_section(tmp_path, monkeypa
     readme = tmp_path / "README.md"
     readme.write_text("<!-- gpu:start -->\nNot run on a GPU yet.\n<!-- gpu:end -->\n")
     (tmp_path / "gpu.json").write_text(json.dumps(results))
-    from benchmarks.harness import main
+    from benchmarks.__main__ import main
 
     assert gpu_bench.write_readme(json.loads((tmp_path / "gpu.json").read_text()), readme) == 0
     text = readme.read_text()
