@@ -152,7 +152,7 @@ def write_pictures(records: list[dict], pixels: list[np.ndarray], stats: dict, o
     by concept (``SPLIT``); returns the manifest facts."""
     from safetensors.numpy import save_file
 
-    from ptm_app.data.prepare import GROUP_SPLIT_METHOD, SEED, FRACTIONS, split_records, write_jsonl
+    from ptm_app.data.sources.splits import FRACTIONS, GROUP_SPLIT_METHOD, SEED, split_records, write_jsonl
 
     for row, rec in enumerate(records):
         rec["image"] = row

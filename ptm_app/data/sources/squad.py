@@ -119,7 +119,7 @@ def read_official(archive: Path) -> tuple[dict[str, list[dict]], dict]:
 
 def write(archives: list[Path], out: Path) -> dict:
     """Write ``train/validation/test.jsonl`` into ``out``; return the manifest facts."""
-    from ptm_app.data.prepare import write_jsonl  # prepare imports the source registry
+    from ptm_app.data.sources.splits import write_jsonl
 
     files, cleaning = read_official(archives[0])
     held = validation_titles(list({r["title"] for r in files["train"]}))

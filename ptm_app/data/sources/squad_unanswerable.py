@@ -87,7 +87,7 @@ def with_negatives(records: list[dict], rng: random.Random) -> tuple[list[dict],
 
 def write(archives: list[Path], out: Path) -> dict:
     """Write ``train/validation/test.jsonl`` into ``out``; return the manifest facts."""
-    from ptm_app.data.prepare import write_jsonl  # prepare imports the source registry
+    from ptm_app.data.sources.splits import write_jsonl
 
     files, cleaning = squad.read_official(archives[0])
     held = squad.validation_titles(list({r["title"] for r in files["train"]}))
