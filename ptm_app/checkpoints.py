@@ -33,16 +33,13 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ptm_app.errors import PtmError
+from ptm_app.errors import TRUST_HINT, CheckpointUnsafe, PtmError  # noqa: F401  (CheckpointUnsafe, TRUST_HINT: re-exported)
 from ptm_app.extras import require_deepspeed
 from ptm_app.paths import restore_replaced
 
 CKPT_KEY = "ptm_app"  # ptm_app's own section of a checkpoint: model class, module class, tokenizer files, delta_only
 BACKBONE_PREFIX = "backbone."  # the transformers model's keys in a module's state_dict
 LAST, PREVIOUS = "last.ckpt", "last-1.ckpt"
-TRUST_HINT = "if you made this file yourself, pass --trust_checkpoint (python: trust=True)"
-
-
 # keys of ptm_app's records renamed since (old -> new), in checkpoints (``CKPT_KEY``) and in the JSON beside an
 # export (``export.EXPORT_INFO``, ``compression.quantization.QUANT_CONFIG``): ``head`` named the model class
 # (``backbones.model_classes``) before "head" kept only its other meanings.  Read through ``upgrade_record``.
@@ -67,11 +64,6 @@ def read_record(path: str | Path) -> dict:
 
 class CheckpointCorrupt(PtmError):
     """A checkpoint that cannot be read: truncated, damaged or not a checkpoint at all."""
-
-
-class CheckpointUnsafe(PtmError):
-    """A checkpoint whose unpickling would build objects other than plain data (it could run code), or whose data
-    would choose a path, a module or code (a tokenizer file name, a module class, a DeepSpeed ``latest``)."""
 
 
 _TRUST: contextvars.ContextVar[bool] = contextvars.ContextVar("ptm_app_trust_checkpoint", default=False)

@@ -20,6 +20,14 @@ class PtmError(Exception):
         return " ".join(str(a) for a in self.args).replace("\n", " ")
 
 
+TRUST_HINT = "if you made this file yourself, pass --trust_checkpoint (python: trust=True)"
+
+
+class CheckpointUnsafe(PtmError):
+    """A checkpoint whose unpickling would build objects other than plain data (it could run code), or whose data
+    would choose a path, a module or code (a tokenizer file name, a module class, a DeepSpeed ``latest``)."""
+
+
 class DataFormatError(PtmError):
     """A malformed line in a data file; the message starts with ``file:line``."""
 

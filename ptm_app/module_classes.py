@@ -17,7 +17,7 @@ import functools
 import importlib
 from typing import Any, Optional
 
-from ptm_app.errors import PtmError
+from ptm_app.errors import TRUST_HINT, CheckpointUnsafe, PtmError
 
 PACKAGES = ("ptm_app.objectives", "ptm_app.adaptation", "ptm_app.compression", "ptm_app.knowledge")
 DATA_MODULES = ("ptm_app.data.datamodules", "ptm_app.data.choice_data", "ptm_app.data.generation_data",
@@ -31,13 +31,13 @@ CALLBACK_MODULES = ("ptm_app.training.compile", "ptm_app.training.unfreezing")
 @functools.cache
 def package_classes(package: str) -> dict[str, type]:
     """Every name a module class of ``package`` (one of ``PACKAGES``) goes by -> the class."""
-    from ptm_app.training.module import PtmModule
+    from lightning.pytorch import LightningModule
 
     table: dict[str, type] = {}
     exported = importlib.import_module(package)
     for name in exported.__all__:
         cls = getattr(exported, name)
-        if isinstance(cls, type) and issubclass(cls, PtmModule):
+        if isinstance(cls, type) and issubclass(cls, LightningModule):  # the package's PtmModule subclasses
             for key in (f"{cls.__module__}.{cls.__qualname__}", f"{package}.{name}", name):
                 table[key] = cls
     return table
@@ -68,8 +68,6 @@ def check_module_name(name: Any, source: Any, trust: bool = False, own: Optional
     chose), unless ``trust``; nothing is imported."""
     if trust or (isinstance(name, str) and name in _names(own)) or registered(name) is not None:
         return
-    from ptm_app.checkpoints import TRUST_HINT, CheckpointUnsafe
-
     raise CheckpointUnsafe(f"{source}: it names the module class {repr(name)[:120]}, which is not one of ptm_app's "
                            f"(objectives, adaptation, compression, knowledge); refusing to import it (importing runs "
                            f"its code); {TRUST_HINT}")
