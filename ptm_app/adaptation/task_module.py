@@ -4,6 +4,8 @@ not from mixins or subclasses: delta tuning, ``init_from``, L2-SP, frozen featur
 teacher's loss (``compression.teacher_loss``) and quantization-aware training (``compression.fake_quant``)."""
 from __future__ import annotations
 
+import re
+
 from typing import Any, Optional
 
 import torch
@@ -106,6 +108,15 @@ class TaskModule(PtmModule):
                 output_layer(self.backbone, bias.numel()).bias.data.copy_(bias)
         if getattr(self, "stage_metrics", None) is None:
             self.stage_metrics = nn.ModuleDict({stage: self.build_metrics() for stage in self.metric_stages})
+            for stage, metric in self.stage_metrics.items():
+                if stage != "val":
+                    keep_tuned_values_out(metric)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        state = checkpoint.get("state_dict") or {}
+        for key in [k for k in state if TUNED_OUTSIDE_VAL.fullmatch(k)]:  # saved by every stage before 2026-11-27
+            del state[key]
 
     @staticmethod
     def batch_size(batch: dict) -> int:
@@ -192,3 +203,16 @@ def output_layer(model: nn.Module, width: int) -> nn.Linear:
     if not found:
         raise PtmError(f"{type(model).__name__} has no output layer of {width} features with a bias to initialise")
     return found[-1]
+
+
+# Values tuned on validation and read there by every stage (``BestSpans.null_threshold``, ``LabelSetScores.thresholds``)
+TUNED_OUTSIDE_VAL = re.compile(r"stage_metrics\.(?!val\.)\w+\.(null_threshold|thresholds)")
+
+
+def keep_tuned_values_out(metric: nn.Module) -> None:
+    """A stage other than validation keeps its metric's tuned buffers out of checkpoints: the values are tuned on
+    validation and read from that stage's metric, so saving them per stage only duplicated them."""
+    for module in metric.modules():
+        if getattr(module, "tuned_on_validation", False):
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                module.register_buffer(name, buffer, persistent=False)

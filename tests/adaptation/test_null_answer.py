@@ -144,6 +144,12 @@ def test_a_squad2_run_tunes_tau_logs_hasans_noans_and_predicts_no_answer(tmp_pat
     ckpt = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True, map_location="cpu")
     tau = float(ckpt["state_dict"]["stage_metrics.val.null_threshold"])
     assert tau == pytest.approx(float(logged[-1]["val/null_threshold"]))
+    assert "stage_metrics.test.null_threshold" not in ckpt["state_dict"]  # tuned on validation: saved there only
+    old = {**ckpt, "state_dict": {**ckpt["state_dict"], "stage_metrics.test.null_threshold": torch.tensor(0.0)}}
+    torch.save(old, tmp_path / "old.ckpt")  # as checkpoints were written before: every stage kept a copy
+    from ptm_app.adaptation.qa import QuestionAnsweringModule
+    reloaded = QuestionAnsweringModule.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert float(reloaded.stage_metrics["val"].null_threshold) == pytest.approx(tau)
 
     # the export keeps τ: a context that cannot hold the answer is "no answer" once τ is above every null_diff
     export = tmp_path / "export"

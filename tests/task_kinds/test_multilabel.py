@@ -145,6 +145,7 @@ def test_tuned_thresholds_travel_in_checkpoint_and_export_and_decide_predicted_l
     summary = json.loads((runs / "ml" / "summary.json").read_text())["metrics"]
     assert {"val/f1_micro", "val/f1_macro"} <= set(summary) and (runs / "ml" / "checkpoints" / "best.ckpt").is_file()
     ckpt = torch.load(runs / "ml" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "stage_metrics.test.thresholds" not in ckpt["state_dict"]  # tuned on validation: saved there only
     cuts = ckpt["state_dict"]["stage_metrics.val.thresholds"]
     assert cuts.shape == (3,) and not torch.equal(cuts, torch.full((3,), 0.5))  # tuned, not the default
     export = tmp_path / "export"
