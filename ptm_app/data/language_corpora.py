@@ -59,8 +59,8 @@ def language_token_id(tokenizer, code: str) -> int:
 def sampling_counts(sizes: dict[str, int], alpha: float, total: Optional[int] = None) -> dict[str, int]:
     """Instances per language in a re-balanced epoch of ``total`` (default: all) instances:
     ``round(total * q_i)`` with ``q_i = p_i^α / Σ_j p_j^α`` (Lample & Conneau 2019 §3.1; Liu et al. 2020 §2.1), by
-    ``data.multilingual.balanced_counts`` (the one place it is computed), with α checked to lie in (0, 1]."""
-    from ptm_app.data.multilingual import balanced_counts
+    ``data.language_sampling.balanced_counts`` (the one place it is computed), with α checked to lie in (0, 1]."""
+    from ptm_app.data.language_sampling import balanced_counts
 
     if not 0 < alpha <= 1:
         raise PtmError(f"sampling_alpha={alpha}: use a value in (0, 1] (1: natural shares; mBART 0.7, XLM 0.5)")

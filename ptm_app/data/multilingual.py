@@ -1,9 +1,7 @@
 """Multilingual text: monolingual streams of every language and parallel pairs, with XLM's language sampling.
 
-- ``language_probabilities``: XLM's multinomial over languages (Lample & Conneau 2019 §3.1),
-  q_i = p_i^a / sum_j p_j^a with p_i = n_i / sum_k n_k, which up-samples low-resource languages for a < 1 (XLM: 0.5
-  for the BPE corpus and 0.7 for batches in the paper's code; XLM-R: 0.3, Conneau et al. 2020 §3.1).
-- ``balanced_texts``: the sentences a tokenizer trains on, sampled per language with q_i.
+- XLM's language sampling q_i (``data.language_sampling``: ``language_probabilities``, ``balanced_counts``,
+  ``balanced_texts``).
 - ``MultilingualDataModule``: mBERT / XLM-R style multilingual MLM over the monolingual sides of aligned sets
   (``quran``: 11 languages, ``bible_en_es``: 2), as XLM streams (§3.2: consecutive sentences of one language, cut
   into blocks), each block with its language; the training examples are drawn per language with q_i.  With
@@ -24,6 +22,7 @@ from torch.utils.data import Dataset
 from ptm_app.data.corruption import draw_rng
 from ptm_app.data.datamodules import _Base, resolve_source
 from ptm_app.data.datasets import _index
+from ptm_app.data.language_sampling import balanced_counts, balanced_texts, language_probabilities  # noqa: F401
 from ptm_app.data.parallel import tlm_example
 from ptm_app.data.tokenizer import TokenizerSpec, check_languages, is_bert_style
 from ptm_app.errors import PtmError
@@ -36,43 +35,6 @@ def set_languages() -> dict[str, tuple[str, ...]]:
     from ptm_app.data.sources import bible, quran
 
     return {"quran": quran.LANGUAGES, "bible_en_es": tuple(bible.MODULES)}
-
-
-def language_probabilities(counts: Mapping[str, int], alpha: float) -> dict[str, float]:
-    """XLM §3.1: q_i = p_i^alpha / sum_j p_j^alpha, p_i = n_i / sum_k n_k (languages with no text get 0)."""
-    total = sum(counts.values())
-    if total <= 0:
-        raise PtmError("no text in any language: nothing to sample from")
-    weights = {lang: (n / total) ** alpha if n > 0 else 0.0 for lang, n in counts.items()}
-    norm = sum(weights.values())
-    return {lang: w / norm for lang, w in weights.items()}
-
-
-def balanced_counts(counts: Mapping[str, int], alpha: float, total: Optional[int] = None) -> dict[str, int]:
-    """How many sentences of each language a sample of ``total`` (default: all of them) holds under q_i, rounded."""
-    q = language_probabilities(counts, alpha)
-    total = sum(counts.values()) if total is None else total
-    return {lang: int(round(q[lang] * total)) for lang in counts}
-
-
-def balanced_texts(texts: Mapping[str, Iterable[str]], alpha: float, seed: int = 0) -> tuple[list[str], dict]:
-    """The sentences a tokenizer trains on: as many as the corpus has, language i's share q_i (``alpha``); a language
-    is up-sampled by repeating its sentences (a seeded shuffle, cycled) and down-sampled by taking the first of the
-    shuffle.  Returns the sentences and the record saved beside the tokenizer."""
-    by_lang = {lang: [t for t in items if t.strip()] for lang, items in texts.items()}
-    empty = [lang for lang, items in by_lang.items() if not items]
-    if empty:
-        raise PtmError(f"the tokenizer's training corpus has no text in {', '.join(empty)}; a tokenizer trained "
-                       f"without them cannot write them: give data with those languages or drop them")
-    counts = {lang: len(items) for lang, items in by_lang.items()}
-    want = balanced_counts(counts, alpha)
-    rng = np.random.default_rng(seed)
-    out: list[str] = []
-    for lang, items in by_lang.items():
-        order = rng.permutation(len(items))
-        out += [items[order[k % len(items)]] for k in range(want[lang])]
-    record = {"languages": list(by_lang), "alpha": alpha, "sentences": counts, "sampled_sentences": want}
-    return out, record
 
 
 def words(text: str, lang: str) -> int:

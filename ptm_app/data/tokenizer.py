@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Literal, Mapping, Optional, Union
 
+from ptm_app.data.language_sampling import balanced_texts
 from ptm_app.data.sources.references import load_error, resolve_pretrained
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root
@@ -89,8 +90,6 @@ def load_tokenizer(spec: TokenizerSpec, corpus: Callable[[], Corpus] | None = No
     if not (target / "tokenizer.json").exists():
         texts, record = corpus(), None
         if isinstance(texts, Mapping):
-            from ptm_app.data.multilingual import balanced_texts
-
             texts, record = balanced_texts(texts, spec.alpha)
         tok = _train(spec, texts, record["languages"] if record else None)
         with atomic_dir(target) as tmp:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ptm_app import paths
-from ptm_app.data.multilingual import (MultilingualDataModule, balanced_texts, fertility, language_probabilities,
+from ptm_app.data.language_sampling import balanced_texts, language_probabilities
+from ptm_app.data.multilingual import (MultilingualDataModule, fertility,
                                        sampled_order, split_leaks, split_texts, stream_blocks)
 from ptm_app.data.prepare import _is_current, prepare
 from ptm_app.data.sources import SOURCES, quran
