@@ -156,7 +156,7 @@ def test_infoword_loss_falls_on_a_fixed_batch():
 
 
 # -- recipes through main.py -------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["simcse", pytest.param("infoword", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["simcse_contrastive_brown", pytest.param("infoword_dim_mlm_brown", marks=pytest.mark.slow)])
 def test_recipe_runs_and_exports_a_plain_transformers_model(name, tmp_path):
     from transformers import AutoModel
 
@@ -172,6 +172,6 @@ def test_recipe_runs_and_exports_a_plain_transformers_model(name, tmp_path):
     assert run_main(["export", "--ckpt_path", str(tmp_path / name), "--output_dir", str(export)], tmp_path) == 0
     encoder = AutoModel.from_pretrained(export)  # SimCSE: BertModel; InfoWord: the encoder of BertForMaskedLM
     state = torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    key = {"simcse": "backbone.embeddings.word_embeddings.weight",
-           "infoword": "backbone.bert.embeddings.word_embeddings.weight"}[name]
+    key = {"simcse_contrastive_brown": "backbone.embeddings.word_embeddings.weight",
+           "infoword_dim_mlm_brown": "backbone.bert.embeddings.word_embeddings.weight"}[name]
     assert torch.equal(encoder.embeddings.word_embeddings.weight, state[key].float())
