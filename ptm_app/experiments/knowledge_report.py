@@ -16,6 +16,12 @@ pre-training.  Pre-trainings are tested on ``last.ckpt``, the checkpoint their e
 The table is ``<runs>/<plan>/knowledge.md`` (+ ``.csv``, ``.json``) and ``knowledge_runs.json`` names the run
 directory and metric key behind every cell; a cell that does not apply to its row (link prediction without relation
 embeddings, a cloze without an MLM head, a task the row does not run) stays empty.
+
+``seeds: [1, 2, 3]`` runs every row's whole chain once per seed (``seed_everything`` of its pre-training, adapters
+and tasks; run directories ``<plan>-<model>-<cell>-seed<N>``, probes per seed) and each cell becomes the mean ± std
+[95 % t interval] over the seeds (``experiments.stats``); ``baseline: <model id>`` adds each row's paired difference
+from that row, seed by seed, with its interval and the exact sign-flip p, marked where the interval excludes 0.
+The CSV and JSON hold the means.
 """
 from __future__ import annotations
 
@@ -27,12 +33,13 @@ from typing import Optional
 from ptm_app.config_errors import check_renamed, read_yaml
 from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
                                        summary_metrics)
+from ptm_app.experiments.stats import check_seeds, paired, summarize
 from ptm_app.experiments.sweep import overrides, recorded_fingerprint
 from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, run_path, runs_root, write_json
 
 PROBE_KEYS = {"relation", "facts", "seed", "held_out"}
-PLAN_KEYS = {"name", "pretrain_set", "task_set", "probe", "link_prediction", "tasks", "models"}
+PLAN_KEYS = {"name", "pretrain_set", "task_set", "probe", "link_prediction", "tasks", "models", "seeds", "baseline"}
 OLD_KEYS = {"pretrain_args": "pretrain_set", "task_args": "task_set"}  # lists of argv words, before mappings
 MODEL_KEYS = {"id", "label", "pretrain", "adapters", "tasks"}
 
@@ -53,8 +60,11 @@ def load_knowledge_plan(path: str | Path) -> dict:
     unknown = set(plan) - PLAN_KEYS
     if unknown or not plan.get("name") or not plan.get("models") or not plan.get("tasks"):
         raise PtmError(f"knowledge plan {path}: needs 'name', 'tasks' and 'models' (optional 'pretrain_set', "
-                       f"'task_set', 'probe', 'link_prediction'); unknown keys: {sorted(unknown) or 'none'}")
+                       f"'task_set', 'probe', 'link_prediction', 'seeds', 'baseline'); unknown keys: "
+                       f"{sorted(unknown) or 'none'}")
     check_run_name(plan["name"], f"knowledge plan {path}: name")
+    if "seeds" in plan:
+        plan["seeds"] = check_seeds(plan["seeds"], f"knowledge plan {path}: seeds")
     for key in ("pretrain_set", "task_set"):
         plan[key] = overrides(plan.get(key), f"knowledge plan {path}", key)
     if not isinstance(plan["tasks"], dict) or not isinstance(plan["models"], list) \
@@ -74,6 +84,9 @@ def load_knowledge_plan(path: str | Path) -> dict:
             raise PtmError(f"knowledge plan {path}: probe.{key} must be {wanted} (got {probe[key]!r})")
     configs = [t["config"] for t in plan["tasks"].values()]
     ids = [m.get("id") for m in plan["models"]]
+    if "baseline" in plan and (plan["baseline"] not in ids or len(plan.get("seeds") or []) < 2):
+        raise PtmError(f"knowledge plan {path}: baseline {plan['baseline']!r} must be one of the model ids "
+                       f"({', '.join(map(str, ids))}) and needs 'seeds' (at least 2) to pair on")
     for model in plan["models"]:
         bad = set(model) - MODEL_KEYS
         if bad or not model.get("id") or not str(model["id"]).isidentifier() or ids.count(model["id"]) > 1:
@@ -96,29 +109,42 @@ def load_knowledge_plan(path: str | Path) -> dict:
     return plan
 
 
-def run_dir(plan: dict, model: dict, cell: str) -> Path:
-    return run_path(f"{plan['name']}-{model['id']}-{cell}", "the knowledge plan's name, model id and cell give")
+def seeds_of(plan: dict) -> list[Optional[int]]:
+    """The plan's seeds; ``[None]`` for a plan without ``seeds`` (its runs keep their unseeded names)."""
+    return list(plan.get("seeds") or [None])
 
 
-def cells(plan: dict, model: dict) -> list[tuple[dict, dict]]:
-    """``(sweep cell, common overrides)`` in run order: pre-training or adapters first, then the tasks."""
+def run_dir(plan: dict, model: dict, cell: str, seed: Optional[int] = None) -> Path:
+    tag = "" if seed is None else f"-seed{seed}"
+    return run_path(f"{plan['name']}-{model['id']}-{cell}{tag}", "the knowledge plan's name, model id and cell give")
+
+
+def probe_key(model: dict, seed: Optional[int]) -> str:
+    return model["id"] if seed is None else f"{model['id']}/seed{seed}"
+
+
+def cells(plan: dict, model: dict, seed: Optional[int] = None) -> list[tuple[dict, dict]]:
+    """``(sweep cell, common overrides)`` in run order: pre-training or adapters first, then the tasks; with a
+    ``seed``, every cell of the chain is seeded with it and named ``.../seed<N>``."""
     out, task_set = [], plan.get("task_set") or {}
+    tag, seeded = ("", {}) if seed is None else (f"/seed{seed}", {"seed_everything": seed})
     task_configs = {task: spec["config"] for task, spec in plan["tasks"].items()}
     extra: dict[str, str] = {}  # JSON strings, as earlier plans passed them (the cells' fingerprints stay the same)
     if model.get("pretrain"):  # tested on the checkpoint the tasks start from (the export of last.ckpt)
-        out.append(({"name": f"{model['id']}/pretrain", "config": model["pretrain"], "test_ckpt": "last"},
-                    plan.get("pretrain_set") or {}))
-        extra = export_overrides(run_dir(plan, model, "pretrain") / "export")
+        out.append(({"name": f"{model['id']}/pretrain{tag}", "config": model["pretrain"], "test_ckpt": "last",
+                     **({"set": seeded} if seeded else {})}, plan.get("pretrain_set") or {}))
+        extra = export_overrides(run_dir(plan, model, "pretrain", seed) / "export")
     adapters = model.get("adapters") or {}
     for name, config in adapters.items():
-        out.append(({"name": f"{model['id']}/adapter_{name}", "config": config}, task_set))
+        out.append(({"name": f"{model['id']}/adapter_{name}{tag}", "config": config,
+                     **({"set": seeded} if seeded else {})}, task_set))
     if adapters:
-        runs = {name: str(run_dir(plan, model, f"adapter_{name}")) for name in adapters}
+        runs = {name: str(run_dir(plan, model, f"adapter_{name}", seed)) for name in adapters}
         extra = {"model.init_args.adapters": json.dumps(runs)}
     if model.get("tasks"):
         task_configs = dict(model["tasks"])
     for task, config in task_configs.items():
-        out.append(({"name": f"{model['id']}/{task}", "config": config, "set": extra}, task_set))
+        out.append(({"name": f"{model['id']}/{task}{tag}", "config": config, "set": {**extra, **seeded}}, task_set))
     return out
 
 
@@ -126,11 +152,16 @@ def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
     """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
     probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
     models = [m for m in plan["models"] if not only or m["id"] in only]
-    links = [Link(m["id"], cell, common, first=cell["name"].endswith("/pretrain") or "/adapter_" in cell["name"],
-                  after=export_once if cell["name"].endswith("/pretrain") else None)
-             for m in models for cell, common in cells(plan, m)]
+    links = []
+    for m in models:
+        for seed in seeds_of(plan):
+            for cell, common in cells(plan, m, seed):
+                pretrain = cell["name"].split("/")[1] == "pretrain"
+                links.append(Link(probe_key(m, seed), cell, common, first=pretrain or "/adapter_" in cell["name"],
+                                  after=export_once if pretrain else None))
     failed = run_chain(plan["name"], links, "knowledge-report")
-    probe_models(plan, [m for m in models if m.get("pretrain") and f"{m['id']}/pretrain" not in failed])
+    probe_models(plan, [(m, seed) for m in models for seed in seeds_of(plan)
+                        if m.get("pretrain") and cells(plan, m, seed)[0][0]["name"] not in failed])
     return failed
 
 
@@ -138,9 +169,9 @@ def probe_file(plan: dict) -> Path:
     return runs_root() / plan["name"] / "probe.json"
 
 
-def probe_models(plan: dict, models: list[dict]) -> None:
-    """LAMA cloze P@1 of the plan's relation for each pre-trained model's export, into ``probe.json`` (kept per
-    model; a model probed before is not probed again)."""
+def probe_models(plan: dict, models: list[tuple[dict, Optional[int]]]) -> None:
+    """LAMA cloze P@1 of the plan's relation for each pre-trained (model, seed)'s export, into ``probe.json`` (kept
+    per model and seed; one probed before is not probed again)."""
     from ptm_app.analysis.knowledge_facts import read_facts, relation_file, valid_objects
     from ptm_app.analysis.knowledge_probe import load_language_model, sample_facts, score_relation, summaries
     from ptm_app.knowledge.seen_pairs import held_out, knowledge_training_pairs
@@ -148,9 +179,9 @@ def probe_models(plan: dict, models: list[dict]) -> None:
     settings = probe_settings(plan)
     path = probe_file(plan)
     results = json.loads(path.read_text()) if path.is_file() else {}
-    made_by = {m["id"]: recorded_fingerprint(run_dir(plan, m, "pretrain")) for m in models}
-    models = [m for m in models if m["id"] not in results or not probe_is_current(results[m["id"]], settings,
-                                                                                    made_by[m["id"]])]
+    made_by = {probe_key(m, s): recorded_fingerprint(run_dir(plan, m, "pretrain", s)) for m, s in models}
+    models = [(m, s) for m, s in models if probe_key(m, s) not in results
+              or not probe_is_current(results[probe_key(m, s)], settings, made_by[probe_key(m, s)])]
     if not models:
         return
     facts = read_facts(relation_file(settings["relation"]))
@@ -160,16 +191,16 @@ def probe_models(plan: dict, models: list[dict]) -> None:
                        "training pair; set probe.held_out: false")
     # the filtered ranking still leaves out every valid object, held out or not
     valid, sample = valid_objects(facts), sample_facts(pool, settings["facts"], settings["seed"])
-    for model in models:
-        export = run_dir(plan, model, "pretrain") / "export"
+    for model, seed in models:
+        export = run_dir(plan, model, "pretrain", seed) / "export"
         lm = load_language_model(str(export))
         scored, skipped = score_relation(lm, sample, valid, 16)
         relation = sample[0].relation
         row = next(r for r in summaries(lm.name, scored, {relation: skipped})
                    if r["relation"] == relation and r["ranking"] == "vocabulary")
-        results[model["id"]] = {**row, "facts_scored": row["facts"], "export": str(export),
-                                "pretrain": made_by[model["id"]], **settings,
-                                "facts_of_relation": len(facts), "facts_held_out": len(pool)}
+        results[probe_key(model, seed)] = {**row, "facts_scored": row["facts"], "export": str(export),
+                                           "pretrain": made_by[probe_key(model, seed)], **settings,
+                                           "facts_of_relation": len(facts), "facts_held_out": len(pool)}
         write_json(path, results)
 
 
@@ -183,47 +214,110 @@ def probe_is_current(result: dict, settings: dict, pretrain: Optional[str]) -> b
     return result.get("pretrain") == pretrain and all(result.get(k) == v for k, v in settings.items())
 
 
-def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
-    """Rows, columns, and per row and column the run directory and metric key the number came from.  A probe or a
-    task run made from an earlier pre-training (or adapters) than the row's current one is left out: stale."""
+def columns_of(plan: dict) -> tuple[dict, dict, list[str]]:
+    """The link-prediction and probe columns (column -> metric key) and every column of the table in order."""
     link = plan.get("link_prediction", "test")
     links = {"link MRR": f"test/{link}/mrr", "link Hits@10": f"test/{link}/hits@10",
              "link MRR, unseen entities": f"test/inductive/{link}/mrr"}  # transductive, then inductive
     relation = probe_settings(plan)["relation"]
     probe_columns = {f"{relation} P@1": "p_at_1", f"{relation} MRR": "mrr"}  # the cloze over the vocabulary
-    columns = ["model", *links, *probe_columns, *[spec["column"] for spec in plan["tasks"].values()]]
+    return links, probe_columns, ["model", *links, *probe_columns, *[s["column"] for s in plan["tasks"].values()]]
+
+
+def seed_cells(plan: dict, model: dict, seed: Optional[int], probes: dict) -> tuple[dict, dict]:
+    """One chain's numbers (column -> value) and their sources (column -> run directory or probe, and metric key).
+    A probe or a task run made from an earlier pre-training (or adapters) than the chain's current one is left out:
+    stale."""
+    links, probe_columns, _ = columns_of(plan)
+    values, where, settings = {}, {}, probe_settings(plan)
+    firsts = ["pretrain"] if model.get("pretrain") else [f"adapter_{a}" for a in model.get("adapters") or {}]
+    current = [recorded_fingerprint(run_dir(plan, model, cell, seed)) for cell in firsts]
+    if model.get("pretrain"):
+        run = run_dir(plan, model, "pretrain", seed)
+        metrics = summary_metrics(run)
+        for column, key in links.items():
+            if key in metrics:
+                values[column], where[column] = metrics[key], {"run": str(run), "metric": key}
+        probe = probes.get(probe_key(model, seed))
+        if probe is not None and probe_is_current(probe, settings, current[0]):
+            scored = probe.get("facts_scored", probe["facts"] - probe.get("multi_token", 0))  # (older records)
+            for column, key in probe_columns.items():
+                values[column] = probe[key]
+                where[column] = {"probe": str(probe_file(plan)), "export": probe["export"], "metric": key,
+                                 "facts": scored}
+    runs_tasks = model.get("tasks") or plan["tasks"]
+    for task, spec in plan["tasks"].items():
+        if task not in runs_tasks:
+            continue
+        run = run_dir(plan, model, task, seed)
+        key = f"test/{spec['metric']}"
+        value = summary_metrics(run).get(key) if made_from(run) in (None, current) else None
+        if value is not None:
+            values[spec["column"]], where[spec["column"]] = value, {"run": str(run), "metric": key}
+    return values, where
+
+
+def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
+    """Rows, columns, and per row and column where the number came from.  Without seeds a cell is its run's number
+    and its source the run directory (or probe) and metric key; with seeds a cell is the mean over the seeds that
+    have it, and its source holds each seed's value and source and the summary (``stats.summarize``)."""
+    columns = columns_of(plan)[2]
     probes = json.loads(probe_file(plan).read_text()) if probe_file(plan).is_file() else {}
-    rows, sources, settings = [], {}, probe_settings(plan)
+    rows, sources = [], {}
     for model in plan["models"]:
         label = model.get("label") or model["id"]
+        if not plan.get("seeds"):
+            values, where = seed_cells(plan, model, None, probes)
+            rows.append({"model": label, **values})
+            sources[label] = where
+            continue
+        per_seed = {seed: seed_cells(plan, model, seed, probes) for seed in plan["seeds"]}
         row, where = {"model": label}, {}
-        firsts = ["pretrain"] if model.get("pretrain") else [f"adapter_{a}" for a in model.get("adapters") or {}]
-        current = [recorded_fingerprint(run_dir(plan, model, cell)) for cell in firsts]
-        if model.get("pretrain"):
-            run = run_dir(plan, model, "pretrain")
-            metrics = summary_metrics(run)
-            for column, key in links.items():
-                if key in metrics:
-                    row[column], where[column] = metrics[key], {"run": str(run), "metric": key}
-            probe = probes.get(model["id"])
-            if probe is not None and probe_is_current(probe, settings, current[0]):
-                scored = probe.get("facts_scored", probe["facts"] - probe.get("multi_token", 0))  # (older records)
-                for column, key in probe_columns.items():
-                    row[column] = probe[key]
-                    where[column] = {"probe": str(probe_file(plan)), "export": probe["export"], "metric": key,
-                                     "facts": scored}
-        runs_tasks = model.get("tasks") or plan["tasks"]
-        for task, spec in plan["tasks"].items():
-            if task not in runs_tasks:
-                continue
-            run = run_dir(plan, model, task)
-            key = f"test/{spec['metric']}"
-            value = summary_metrics(run).get(key) if made_from(run) in (None, current) else None
-            if value is not None:
-                row[spec["column"]], where[spec["column"]] = value, {"run": str(run), "metric": key}
+        for column in columns[1:]:
+            have = {seed: v[column] for seed, (v, _) in per_seed.items() if column in v}
+            if have:
+                s = summarize(list(have.values()))
+                row[column] = s.mean
+                where[column] = {"seeds": {f"seed{k}": {"value": v, **per_seed[k][1][column]} for k, v in have.items()},
+                                 "mean": s.mean, "std": s.std, "interval": list(s.interval) if s.interval else None,
+                                 "n": s.n, "of": len(plan["seeds"])}
         rows.append(row)
         sources[label] = where
     return rows, columns, sources
+
+
+def seeded_markdown(plan: dict, rows: list[dict], columns: list[str], sources: dict) -> str:
+    """The seeded table (each cell mean ± std [95 % t interval] over its seeds) and, with a ``baseline``, each row's
+    paired difference from it per column, on the seeds both have (``stats.paired``)."""
+    from ptm_app.analysis.tables import markdown as table
+    from ptm_app.experiments.stats import Summary
+
+    def text(entry: dict) -> str:
+        s = Summary(entry["n"], entry["mean"], entry["std"], tuple(entry["interval"]) if entry["interval"] else None)
+        return s.text() + ("" if entry["n"] == entry["of"] else f", {entry['n']} of {entry['of']}")
+
+    shown = [{"model": r["model"], **{c: text(sources[r["model"]][c]) for c in columns[1:] if c in sources[r["model"]]}}
+             for r in rows]
+    out = [f"Mean ± std [95 % t interval] over seeds {plan['seeds']} (``experiments.stats``); a cell of one seed is an "
+           f"observation.\n", table(shown, columns)]
+    base = next((m for m in plan["models"] if m["id"] == plan.get("baseline")), None)
+    if base is not None:
+        name = base.get("label") or base["id"]
+        diffs = []
+        for r in rows:
+            if r["model"] == name:
+                continue
+            line = {"model": r["model"]}
+            for c in columns[1:]:
+                mine = sources[r["model"]].get(c, {}).get("seeds", {})
+                theirs = sources[name].get(c, {}).get("seeds", {})
+                keys = sorted(set(mine) & set(theirs))
+                if len(keys) >= 2:
+                    line[c] = paired([mine[k]["value"] for k in keys], [theirs[k]["value"] for k in keys]).text()
+            diffs.append(line)
+        out += [f"\n#### Paired difference: model − {name} (the same seeds; 95 % t interval, exact sign-flip p; "
+                f"* the interval excludes 0)\n", table(diffs, columns)]
+    return "\n".join(out)
 
 
 def draw(rows: list[dict], columns: list[str]):
@@ -252,11 +346,16 @@ def write_knowledge_report(plan: dict) -> Path:
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.tables import write_table
 
+    from ptm_app.paths import atomic_file
+
     rows, columns, sources = collect(plan)
     out = runs_root() / plan["name"]
-    md = write_table(rows, columns, out / "knowledge",
-                     f"Knowledge-enhanced pre-training ({plan['name']}): link prediction on WordNet (filtered), "
-                     f"LAMA cloze, downstream test metrics")
+    title = (f"Knowledge-enhanced pre-training ({plan['name']}): link prediction on WordNet (filtered), LAMA cloze, "
+             f"downstream test metrics")
+    md = write_table(rows, columns, out / "knowledge", title)
+    if plan.get("seeds"):  # the Markdown shows the intervals (and the paired differences); CSV and JSON the means
+        with atomic_file(md, "w", encoding="utf-8") as fh:
+            fh.write(f"### {title}\n\n" + seeded_markdown(plan, rows, columns, sources))
     write_json(out / "knowledge_runs.json", sources)
     save_png(draw(rows, columns), out / "knowledge.png")
     return md

@@ -106,6 +106,18 @@ class Paired:
     def significant(self) -> bool:
         return self.diff.interval is not None and (self.diff.interval[0] > 0 or self.diff.interval[1] < 0)
 
+    def text(self) -> str:
+        """``+diff [low, high] p=<sign-flip p>`` with `` *`` when significant; one pair: the difference alone."""
+        return diff_text(self.diff.mean, self.diff.interval, self.p_perm, self.significant)
+
+
+def diff_text(diff: float, interval: Optional[Sequence[float]], p_perm: Optional[float], significant: bool) -> str:
+    """A paired difference as the reports print it (``Paired.text``; also from a stored record of one)."""
+    if interval is None:
+        return f"{diff:+.4f} (1 pair: an observation)"
+    low, high = interval
+    return f"{diff:+.4f} [{low:+.4f}, {high:+.4f}] p={p_perm:.3g}{' *' if significant else ''}"
+
 
 def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
     """Compare two rows measured on the same seeds (``a[i]`` and ``b[i]`` share seed i)."""

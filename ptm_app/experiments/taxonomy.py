@@ -340,10 +340,9 @@ def _cell(entry: dict) -> str:
 
 
 def _diff(entry: Optional[dict]) -> str:
-    if not entry:
-        return ""
-    low, high = entry["interval"]
-    return f"{entry['diff']:+.4f} [{low:+.4f}, {high:+.4f}] p={entry['p_perm']:.3g}{' *' if entry['significant'] else ''}"
+    from ptm_app.experiments.stats import diff_text
+
+    return diff_text(entry["diff"], entry["interval"], entry["p_perm"], entry["significant"]) if entry else ""
 
 
 def markdown(plan: dict, rows: list[dict], checks: list[dict]) -> str:

@@ -262,3 +262,72 @@ def test_numbers_from_an_earlier_pretraining_are_left_out(runs_dir, monkeypatch)
                  "held_out": True}}))  # the plan's settings, of the old pre-training
     row = collect(plan)[0][0]
     assert row == {"model": "BERT-small MLM", "wordnet_supersense acc": 0.5}
+
+
+def seeded_plan(**extra) -> dict:
+    from ptm_app.experiments.knowledge_report import load_knowledge_plan
+
+    return {**load_knowledge_plan(PLAN), "seeds": [1, 2, 3], **extra}
+
+
+def test_seeds_run_each_chain_once_per_seed_with_that_seed_everywhere(monkeypatch):
+    """seeds: [1, 2, 3]: every cell of a row's chain (pre-training, tasks; adapters too) is seeded with its seed, is
+    named .../seed<N> (run directory <plan>-<model>-<cell>-seed<N>) and starts from that seed's export or adapters;
+    without seeds the cells are as before (their fingerprints unchanged)."""
+    from ptm_app.experiments.knowledge_report import cells, run_dir
+
+    monkeypatch.chdir(ROOT)
+    plan = seeded_plan()
+    mlm = plan["models"][0]
+    seeded = cells(plan, mlm, 2)
+    assert [c["name"] for c, _ in seeded] == ["mlm/pretrain/seed2", "mlm/wordnet_supersense/seed2",
+                                              "mlm/wordnet_pairs/seed2", "mlm/brown_pos/seed2"]
+    assert all(c["set"]["seed_everything"] == 2 for c, _ in seeded)
+    export = str(run_dir(plan, mlm, "pretrain", 2) / "export")
+    assert export.endswith("knowledge_brown-mlm-pretrain-seed2/export")
+    assert all(c["set"]["model.init_args.backbone"] == export for c, _ in seeded[1:])
+    k_adapter = next(m for m in plan["models"] if m.get("adapters"))
+    adapter_cells = cells(plan, k_adapter, 3)
+    assert adapter_cells[0][0] == {"name": "minilm_k_adapter/adapter_factual/seed3",
+                                   "config": k_adapter["adapters"]["factual"], "set": {"seed_everything": 3}}
+    assert "knowledge_brown-minilm_k_adapter-adapter_linguistic-seed3" in adapter_cells[-1][0]["set"][
+        "model.init_args.adapters"]
+    assert cells(plan, mlm)[0][0] == {"name": "mlm/pretrain", "config": mlm["pretrain"], "test_ckpt": "last"}
+
+
+def test_seeded_cells_are_means_with_intervals_and_paired_against_the_baseline(runs_dir, monkeypatch):
+    """Three seeds of two rows, hand-written: a cell is the mean over its seeds with the t interval (std 0.01 of
+    0.50/0.51/0.52: half-width 4.303 * 0.01 / sqrt(3) = 0.0248), the paired difference from the baseline is per seed
+    (+0.10, +0.11, +0.12: mean +0.11, significant by its t interval; the sign-flip p of 3 pairs is at least 0.25), a cell missing a seed says how many it has, and the table says so."""
+    from ptm_app.experiments.knowledge_report import collect, write_knowledge_report
+
+    monkeypatch.chdir(ROOT)
+    plan = seeded_plan(baseline="mlm")
+    for seed, (mlm, ernie) in zip((1, 2, 3), ((0.50, 0.60), (0.51, 0.62), (0.52, 0.64))):
+        write_summary(runs_dir / f"knowledge_brown-mlm-wordnet_supersense-seed{seed}", {"test/acc": mlm})
+        write_summary(runs_dir / f"knowledge_brown-ernie-wordnet_supersense-seed{seed}", {"test/acc": ernie})
+    write_summary(runs_dir / "knowledge_brown-ernie-brown_pos-seed1", {"test/acc": 0.9})
+    rows, columns, sources = collect(plan)
+    by = {r["model"]: r for r in rows}
+    assert by["BERT-small MLM"]["wordnet_supersense acc"] == pytest.approx(0.51)
+    cell = sources["BERT-small MLM"]["wordnet_supersense acc"]
+    assert cell["n"] == 3 and cell["std"] == pytest.approx(0.01)
+    assert cell["interval"] == pytest.approx([0.51 - 0.02484, 0.51 + 0.02484], abs=1e-4)
+    assert cell["seeds"]["seed2"] == {"value": 0.51, "run": str(runs_dir / "knowledge_brown-mlm-wordnet_supersense-seed2"),
+                                      "metric": "test/acc"}
+    md = write_knowledge_report(plan).read_text()
+    assert "| BERT-small MLM |  |  |  |  |  | 0.5100 ± 0.0100 [0.4852, 0.5348] (3 seeds) |" in md
+    assert "0.9000 (1 seed: an observation), 1 of 3" in md
+    assert "| BERT-small ERNIE masking |  |  |  |  |  | +0.1100 [+0.0852, +0.1348] p=0.25 * |" in md
+    assert json.loads((runs_dir / "knowledge_brown" / "knowledge.json").read_text())[1]["wordnet_supersense acc"] \
+        == pytest.approx(0.62)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seeds": [1, "2"]}, "seeds: '2' is not an integer seed"),
+    ({"seeds": [1, 1]}, "seeds: seed 1 is given twice"),
+    ({"baseline": "mlm"}, "baseline 'mlm' must be one of the model ids (mlm, ernie"),
+    ({"seeds": [1, 2], "baseline": "bert"}, "baseline 'bert' must be one of the model ids"),
+])
+def test_bad_seeds_or_baseline_are_one_line(change, message, tmp_path, monkeypatch, capsys):
+    test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys)
