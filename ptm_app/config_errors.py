@@ -125,15 +125,23 @@ def read_yaml(path: str | os.PathLike):
 
 def check_config_files(argv: list[str]) -> None:
     """Every ``--config FILE`` / ``-c FILE`` that exists is valid YAML (``read_yaml``: the file and line of an
-    error, which jsonargparse's message lacks); a renamed one names its new path (``check_renamed``); any other
-    missing one is left to the parser (``one_line`` names it)."""
+    error, which jsonargparse's message lacks) and includes no other config (a ``config:`` key: jsonargparse loads
+    it, then lets the including file's groups replace its groups whole, so ``trainer: {max_steps: 3}`` silently
+    drops every other trainer setting of the base; repeated ``--config`` merges key by key); a renamed one names
+    its new path (``check_renamed``); any other missing one is left to the parser (``one_line`` names it)."""
     for i, arg in enumerate(argv):
         value = arg.split("=", 1)[1] if arg.startswith("--config=") else \
             argv[i + 1] if arg in ("--config", "-c") and i + 1 < len(argv) else None
         if value is not None:
             check_renamed(value)
         if value is not None and os.path.isfile(value):
-            read_yaml(value)
+            from ptm_app.errors import PtmError
+
+            settings = read_yaml(value)
+            if isinstance(settings, dict) and "config" in settings:
+                raise PtmError(f"{value}: a config does not include another ('config: {settings['config']}'): "
+                               f"jsonargparse would replace whole groups such as trainer: with this file's; give both "
+                               f"in order instead: --config {settings['config']} --config {value}")
 
 
 # Configs renamed to configs/<stage>/<model>_<method>_<data>.yaml (issue 27): old "<folder>/<stem>" -> new, so an old

@@ -200,6 +200,17 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
         f"error: config file {missing} does not exist; check the path"
 
 
+def test_a_config_including_another_is_one_line_naming_repeated_config(base, tmp_path, capsys):
+    """jsonargparse loads a ``config:`` key inside a file, then replaces whole groups with the including file's
+    (``trainer: {max_steps: 3}`` silently dropped the base's other trainer settings): refused, naming the order of
+    two ``--config`` files, which merge key by key."""
+    including = tmp_path / "short.yaml"
+    including.write_text(f"config: {base}\ntrainer:\n  max_steps: 3\n")
+    assert run(["fit", "--config", str(including)], capsys) == (
+        f"error: {including}: a config does not include another ('config: {base}'): jsonargparse would replace whole "
+        f"groups such as trainer: with this file's; give both in order instead: --config {base} --config {including}")
+
+
 @pytest.mark.parametrize("text,where,problem", [
     ("model:\n  init_args:\n    lr: [1, 2\n    warmup: 3\n", ":4:11:", "(while parsing a flow sequence that began at "
                                                                          "line 3)"),
