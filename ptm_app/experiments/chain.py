@@ -9,12 +9,10 @@ made from an earlier one (``made_from``).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
-from unittest import mock
 
 from ptm_app.errors import PtmError
 from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, record_cell, recorded_fingerprint,
@@ -59,8 +57,7 @@ def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input
         if not done:
             start = time.monotonic()
             print(f"[{i}/{len(links)}] {link.cell['name']}: {link.cell['config']}", flush=True)
-            with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when given args beside sys.argv's
-                code = run_cell(cell_plan, link.cell, upstream=starts_from)
+            code = run_cell(cell_plan, link.cell, upstream=starts_from)
             print(f"[{i}/{len(links)}] {link.cell['name']}: exit {code} after {time.monotonic() - start:.0f} s",
                   flush=True)
             if code == 143:

@@ -125,10 +125,12 @@ def seed_groups(patterns: list[str]) -> dict[str, list[str]]:
 
 
 def write_seed_report(groups: dict[str, list[str]], output: str | Path,
-                      stages: tuple[str, ...] = ("test/",)) -> Path:
+                      stages: tuple[str, ...] = ("test/",), baseline: Optional[str] = None) -> Path:
     """``output``.md: one row per group of runs (the same cell over seeds), per metric of ``stages`` the mean ± std
-    and 95 % t interval over the runs that logged it (``experiments.stats.summarize``; one run: an observation)."""
-    from ptm_app.experiments.stats import summarize
+    and 95 % t interval over the runs that logged it (``experiments.stats.summarize``; one run: an observation).
+    With ``baseline`` (a group), each other group's paired difference from it per metric, on the seeds both ran
+    (``summary.json``'s ``seed``; ``stats.paired``)."""
+    from ptm_app.experiments.stats import paired, summarize
 
     summaries = {name: [r for r in collect(runs)] for name, runs in groups.items()}
     metrics = sorted({k for rows in summaries.values() for r in rows for k in r.get("metrics", {})
@@ -140,6 +142,24 @@ def write_seed_report(groups: dict[str, list[str]], output: str | Path,
             values = [r["metrics"][m] for r in rows if isinstance(r.get("metrics", {}).get(m), (int, float))]
             cells.append(summarize(values).text() if values else "")
         lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    if baseline is not None:
+        def by_seed(rows: list[dict], metric: str) -> dict:
+            return {r["seed"]: r["metrics"][metric] for r in rows
+                    if "seed" in r and isinstance(r.get("metrics", {}).get(metric), (int, float))}
+
+        lines += ["", f"Paired difference: cell − {baseline}, on the seeds both ran (95 % t interval, exact sign-flip "
+                      f"p; * the interval excludes 0):", "",
+                  "| cell | pairs | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
+        for name, rows in summaries.items():
+            if name == baseline:
+                continue
+            cells, pairs = [], 0
+            for m in metrics:
+                mine, theirs = by_seed(rows, m), by_seed(summaries.get(baseline, []), m)
+                keys = sorted(set(mine) & set(theirs))
+                pairs = max(pairs, len(keys))
+                cells.append(paired([mine[k] for k in keys], [theirs[k] for k in keys]).text() if keys else "")
+            lines.append(f"| {name} | {pairs} | " + " | ".join(cells) + " |")
     md = Path(output).with_suffix(".md")
     with atomic_file(md, "w", encoding="utf-8") as fh:
         fh.write("Mean ± std [95 % t interval] over seeds (experiments.stats); one seed is an observation.\n\n")

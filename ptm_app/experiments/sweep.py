@@ -6,7 +6,9 @@ test, a mapping of dotted keys to values, e.g. ``{trainer.max_steps: 250}``), ``
 checkpoint (``last`` for cells that do not fit), and ``cells``: ``{name, config, set, fit, test_ckpt}`` each
 (``fit: false`` for zero-shot cells that only test).  ``seeds: [1, 2, 3]`` runs every cell once per seed
 (``seed_everything``; run directories ``<name>-<cell>-seed<N>``) and adds ``<name>_seeds.md``: per cell and metric the
-mean ± std and the 95 % t interval over the seeds (``experiments.stats``).  Plans written before overrides were mappings (``common`` and
+mean ± std and the 95 % t interval over the seeds (``experiments.stats``); ``baseline: <cell>`` adds each cell's
+paired difference from that cell, seed by seed.  A cell's ``config`` may be a list: a recipe, then the overlays added
+to it in order (``configs/optim/``, ``configs/strategy/``).  Plans written before overrides were mappings (``common`` and
 ``args`` as lists of command-line words, ``[--trainer.max_steps, '250']``) still load.
 A cell whose run directory already has test metrics is skipped and an interrupted fit resumes exactly from its
 ``last.ckpt``, so a stopped sweep (Ctrl-C, SIGTERM) continues where it stopped; ``--force`` reruns from scratch.
@@ -20,9 +22,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
+from unittest import mock
 
 import yaml
 
@@ -31,7 +35,7 @@ from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, runs_root, write_json
 
 CELL_KEYS = {"name", "config", "set", "fit", "test_ckpt"}
-PLAN_KEYS = {"name", "set", "test", "cells", "seeds"}
+PLAN_KEYS = {"name", "set", "test", "cells", "seeds", "baseline"}
 OLD_KEYS = {"common": "set", "args": "set"}  # plans from before overrides were mappings: lists of argv words
 CELL_FILE = "cell.json"
 EXAMPLE = "{model.init_args.optim.lr: 1.0e-4, trainer.max_steps: 250}"
@@ -61,15 +65,23 @@ def load_plan(path: str | Path) -> dict:
         if bad or "name" not in cell or "config" not in cell:
             raise PtmError(f"sweep plan {path}: cell {cell.get('name', '?')} needs 'name' and 'config' "
                            f"(optional 'set', 'fit', 'test_ckpt'); unknown keys: {sorted(bad) or 'none'}")
-        check_renamed(cell["config"], f"sweep plan {path}: cell {cell['name']}: config")
-        if not Path(cell["config"]).is_file():
-            raise PtmError(f"sweep plan {path}: cell {cell['name']}: config {cell['config']} not found")
+        files = config_files(cell, f"sweep plan {path}: cell {cell['name']}")
+        for file in files:
+            check_renamed(file, f"sweep plan {path}: cell {cell['name']}: config")
+            if not Path(file).is_file():
+                raise PtmError(f"sweep plan {path}: cell {cell['name']}: config {file} not found")
         cell["set"] = overrides(cell.get("set"), f"sweep plan {path}: cell {cell['name']}")
         run_name(plan, cell, path)
+    if "baseline" in plan and "seeds" not in plan:
+        raise PtmError(f"sweep plan {path}: baseline {plan['baseline']!r} pairs cells over seeds; add seeds: [1, 2, 3]")
     if "seeds" in plan:
         from ptm_app.experiments.stats import check_seeds
 
         seeds = check_seeds(plan["seeds"], f"sweep plan {path}: seeds")
+        names = [cell["name"] for cell in plan["cells"]]
+        if "baseline" in plan and (plan["baseline"] not in names or len(seeds) < 2):
+            raise PtmError(f"sweep plan {path}: baseline {plan['baseline']!r} must be one of the cells "
+                           f"({', '.join(names)}) and needs at least 2 seeds to pair on")
         plan["cells"] = [{**cell, "name": f"{cell['name']}/seed{seed}", "set": {**cell["set"], "seed_everything": seed},
                           "base": cell["name"]} for cell in plan["cells"] for seed in seeds]
         for cell in plan["cells"]:
@@ -144,11 +156,22 @@ def is_done(run_dir: Path, fingerprint: Optional[str] = None) -> bool:
     return tested and (fingerprint is None or recorded_fingerprint(run_dir) in (None, fingerprint))
 
 
+def config_files(cell: dict, where: str = "sweep cell") -> list[str]:
+    """The cell's ``config``: one recipe, or a list of a recipe and the overlays added to it in order (e.g.
+    ``[configs/pretrain/bert_mlm_nsp_brown.yaml, configs/optim/lamb_8x_batch.yaml]``), each one ``--config``."""
+    files = cell["config"] if isinstance(cell["config"], list) else [cell["config"]]
+    if not files or not all(isinstance(f, str) and f for f in files):
+        raise PtmError(f"{where}: config is a file or a list of files (a recipe, then its overlays); got "
+                       f"{cell['config']!r:.80}")
+    return files
+
+
 def cell_fingerprint(plan: dict, cell: dict, upstream: Sequence[str] = ()) -> str:
     """What makes a cell's run: its config's settings (parsed: comments and layout do not count), the plan's and
     the cell's arguments, whether it fits and which checkpoint it tests, and the fingerprints of the cells it starts
     from (``upstream``: a pre-training whose export it fine-tunes), hashed."""
-    recipe = {"config": yaml.safe_load(Path(cell["config"]).read_text(encoding="utf-8")),
+    settings = [yaml.safe_load(Path(f).read_text(encoding="utf-8")) for f in config_files(cell)]
+    recipe = {"config": settings[0] if isinstance(cell["config"], str) else settings,  # one file: as before
               "args": [*override_args(plan.get("set") or {}), *override_args(cell.get("set") or {})],
               "fit": cell.get("fit", True), "test_ckpt": cell.get("test_ckpt"), "upstream": list(upstream)}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
@@ -193,8 +216,8 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
     from ptm_app.config_errors import guarded
 
     name = run_name(plan, cell)
-    base = ["--config", cell["config"], *override_args(plan.get("set") or {}), *override_args(cell.get("set") or {}),
-            "--run_name", name]
+    base = [*(w for f in config_files(cell) for w in ("--config", f)), *override_args(plan.get("set") or {}),
+            *override_args(cell.get("set") or {}), "--run_name", name]
     fingerprint, run_dir = cell_fingerprint(plan, cell, upstream), runs_root() / name
     moved = set_aside_if_stale(run_dir, fingerprint)
     if moved is not None:
@@ -202,14 +225,15 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
               f"{moved.name} and the cell runs afresh", flush=True)
     record_cell(run_dir, fingerprint, cell, upstream)
     fits = cell.get("fit", True)
-    if fits:
-        resume = not fresh and moved is None and (run_dir / "checkpoints" / "last.ckpt").exists()
-        code = guarded(run_lightning, ["fit", *base, *(["--ckpt_path", "last"] if resume else [])])
-        if code:
-            return code
-    if plan.get("test", True):
-        return guarded(run_lightning, ["test", *base, *(["--ckpt_path", cell.get("test_ckpt", "best")] if fits
-                                                        else [])])
+    with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when given args beside sys.argv's
+        if fits:
+            resume = not fresh and moved is None and (run_dir / "checkpoints" / "last.ckpt").exists()
+            code = guarded(run_lightning, ["fit", *base, *(["--ckpt_path", "last"] if resume else [])])
+            if code:
+                return code
+        if plan.get("test", True):
+            return guarded(run_lightning, ["test", *base, *(["--ckpt_path", cell.get("test_ckpt", "best")] if fits
+                                                            else [])])
     return 0
 
 
@@ -271,7 +295,7 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
             for c in plan["cells"]:
                 if (runs_root() / run_name(plan, c)).is_dir():
                     groups.setdefault(c["base"], []).append(str(runs_root() / run_name(plan, c)))
-            seeds_md = write_seed_report(groups, runs_root() / f"{plan['name']}_seeds", stages)
+            seeds_md = write_seed_report(groups, runs_root() / f"{plan['name']}_seeds", stages, plan.get("baseline"))
             print(seeds_md.read_text(), end="")
             print(f"wrote {seeds_md}")
         if readme:

@@ -135,6 +135,48 @@ def test_a_plan_with_seeds_runs_each_cell_per_seed_and_reports_intervals(tiny_co
     assert "seeds: 'two' is not an integer seed" in capsys.readouterr().err
 
 
+def test_a_cell_of_a_recipe_and_an_overlay_paired_against_a_baseline_cell(tiny_corpus, tmp_path, capsys):
+    """A cell's config may be a list (a recipe, then an overlay: two --config, later wins key by key); baseline: a
+    cell adds each other cell's paired difference from it, seed by seed; the console has no LightningCLI warning."""
+    from ptm_app.experiments.stats import paired
+
+    config = classifier_config(tiny_corpus, tmp_path, steps=2, val_every=2, val_batches=1)
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  init_args:\n    optim: {lr: 0.3}\n")
+    plan = {"name": "b", "set": {"trainer.max_steps": 2}, "seeds": [1, 2], "baseline": "base",
+            "cells": [{"name": "base", "config": str(config)},
+                      {"name": "hot", "config": [str(config), str(overlay)]}]}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    runs = tmp_path / "runs"
+    assert run_main(["sweep", str(path)], runs) == 0
+    out, err = capsys.readouterr()
+    assert "LightningCLI's args parameter" not in out + err
+    lrs = {cell: yaml.safe_load((runs / f"b-{cell}-seed1" / "config.yaml").read_text())["model"]["init_args"]["optim"]
+           for cell in ("base", "hot")}
+    assert lrs["hot"]["lr"] == 0.3 and lrs["base"]["lr"] != 0.3
+    assert lrs["hot"]["warmup"] == lrs["base"]["warmup"]  # the rest of the recipe's optim kept
+    loss = {(cell, seed): json.loads((runs / f"b-{cell}-seed{seed}" / "summary.json").read_text())["metrics"]
+            ["val/loss"] for cell in ("base", "hot") for seed in (1, 2)}
+    text = (runs / "b_seeds.md").read_text()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("| cell | pairs |"))
+    header, row = lines[at], next(line for line in lines[at:] if line.startswith("| hot | 2 |"))
+    column = [c.strip() for c in header.strip("|").split("|")].index("val/loss")
+    expected = paired([loss["hot", 1], loss["hot", 2]], [loss["base", 1], loss["base", 2]]).text()
+    assert expected.startswith("+") and "[" in expected  # lr 0.3 raised the loss; two pairs give an interval
+    assert [c.strip() for c in row.strip("|").split("|")][column] == expected
+    plan["baseline"] = "nope"
+    path.write_text(yaml.safe_dump(plan))
+    assert run_main(["sweep", str(path)], runs) == 2
+    assert "baseline 'nope' must be one of the cells (base, hot)" in capsys.readouterr().err
+    plan["cells"][1]["config"] = [str(config), str(tmp_path / "missing.yaml")]
+    plan["baseline"] = "base"
+    path.write_text(yaml.safe_dump(plan))
+    assert run_main(["sweep", str(path)], runs) == 2
+    assert f"cell hot: config {tmp_path / 'missing.yaml'} not found" in capsys.readouterr().err
+
+
 def test_report_by_data_has_one_table_per_task_with_its_own_metrics(tmp_path):
     """``--by data --stages test``: a table per data set holding only the test metrics its runs have; the CSV
     keeps every run and metric in one table."""
@@ -220,6 +262,26 @@ def test_the_shipped_sweep_plan_is_mappings(monkeypatch):
     lora = next(c for c in plan["cells"] if c["name"] == "brown_pos/lora")
     assert lora["set"]["model.init_args.delta"]["target_modules"] == ["query", "value"]
     assert lora["set"]["model.init_args.optim.lr"] == 1e-3
+
+
+def test_the_optimiser_plan_spends_the_same_sequences_on_both_cells(monkeypatch):
+    """configs/sweeps/optim_lamb_brown.yaml: LAMB's cell is the recipe plus the LAMB overlay (8 accumulated batches)
+    and takes 1/8 of AdamW's steps, so both see the same sequences; 3 seeds, paired against AdamW."""
+    from ptm_app.experiments.sweep import config_files, load_plan
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    plan = load_plan("configs/sweeps/optim_lamb_brown.yaml")
+    assert plan["baseline"] == "adamw_b32" and plan["seeds"] == [1, 2, 3] and len(plan["cells"]) == 6
+    adamw, lamb = (next(c for c in plan["cells"] if c["base"] == name) for name in ("adamw_b32", "lamb_b256"))
+    assert config_files(lamb) == ["configs/pretrain/bert_mlm_nsp_brown.yaml", "configs/optim/lamb_8x_batch.yaml"]
+    overlay = yaml.safe_load(Path("configs/optim/lamb_8x_batch.yaml").read_text())
+    recipe = yaml.safe_load(Path("configs/pretrain/bert_mlm_nsp_brown.yaml").read_text())
+    batch = recipe["data"]["init_args"]["batch_size"]
+    sequences = {"adamw": adamw["set"]["trainer.max_steps"] * batch,
+                 "lamb": lamb["set"]["trainer.max_steps"] * batch * overlay["trainer"]["accumulate_grad_batches"]}
+    assert sequences["adamw"] == sequences["lamb"] == 15360 and overlay["model"]["init_args"]["optim"]["name"] == "lamb"
+    assert adamw["test_ckpt"] == lamb["test_ckpt"] == "last"  # both scored after the same sequences
 
 
 @pytest.mark.parametrize("change, message", [
