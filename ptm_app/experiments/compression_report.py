@@ -113,9 +113,12 @@ def mcnemar_p(first: list[bool], second: list[bool]) -> float:
     return min(1.0, 2 * tail)
 
 
-def judge(targets: list[CompressionTarget], measured: list[dict], correct: Optional[dict] = None) -> list[dict]:
+def judge(targets: list[CompressionTarget], measured: list[dict], correct: Optional[dict] = None,
+          over_seeds: Optional[dict[str, list[float]]] = None) -> list[dict]:
     """One line per condition: the target, what was measured and whether it is met (teacher: the first row);
-    ``correct``: per row, whether each test example was right (for ``beats``)."""
+    ``correct``: per row, whether each test example was right (for ``beats``: McNemar); ``over_seeds``: per seeded
+    row its metric per seed (``beats`` between two seeded rows: the paired difference over seeds, whose 95 % t
+    interval must lie above 0)."""
     rows, teacher = {r["model"]: r for r in measured}, measured[0]
     judged = []
     for t in targets:
@@ -133,7 +136,14 @@ def judge(targets: list[CompressionTarget], measured: list[dict], correct: Optio
             if floor is not None:
                 got = r[f"speedup_{batch}"]
                 checks.append((f"batch-{batch[1:]} speed-up >= {floor:g}x", f"{got:.2f}x", got >= floor))
-        if t.beats is not None:
+        if t.beats is not None and over_seeds and len(over_seeds.get(t.row, [])) > 1 \
+                and len(over_seeds.get(t.beats, [])) == len(over_seeds[t.row]):
+            from ptm_app.experiments.stats import paired
+
+            p = paired(over_seeds[t.row], over_seeds[t.beats])
+            checks.append((f"metric above {t.beats!r} (paired over seeds, interval above 0)", p.text(),
+                           p.diff.interval[0] > 0))
+        elif t.beats is not None:
             other = rows[t.beats]
             p = mcnemar_p(correct[t.row], correct[t.beats]) if correct else None
             shown = f"{r['metric']:.3f} vs {other['metric']:.3f}" + (f", McNemar p = {p:.3g}" if p is not None else "")
@@ -375,12 +385,130 @@ def draw(rows: list[dict]):
     return fig
 
 
+def seeded_outputs(rows: list[CompressionRow]) -> set[Path]:
+    """The models the rows' ``make`` steps train (a ``fit``'s run directory) and what is made from one of them (a
+    ``quantize`` or ``prune`` whose ``--ckpt_path`` is one: its ``--output_dir``), resolved: what ``seeds`` remakes
+    once per seed.  Anything else (the teacher, an int8 of the teacher) is one model whatever the seed."""
+    out: set[Path] = set()
+    for row in rows:
+        for argv in make_steps(row):
+            flags = dict(zip(argv[1::2], argv[2::2])) if len(argv) % 2 else {}
+            if argv[0] == "fit":
+                out.add(fit_run_dir(argv).resolve())
+            elif "--output_dir" in flags and names_output(flags.get("--ckpt_path", ""), out):
+                out.add(Path(flags["--output_dir"]).resolve())
+    return out
+
+
+def with_seed(row: CompressionRow, seed: int, outputs: set[Path]) -> CompressionRow:
+    """``row`` as seed ``seed`` makes it: every path of ``outputs`` it names (its model, a step's option) gets
+    ``-seed<N>``, and every ``fit`` runs with ``--seed_everything N`` under that run name; a row not made from
+    ``outputs`` is returned as it is."""
+    from dataclasses import replace
+
+    def tag(value: str) -> str:
+        return f"{value.rstrip('/')}-seed{seed}" if names_output(value, outputs) else value
+
+    if not names_output(row.model, outputs):
+        return row
+    steps = []
+    for argv in make_steps(row):
+        if argv[0] == "fit":
+            flags = dict(zip(argv[1::2], argv[2::2]))
+            kept = [w for flag, value in flags.items() if flag not in ("--run_name", "--seed_everything")
+                    for w in (flag, tag(value))]
+            argv = ["fit", *kept, "--seed_everything", str(seed), "--run_name", f"{fit_run_dir(argv).name}-seed{seed}"]
+        else:
+            argv = [argv[0], *(tag(w) for w in argv[1:])]
+        steps.append(argv)
+    return replace(row, model=tag(row.model), make=" && ".join(f"python main.py {shlex.join(a)}" for a in steps))
+
+
+def names_output(ref: str, outputs: set[Path]) -> bool:
+    """``ref`` (a row's model or a step's path) is one of ``outputs`` wherever ``locate`` would look for it: as
+    given, or under the runs directory (by its path or its last name: ``teacher.resolve_teacher``)."""
+    if not ref:
+        return False
+    path = Path(ref).expanduser()
+    candidates = [path] if path.is_absolute() else [path, runs_root() / path, runs_root() / path.name]
+    return any(c.resolve() in outputs for c in candidates)
+
+
+def measure(made: list[CompressionRow], records: list[dict], labels: list[str], metric: str, max_length: int,
+            batch_size: int, repeats: int, what: str) -> tuple[list[dict], dict]:
+    """Each row (the teacher first) loaded, counted, scored on ``records`` and timed with the others in turn
+    (``alternating_medians``): the table's rows, and per row whether each record was right."""
+    from ptm_app.compression.quantize import alternating_medians, latency_batches, timed_call
+
+    texts = [r["text"] for r in records[:32]]
+    measured, calls, correct, notes = [], {}, {}, set()
+    for row in made:
+        loaded, rule = load_row(row, locate(row))
+        note = truncation_note(loaded.tokenizer, records, max_length, what)
+        if note and note not in notes:  # rows with the teacher's tokenizer say the same
+            print(note, file=sys.stderr)
+            notes.add(note)
+        extra = [loaded.module.exits] if rule is not None else []
+        params, nonzero = counts([loaded.model, *extra])
+        value, exit_layer, correct[row.name] = scored(loaded, rule, records, metric, labels, max_length, batch_size)
+        measured.append({"model": row.name, "params": params, "nonzero_params": nonzero,
+                         "block_sparsity": block_sparsity(loaded.model),
+                         "size_mb": size_mb(loaded, extra), "metric": value, "exit_layer": exit_layer})
+        calls[row.name] = {b: timed_call(lambda enc: forward_call(loaded, rule, enc), inputs)
+                           for b, inputs in latency_batches(loaded.tokenizer, texts, max_length).items()}
+    if len(calls) != len(made):
+        raise PtmError("compression rows need distinct names; rename the repeated one")
+    with torch.inference_mode():
+        times = alternating_medians(calls, repeats)
+    for r in measured:
+        r.update(latency_b1_ms=times[r["model"]]["batch_1"], latency_b32_ms=times[r["model"]]["batch_32"])
+    return with_ratios(measured), correct
+
+
+def with_ratios(measured: list[dict]) -> list[dict]:
+    """Speed-ups and metric % against the first row (the teacher)."""
+    base = measured[0]
+    for r in measured:
+        r.update(speedup_b1=round(base["latency_b1_ms"] / r["latency_b1_ms"], 3),
+                 speedup_b32=round(base["latency_b32_ms"] / r["latency_b32_ms"], 3),
+                 metric_pct_of_teacher=round(100.0 * r["metric"] / base["metric"], 2) if base["metric"] else None)
+    return measured
+
+
+def over_the_seeds(per_seed: dict[int, list[dict]], by_seed: dict[int, list[CompressionRow]]) \
+        -> tuple[list[dict], dict[str, list[float]]]:
+    """One row per report row from its seeds' measurements: the mean metric, counts and exit layer, the median
+    latency, ``seeds`` (how many models it is; 1 for the teacher and what is made from it) and
+    ``metric_over_seeds`` (``stats.summarize``); and per seeded row its metric per seed."""
+    import statistics
+
+    from ptm_app.experiments.stats import summarize
+
+    seeds = list(per_seed)
+    rows, values = [], {}
+    for i, first in enumerate(per_seed[seeds[0]]):
+        models = {by_seed[s][i].model for s in seeds}
+        runs = [per_seed[s][i] for s in seeds] if len(models) > 1 else [first]
+        metric = [r["metric"] for r in runs]
+        row = {"model": first["model"], "seeds": len(runs), "metric_over_seeds": summarize(metric).text()
+               if len(runs) > 1 else "one model (not seeded)"}
+        for key in ("params", "nonzero_params", "size_mb", "block_sparsity", "exit_layer", "metric"):
+            got = [r[key] for r in runs if r[key] is not None]
+            row[key] = (round(statistics.fmean(got), 4) if key != "metric" else statistics.fmean(got)) if got else None
+        for key in ("latency_b1_ms", "latency_b32_ms"):
+            row[key] = statistics.median(r[key] for r in runs)
+        if len(runs) > 1:
+            values[row["model"]] = metric
+        rows.append(row)
+    return with_ratios(rows), values
+
+
 def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source: str, split: str = "test",
                     examples: Optional[int] = None, metric: Literal["accuracy", "f1_macro"] = "accuracy",
                     max_length: int = 128, batch_size: int = 32, repeats: int = 20, seed: int = 0,
                     make_missing: bool = False, run_name: str = "compress_report",
                     output_dir: Optional[str] = None, targets: Optional[list[CompressionTarget]] = None,
-                    readme: Optional[str] = None) -> Path:
+                    readme: Optional[str] = None, seeds: Optional[list[int]] = None) -> Path:
     """The compression table (Qiu et al. 2020, Table 3) measured from trained models.
 
     Args:
@@ -400,6 +528,11 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         targets: conditions on rows judged from the measurements (``CompressionTarget``).
         readme: also put both tables into this file (e.g. README.md), between the lines
             ``<!-- <run_name>:start -->`` and ``<!-- <run_name>:end -->``, so the document's numbers are generated.
+        seeds: train every row whose ``make`` fits a model (and what is quantized or pruned from it) once per seed
+            (``with_seed``: ``--seed_everything N``, run names ``-seed<N>``); the teacher and what is made from it
+            are one model.  Each seed's rows are scored and timed together; the table gives per row the mean metric
+            (``metric_over_seeds``: mean ± std [95 % t interval]), the median latency over the seeds and the
+            speed-ups from those; a ``beats`` target between two seeded rows is judged by their paired difference.
     """
     teacher, rows = as_row(teacher), [as_row(r) for r in rows]
     targets = [as_target(t) for t in targets or []]
@@ -408,22 +541,31 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.representations import sample_indices
     from ptm_app.analysis.tables import write_table
-    from ptm_app.compression.quantize import alternating_medians, eval_records, latency_batches, timed_call
+    from ptm_app.compression.quantize import eval_records
 
     if repeats < 1:
         raise PtmError(f"repeats: {repeats}; time at least 1 round")
     everything = [teacher, *rows]
     check_targets(targets, [row.name for row in everything])
+    if seeds is not None:
+        from ptm_app.experiments.stats import check_seeds
+
+        seeds = check_seeds(seeds, "compress-report: seeds")
+        outputs = seeded_outputs(rows)
+        by_seed = {s: [teacher, *(with_seed(r, s, outputs) for r in rows)] for s in seeds}
+    else:
+        by_seed = {None: everything}
     out = Path(output_dir) if output_dir else run_path(run_name)
     if readme:
         require_markers(readme, out.name)
     for row in everything:
         if row.make:
             make_steps(row)  # a malformed command is refused before anything runs
-    for row in everything:
+    to_make = list({(r.model, str(r.make)): r for made in by_seed.values() for r in made}.values())
+    for row in to_make:
         if make_missing and locate(row) is None and row.make:
             run_make(row)
-    missing = [row for row in everything if locate(row) is None]
+    missing = list({(r.name, r.model): r for made in by_seed.values() for r in made if locate(r) is None}.values())
     if missing:
         raise PtmError(missing_line(missing))
     records = eval_records(source, split, 0)
@@ -431,44 +573,26 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
     if not records:
         raise PtmError(f"{source}/{split} has no records to score; choose another split")
     labels = sorted({str(r["label"]) for r in records})
-    texts = [r["text"] for r in records[:32]]
-    measured, calls, correct, notes = [], {}, {}, set()
-    for row in everything:
-        loaded, rule = load_row(row, locate(row))
-        note = truncation_note(loaded.tokenizer, records, max_length, f"{source}/{split}")
-        if note and note not in notes:  # rows with the teacher's tokenizer say the same
-            print(note, file=sys.stderr)
-            notes.add(note)
-        extra = [loaded.module.exits] if rule is not None else []
-        params, nonzero = counts([loaded.model, *extra])
-        value, exit_layer, correct[row.name] = scored(loaded, rule, records, metric, labels, max_length, batch_size)
-        measured.append({"model": row.name, "params": params, "nonzero_params": nonzero,
-                         "block_sparsity": block_sparsity(loaded.model),
-                         "size_mb": size_mb(loaded, extra), "metric": value, "exit_layer": exit_layer})
-        calls[row.name] = {b: timed_call(lambda enc: forward_call(loaded, rule, enc), inputs)
-                           for b, inputs in latency_batches(loaded.tokenizer, texts, max_length).items()}
-    if len(calls) != len(everything):
-        raise PtmError("compression rows need distinct names; rename the repeated one")
-    with torch.inference_mode():
-        times = alternating_medians(calls, repeats)
-    base = measured[0]
-    for r in measured:
-        t, t0 = times[r["model"]], times[base["model"]]
-        r.update(latency_b1_ms=t["batch_1"], latency_b32_ms=t["batch_32"],
-                 speedup_b1=round(t0["batch_1"] / t["batch_1"], 3),
-                 speedup_b32=round(t0["batch_32"] / t["batch_32"], 3),
-                 metric_pct_of_teacher=round(100.0 * r["metric"] / base["metric"], 2) if base["metric"] else None)
+    per_seed = {s: measure(made, records, labels, metric, max_length, batch_size, repeats, f"{source}/{split}")
+                for s, made in by_seed.items()}
+    measured, correct = per_seed[next(iter(per_seed))]
+    over_seeds = None
+    if seeds:
+        measured, over_seeds = over_the_seeds({s: m for s, (m, _) in per_seed.items()}, by_seed)
     write_json(out / "settings.json", {**resolved, "threads": torch.get_num_threads(), "examples_scored":
                                        len(records), "labels": labels,
-                                       "resolved": {row.name: locate(row) for row in everything}})
+                                       "resolved": {f"{row.name}" + ("" if s is None else f" (seed {s})"):
+                                                    locate(row) for s, made in by_seed.items() for row in made}})
     title = (f"Compression on {source} ({split}, {len(records)} examples, {metric}); CPU latency: median of "
              f"{repeats} rounds, {torch.get_num_threads()} threads, max_length {max_length}")
-    md = write_table(measured, COLUMNS, out / "compression", title)
+    if seeds:
+        title += f"; seeds {seeds}: rows trained per seed show the mean (metric_over_seeds: ± std [95 % t interval])"
+    md = write_table(measured, COLUMNS + (["seeds", "metric_over_seeds"] if seeds else []), out / "compression", title)
     save_png(draw(measured), out / "compression.png")
     print(md.read_text(encoding="utf-8"), end="")
     tables = [md]
     if targets:
-        tables.append(write_table(judge(targets, measured, correct), ["row", "target", "measured", "met"],
+        tables.append(write_table(judge(targets, measured, correct, over_seeds), ["row", "target", "measured", "met"],
                                   out / "compression_targets", f"Targets ({source})"))
         print("\n" + tables[-1].read_text(encoding="utf-8"), end="")
     if readme:

@@ -302,6 +302,85 @@ def test_shipped_report_runs_as_shipped_on_tiny_substitutes(name, tmp_path, monk
     assert all(r["exit_layer"] is not None for r, c in zip(rows[1:], cfg["rows"]) if c.get("exit"))
 
 
+@pytest.mark.slow  # ~40 s: two tiny student fits, three int8 conversions, two reports' worth of timing
+def test_seeds_train_each_student_per_seed_and_report_its_interval(tmp_path):
+    """seeds: [1, 2]: the row whose make fits a model is trained once per seed (--seed_everything N, run name
+    -seed<N>) and so is the int8 made from it; the teacher and its int8 are one model each.  A seeded row's metric is
+    the mean over its seeds with the t interval, and ``beats`` between two seeded rows is their paired difference."""
+    from ptm_app.experiments.stats import paired, summarize
+    from ptm_app.inference.compress_commands import accuracy
+    from ptm_app.inference.loading import load_for_inference
+
+    runs = tmp_path / "runs"
+    teacher = plain_teacher(tmp_path)
+    cfg = {"trainer": {"max_steps": 2, "max_epochs": 1, "limit_val_batches": 1, "num_sanity_val_steps": 0,
+                       "enable_progress_bar": False},
+           "model": {"class_path": "SequenceClassificationModule",
+                     "init_args": {"backbone_config": {**TINY_BERT, "num_hidden_layers": 2}}},
+           "data": {"class_path": "TaskDataModule",
+                    "init_args": {"source": "bbc", "tokenizer": {"pretrained": "minilm"}, "max_length": MAX_LENGTH,
+                                  "batch_size": 4, "limit_train": 16}}}
+    student_config = tmp_path / "student.yaml"
+    student_config.write_text(yaml.safe_dump(cfg))
+    int8, student_int8 = tmp_path / "int8", tmp_path / "student_int8"
+    config = report_config(tmp_path, str(teacher), [
+        {"name": "int8", "model": str(int8),
+         "make": [{"quantize": {"ckpt_path": str(teacher), "output_dir": str(int8), "repeats": 1}}]},
+        {"name": "student", "model": "student", "make": [{"fit": {"config": str(student_config)}}]},
+        {"name": "student int8", "model": str(student_int8),
+         "make": [{"quantize": {"ckpt_path": str(runs / "student"), "output_dir": str(student_int8),
+                                "repeats": 1}}]}],
+        targets=[{"row": "student", "beats": "student int8"}], seeds=[1, 2])
+    assert run_main(["compress-report", "--config", str(config), "--make_missing", "true"], runs) == 0
+    assert not (runs / "student").exists() and not student_int8.exists()  # only the seeded ones are made
+    for seed in (1, 2):
+        made = yaml.safe_load((runs / f"student-seed{seed}" / "config.yaml").read_text())
+        assert made["seed_everything"] == seed
+        assert (tmp_path / f"student_int8-seed{seed}").is_dir()
+    by = check_table(runs / "table", ["teacher", "int8", "student", "student int8"])
+    assert [by[n]["seeds"] for n in ("teacher", "int8", "student", "student int8")] == [1, 1, 2, 2]
+    assert by["int8"]["metric_over_seeds"] == "one model (not seeded)"
+    records = scored_records()
+    scores = {name: [accuracy(load_for_inference(str(path(seed))), records, MAX_LENGTH) for seed in (1, 2)]
+              for name, path in (("student", lambda s: runs / f"student-seed{s}"),
+                                 ("student int8", lambda s: tmp_path / f"student_int8-seed{s}"))}
+    for name, values in scores.items():
+        assert by[name]["metric"] == pytest.approx(sum(values) / 2)
+        assert by[name]["metric_over_seeds"] == summarize(values).text()
+    assert by["teacher"]["metric"] == pytest.approx(accuracy(load_for_inference(str(teacher)), records, MAX_LENGTH))
+    judged = json.loads((runs / "table" / "compression_targets.json").read_text())
+    p = paired(scores["student"], scores["student int8"])
+    assert judged == [{"row": "student", "target": "metric above 'student int8' (paired over seeds, interval above 0)",
+                       "measured": p.text(), "met": "yes" if p.diff.interval[0] > 0 else "no"}]
+
+
+def test_seeds_remake_what_the_shipped_report_trains_and_keep_the_teacher(monkeypatch):
+    """On the shipped BBC report: every row whose make fits (and the int8 made from the distilled student) is
+    remade per seed under -seed<N> names with --seed_everything; the teacher and its int8 are not."""
+    from ptm_app.experiments.compression_report import (as_row, make_steps, names_output, seeded_outputs,
+                                                         with_seed)
+
+    monkeypatch.chdir(ROOT)
+    cfg = yaml.safe_load((ROOT / "configs" / "compress" / "minilm_report_bbc.yaml").read_text())
+    rows = {r["name"]: as_row(r) for r in cfg["rows"]}
+    outputs = seeded_outputs(list(rows.values()))
+    assert not names_output(cfg["teacher"]["model"], outputs)
+    assert [name for name, r in rows.items() if not names_output(r.model, outputs)] == ["dynamic int8"]
+    assert with_seed(rows["dynamic int8"], 2, outputs) is rows["dynamic int8"]
+    heads = with_seed(rows["heads pruned 25 %"], 2, outputs)
+    assert heads.model == "checkpoints/prune_heads_bbc_25-seed2"
+    assert make_steps(heads) == [["fit", "--config", "configs/compress/minilm_prune_heads_bbc.yaml",
+                                  "--model.init_args.pruning.heads.target", "0.25", "--seed_everything", "2",
+                                  "--run_name", "prune_heads_bbc_25-seed2"]]
+    both = with_seed(rows["distilled 3 layers + dynamic int8"], 3, outputs)
+    assert make_steps(both) == [["quantize", "--ckpt_path", "checkpoints/minilm_distill_3layer_bbc-seed3",
+                                 "--output_dir", "checkpoints/int8_distill_bbc_3layer-seed3"]]
+    qat = make_steps(with_seed(rows["QAT int8 (Q8BERT, static)"], 1, outputs))
+    assert qat[0][-4:] == ["--seed_everything", "1", "--run_name", "minilm_qat_bbc-seed1"]
+    assert qat[1][1:5] == ["--ckpt_path", "checkpoints/minilm_qat_bbc-seed1", "--output_dir",
+                           "checkpoints/int8_qat_static_bbc-seed1"]
+
+
 @pytest.mark.slow  # ~60 s: a tiny teacher fit, three student fits, the report
 def test_report_on_distilled_and_theseus_runs(tmp_path):
     """Students of other structures as rows: the shipped BiLSTM, CNN and Theseus recipes, shortened, from a tiny
