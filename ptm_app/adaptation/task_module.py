@@ -59,7 +59,7 @@ class TaskModule(PtmModule):
             if hp.get("adversarial"):
                 raise PtmError("adversarial (FreeLB) and distill each replace the training loss; give only one")
             policies.append(TeacherLoss(distill, self.model_class))
-        replaces = [name for name in ("distill", "early_exit", "theseus", "adversarial") if hp.get(name)]
+        replaces = [name for name in ("distill", "early_exit", "theseus", "adversarial") if hp.get(name) is not None]
         if len(replaces) > 1:
             raise PtmError(f"{' and '.join(replaces)} each replace the training loss; give only one")
         if hp.get("early_exit") is not None:
