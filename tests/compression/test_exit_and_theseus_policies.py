@@ -282,3 +282,36 @@ def test_theseus_compresses_a_tagger_and_exports_the_successor(tmp_path):
     batch = {"input_ids": torch.tensor([[2, 10, 11, 12, 3]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
     with torch.no_grad():
         torch.testing.assert_close(exported(**batch).logits, module(batch), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["qa", "choice"])
+def test_theseus_on_qa_and_choice_mixes_successor_and_predecessor_blocks(tmp_path, kind):
+    """The successor of a 4-layer QA / multiple-choice model has 2 layers; with no module replaced the mixed model
+    is the predecessor, with all replaced the successor, and the training loss is the kind's own on the mix."""
+    from ptm_app.adaptation.choice import MultipleChoiceModule
+    from ptm_app.adaptation.qa import QuestionAnsweringModule
+    from ptm_app.compression.theseus_policy import Theseus
+
+    cls, extra = (QuestionAnsweringModule, {}) if kind == "qa" else (MultipleChoiceModule, {"num_choices": 2})
+    config = {**TINY_BERT, "num_hidden_layers": 4, "vocab_size": 60}
+    torch.manual_seed(0)
+    cls(backbone_config=config, **extra).build().backbone.save_pretrained(tmp_path / "predecessor")
+    module = cls(theseus={"predecessor": str(tmp_path / "predecessor")}, **extra).build().eval()
+    policy = module.policy(Theseus)
+    assert module.backbone.config.num_hidden_layers == 2 and module.style() == "module replacing (BERT-of-Theseus)"
+    ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if kind == "qa":
+        batch.update(start_positions=torch.tensor([1, 2, 3, 4]), end_positions=torch.tensor([2, 2, 5, 6]))
+    else:
+        batch["labels"] = torch.tensor([0, 1])
+    with torch.no_grad():
+        alone, none = module(batch), policy.mixed_outputs(module, batch, torch.tensor([False, False]))
+        every = policy.mixed_outputs(module, batch, torch.tensor([True, True]))
+        reference = module.outputs(policy.predecessor(**module.backbone_inputs(batch)))
+    flat = (lambda x: torch.cat(x, -1)) if kind == "qa" else (lambda x: x)
+    torch.testing.assert_close(flat(none), flat(reference), rtol=0, atol=1e-5)
+    torch.testing.assert_close(flat(every), flat(alone), rtol=0, atol=0)
+    assert not torch.allclose(flat(alone), flat(reference), atol=1e-4)
+    loss, parts = policy.training_loss(module, batch)  # step 0: p = 0.3
+    assert torch.isfinite(loss) and float(parts["replace_rate"]) == pytest.approx(0.3)
