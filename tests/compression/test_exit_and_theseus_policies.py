@@ -158,7 +158,7 @@ def test_a_tagger_exits_per_sentence_and_at_threshold_zero_scores_as_its_last_la
     """PABEE-trained tag ramps on a 3-layer tagger (tags of the word before, ``after_the``): logged through main.py, at S = 0 no
     sentence exits early and the accuracy is the last layer's ``val/acc``; at S above ln(3) every sentence leaves at
     layer 1 with the first ramp's accuracy; the exits taken per layer move to earlier layers as S grows; predict
-    writes each sentence's exit layer, the one the evaluation's rule gives."""
+    writes each sentence's exit layer, the one the evaluation's rule gives, through Lightning and --input alike."""
     from ptm_app.adaptation.token_classification import TokenClassificationModule
     from ptm_app.compression.early_exit_policy import EarlyExit, first_under, scored_tokens, unit_facts
     from tests.task_kinds.test_every_kind import splits
@@ -224,8 +224,13 @@ def test_a_tagger_exits_per_sentence_and_at_threshold_zero_scores_as_its_last_la
         for batch in data.test_dataloader():
             layers = torch.stack(policy.layer_logits(module, batch), 1)
             expected += first_under(unit_facts(layers, batch["labels"], scored_tokens(batch))["score"], 0.5).tolist()
-    by_id = {r["id"]: r["exit_layer"] for r in rows}
-    assert sorted(by_id.values()) == sorted(expected)
+    assert sorted(r["exit_layer"] for r in rows) == sorted(expected)
+    out = tmp_path / "rows.jsonl"  # main.py predict --input: the same tags and exit layers
+    assert run_main(["predict", "--ckpt_path", str(runs / "tag_exit"), "--input", str(root / "test.jsonl"),
+                     "--output", str(out)], runs) == 0
+    mine = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["words"], r["tags"], r["exit_layer"]) for r in mine) == \
+        sorted((r["words"], r["tags"], r["exit_layer"]) for r in rows)
 
 
 def test_off_ramps_on_qa_and_with_a_second_loss_are_one_line():
