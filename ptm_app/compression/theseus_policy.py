@@ -129,6 +129,9 @@ class Theseus(BackbonePolicy):
         if labels is not None and names != list(labels):
             raise PtmError(f"predecessor '{spec.predecessor}' predicts labels {names} but the data's labels are "
                            f"{list(labels)}; compress a model fine-tuned on this label set")
+        if module.tokenizer is not None:  # the successor reads the data with the predecessor's embeddings
+            self.frozen.check_vocabulary(module.tokenizer, "theseus (the successor keeps the predecessor's "
+                                                           "embeddings)")
         init = spec.successor_init or list(range(1, n // r + 1))
         if len(init) != n // r or not all(isinstance(i, int) and 1 <= i <= n for i in init):
             raise PtmError(f"successor_init {init}: name {n // r} predecessor layers in 1..{n}")

@@ -250,10 +250,10 @@ def test_off_ramps_on_qa_and_with_a_second_loss_are_one_line():
 
 
 # -- Theseus on a tagger -----------------------------------------------------------------------------------------------
-def test_theseus_compresses_a_tagger_and_exports_the_successor(tmp_path):
+def test_theseus_compresses_a_tagger_and_exports_the_successor(tmp_path, capsys):
     """A 4-layer tagger is the predecessor; the successor (2 layers) trains through main.py with the mixed model
     (p_t = 0.25 + 0.25·t), its successor alone once p reaches 1; the export is a 2-layer transformers tagger giving
-    the module's logits, and the summary reports both sizes."""
+    the module's logits, and the summary reports both sizes; data read with another vocabulary is one line."""
     from transformers import AutoModelForTokenClassification
 
     from ptm_app.adaptation.token_classification import TokenClassificationModule
@@ -287,6 +287,12 @@ def test_theseus_compresses_a_tagger_and_exports_the_successor(tmp_path):
     batch = {"input_ids": torch.tensor([[2, 10, 11, 12, 3]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
     with torch.no_grad():
         torch.testing.assert_close(exported(**batch).logits, module(batch), rtol=0, atol=1e-5)
+    other = tag_data(root)  # data read with another vocabulary than the predecessor's: one line
+    other["init_args"]["tokenizer"] = {**WORDPIECE, "vocab_size": 80}
+    capsys.readouterr()
+    assert run_main(["fit", "--config", write_config(tmp_path, "other_vocab", model, other, steps=1)], runs) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "theseus (the successor keeps the predecessor's embeddings) needs one vocabulary" in err[0]
 
 
 @pytest.mark.parametrize("kind", ["qa", "choice"])
