@@ -16,6 +16,7 @@ from ptm_app.backbones.delta import DeltaSpec
 from ptm_app.compression.fake_quant import QATSpec
 from ptm_app.compression.pruning_policy import PruneSpec
 from ptm_app.compression.teacher_loss import Distillation
+from ptm_app.compression.theseus_policy import TheseusSpec
 from ptm_app.data.collators import ChoiceCollator
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
@@ -34,7 +35,9 @@ class MultipleChoiceModule(TaskModule):
             the distribution over each question's choices.
         qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
         pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
-            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).        theseus: compress a fine-tuned ``predecessor`` of this model class by progressive module replacing
+            (``compression.theseus_policy.TheseusSpec``; BERT-of-Theseus, Xu et al. 2020): the backbone is the
+            successor, built from it.
     """
 
     model_class = "multiple_choice"
@@ -44,7 +47,7 @@ class MultipleChoiceModule(TaskModule):
                  num_choices: Optional[int] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
                  gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
                  distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
-                 pruning: Optional[PruneSpec] = None):
+                 pruning: Optional[PruneSpec] = None, theseus: Optional[TheseusSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def can_build(self) -> bool:

@@ -11,9 +11,11 @@ import torch
 from ptm_app.adaptation.chaining import InitFrom
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.early_exit_policy import ExitSpec
 from ptm_app.compression.fake_quant import QATSpec
 from ptm_app.compression.pruning_policy import PruneSpec
 from ptm_app.compression.teacher_loss import Distillation
+from ptm_app.compression.theseus_policy import TheseusSpec
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.label_scores import positive_index
@@ -54,6 +56,11 @@ class SequenceClassificationModule(TaskModule):
         qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
         pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
             (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
+        early_exit: off-ramps after every layer and inference that stops at the first confident one
+            (``compression.early_exit_policy.ExitSpec``; DeeBERT, Xin et al. 2020; PABEE, Zhou et al. 2020).
+        theseus: compress a fine-tuned ``predecessor`` of this model class by progressive module replacing
+            (``compression.theseus_policy.TheseusSpec``; BERT-of-Theseus, Xu et al. 2020): the backbone is the
+            successor, built from it.
     """
 
     model_class = "sequence_classification"
@@ -66,7 +73,8 @@ class SequenceClassificationModule(TaskModule):
                  delta: Optional[DeltaSpec] = None, delta_only: bool = True, positive_label: Optional[str] = None,
                  kind: Optional[str] = None, adversarial: Optional[FreeLB] = None,
                  distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
-                 pruning: Optional[PruneSpec] = None):
+                 pruning: Optional[PruneSpec] = None, early_exit: Optional[ExitSpec] = None,
+                 theseus: Optional[TheseusSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         if adversarial is not None:  # checked now; a plain dict in the hparams (weights-only checkpoints)
             self.hparams["adversarial"] = asdict(adversarial if isinstance(adversarial, FreeLB)
@@ -118,15 +126,16 @@ class SequenceClassificationModule(TaskModule):
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """The kind's scores: every label's probability (``training.callbacks.PredictionWriter`` writes the rows)."""
-        return {"keys": batch["keys"], **self.kind.scores(self(batch), self)}
+        outputs, extras = self.predicted_outputs(batch)
+        return {"keys": batch["keys"], **self.kind.scores(outputs, self), **({"row_extras": extras} if extras else {})}
 
 
 class SequenceRegressionModule(SequenceClassificationModule):
     """Fine-tuning for a real-valued target (GLUE's STS-B: Wang et al. 2019 §3; BERT §4.1): one linear output
     on the [CLS] state, mean-squared error loss; logs ``val/pearson``, ``val/spearman``, ``val/mse`` (and
     ``test/*``); ``predict`` writes one value per example.  Takes every ``SequenceClassificationModule``
-    option but the label set and ``distill`` (a value has no distribution to distil): delta tuning, ``init_from``,
-    L2-SP, ``qat``, ``pruning``.
+    option but the label set, ``distill`` (a value has no distribution to distil) and ``early_exit`` (nor an entropy
+    or a class to exit by): delta tuning, ``init_from``, L2-SP, ``qat``, ``pruning``, ``theseus``.
     """
 
     task_kind = "regression"
@@ -135,7 +144,8 @@ class SequenceRegressionModule(SequenceClassificationModule):
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=3e-5), gradient_checkpointing: bool = False, l2_sp: float = 0.0,
                  init_from: Optional[InitFrom] = None, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
-                 qat: Optional[QATSpec] = None, pruning: Optional[PruneSpec] = None):
+                 qat: Optional[QATSpec] = None, pruning: Optional[PruneSpec] = None,
+                 theseus: Optional[TheseusSpec] = None):
         super().__init__(backbone, backbone_config, None, optim, gradient_checkpointing, l2_sp, init_from, delta,
                          delta_only)
 

@@ -20,9 +20,11 @@ import torch
 
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.early_exit_policy import ExitSpec
 from ptm_app.compression.fake_quant import QATSpec
 from ptm_app.compression.pruning_policy import PruneSpec
 from ptm_app.compression.teacher_loss import Distillation
+from ptm_app.compression.theseus_policy import TheseusSpec
 from ptm_app.data.collators import QACollator
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.spans import SPLITS, Answer, BestSpans, answer_row, epoch_answers
@@ -49,7 +51,10 @@ class QuestionAnsweringModule(TaskModule):
             the start and the end distributions over each window's real tokens.
         qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
         pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
-            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).        early_exit: refused in one line: a span has no per-layer label to exit by (``compression.early_exit_policy``).
+        theseus: compress a fine-tuned ``predecessor`` of this model class by progressive module replacing
+            (``compression.theseus_policy.TheseusSpec``; BERT-of-Theseus, Xu et al. 2020): the backbone is the
+            successor, built from it.
     """
 
     model_class = "question_answering"
@@ -60,8 +65,8 @@ class QuestionAnsweringModule(TaskModule):
                  optim: OptimConfig = OptimConfig(lr=5e-5), gradient_checkpointing: bool = False,
                  max_answer_length: int = 30, n_best: int = 20, delta: Optional[DeltaSpec] = None,
                  delta_only: bool = True, null_answer: bool = False, distill: Optional[Distillation] = None,
-                 qat: Optional[QATSpec] = None,
-                 pruning: Optional[PruneSpec] = None):
+                 qat: Optional[QATSpec] = None, pruning: Optional[PruneSpec] = None,
+                 early_exit: Optional[ExitSpec] = None, theseus: Optional[TheseusSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
 
     def connect_data(self, facts) -> None:

@@ -1,7 +1,9 @@
 """The base of every single-task adaptation module: the task's loss, metrics and evaluation come from its task kind
 (``task_kinds.registry``: the same entries ``MultitaskModule`` uses), and the backbone's behaviours from policies,
 not from mixins or subclasses: delta tuning, ``init_from``, L2-SP, frozen features (``adaptation.policies``), a
-teacher's loss (``compression.teacher_loss``) and quantization-aware training (``compression.fake_quant``)."""
+teacher's loss (``compression.teacher_loss``), quantization-aware training (``compression.fake_quant``), pruning
+(``compression.pruning_policy``), off-ramps (``compression.early_exit_policy``) and module replacing
+(``compression.theseus_policy``)."""
 from __future__ import annotations
 
 import re
@@ -13,9 +15,11 @@ from torch import nn
 
 from ptm_app.adaptation.policies import BackbonePolicy, fine_tuning_policies
 from ptm_app.backbones.delta import prepended_tokens
+from ptm_app.compression.early_exit_policy import EarlyExit
 from ptm_app.compression.fake_quant import FakeQuant
 from ptm_app.compression.pruning_policy import Pruning
 from ptm_app.compression.teacher_loss import TeacherLoss, as_distillation
+from ptm_app.compression.theseus_policy import replacing
 from ptm_app.task_kinds.spans import SPLITS
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.errors import PtmError
@@ -30,8 +34,9 @@ class TaskModule(PtmModule):
     training, ``val/*`` and ``test/*`` logging follow from the task kind's entry, and so do ``predict --text``'s rows
     (``predicts_rows = False``: a module whose ``predict_step`` is its own, e.g. prompting's label scoring).  The
     settings ``delta``, ``delta_only``, ``init_from``, ``l2_sp``, ``pruning`` (``compression.pruning_policy
-    .PruneSpec``), ``distill`` (``compression.teacher_loss.Distillation``) and ``qat``
-    (``compression.fake_quant.QATSpec``), where a subclass takes them, become policies.
+    .PruneSpec``), ``distill`` (``compression.teacher_loss.Distillation``), ``qat``
+    (``compression.fake_quant.QATSpec``), ``early_exit`` (``compression.early_exit_policy.ExitSpec``) and
+    ``theseus`` (``compression.theseus_policy.TheseusSpec``), where a subclass takes them, become policies.
 
     ``forward(batch)`` is ``outputs(backbone(**backbone_inputs(batch)))``: a subclass says how its batch feeds the
     model and how the model's output becomes the kind's, so a teacher of the same model class is read the same way.
@@ -54,9 +59,33 @@ class TaskModule(PtmModule):
             if hp.get("adversarial"):
                 raise PtmError("adversarial (FreeLB) and distill each replace the training loss; give only one")
             policies.append(TeacherLoss(distill, self.model_class))
+        replaces = [name for name in ("distill", "early_exit", "theseus", "adversarial") if hp.get(name) is not None]
+        if len(replaces) > 1:
+            raise PtmError(f"{' and '.join(replaces)} each replace the training loss; give only one")
+        if hp.get("early_exit") is not None:
+            if hp.get("delta") is not None:
+                raise PtmError("early_exit puts off-ramps on the backbone's own layers, which a delta wraps; tune "
+                               "the full model with early_exit, or remove model.init_args.delta")
+            policies.append(EarlyExit(hp.early_exit, self.kind_name()))
+        if hp.get("theseus") is not None:
+            reshaping = [name for name in ("delta", "pruning", "init_from") if hp.get(name) is not None]
+            if reshaping:
+                raise PtmError(f"theseus builds the successor from its predecessor and swaps its blocks, which "
+                               f"{reshaping[0]} also changes; remove model.init_args.{reshaping[0]} (prune or tune "
+                               f"the exported successor afterwards)")
+            policies.append(replacing(hp.theseus, hp, self.model_class))
         if hp.get("qat") is not None:
             policies.append(FakeQuant(hp.qat))
         return policies
+
+    def predicted_outputs(self, batch: dict) -> tuple[Any, Optional[list[dict]]]:
+        """``(outputs, per-example extras or None)`` at prediction: a policy's (an early exit's, with each exit
+        layer), else the forward's."""
+        for policy in self.policies:
+            found = policy.predict_outputs(self, batch)
+            if found is not None:
+                return found
+        return self(batch), None
 
     # -- the model's inputs and outputs ----------------------------------------------------------------------------
     def backbone_inputs(self, batch: dict) -> dict:

@@ -14,9 +14,11 @@ import torch
 
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.delta import DeltaSpec
+from ptm_app.compression.early_exit_policy import ExitSpec
 from ptm_app.compression.fake_quant import QATSpec
 from ptm_app.compression.pruning_policy import PruneSpec
 from ptm_app.compression.teacher_loss import Distillation
+from ptm_app.compression.theseus_policy import TheseusSpec
 from ptm_app.data.datasets import _index
 from ptm_app.data.collators import TokenLabelCollator
 from ptm_app.errors import PtmError
@@ -42,7 +44,12 @@ class TokenClassificationModule(TaskModule):
             per labelled token (each word's first sub-token).
         qat: quantization-aware training (``compression.fake_quant.QATSpec``; Q8BERT), for ``main.py quantize``.
         pruning: layer dropping, iterative head pruning and magnitude pruning while fine-tuning
-            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).
+            (``compression.pruning_policy.PruneSpec``; Sajjad et al. 2020, Michel et al. 2019, Zhu & Gupta 2017).        early_exit: off-ramps after every layer (``compression.early_exit_policy.ExitSpec``; DeeBERT, PABEE): one
+            tag layer per layer; a sentence exits when its least confident tag is confident enough (entropy) or its
+            tags have stayed unchanged ``patience`` layers; prediction rows get their ``exit_layer``.
+        theseus: compress a fine-tuned ``predecessor`` of this model class by progressive module replacing
+            (``compression.theseus_policy.TheseusSpec``; BERT-of-Theseus, Xu et al. 2020): the backbone is the
+            successor, built from it.
     """
 
     model_class = "token_classification"
@@ -52,7 +59,8 @@ class TokenClassificationModule(TaskModule):
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=5e-5),
                  gradient_checkpointing: bool = False, delta: Optional[DeltaSpec] = None, delta_only: bool = True,
                  distill: Optional[Distillation] = None, qat: Optional[QATSpec] = None,
-                 pruning: Optional[PruneSpec] = None):
+                 pruning: Optional[PruneSpec] = None, early_exit: Optional[ExitSpec] = None,
+                 theseus: Optional[TheseusSpec] = None):
         super().__init__(backbone, backbone_config, optim, gradient_checkpointing)
         self.predictions: list[dict] = []
 
@@ -84,14 +92,16 @@ class TokenClassificationModule(TaskModule):
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """One predicted tag per word (from its first sub-token); ``None`` for words cut by ``max_length``."""
-        preds = self(batch).argmax(-1).cpu()
+        outputs, extras = self.predicted_outputs(batch)
+        preds = outputs.argmax(-1).cpu()
         records = self.data_facts.records("test")
         labels = self.hparams.labels
         rows = []
-        for key, row, words in zip(batch["keys"], preds, batch["word_index"].cpu()):
+        for n, (key, row, words) in enumerate(zip(batch["keys"], preds, batch["word_index"].cpu())):
             i = _index(key)
             tags = tags_by_word(labels, row, words, len(records["words"][i]))
-            rows.append({"id": records["ids"][i], "words": records["words"][i], "tags": tags})
+            rows.append({"id": records["ids"][i], "words": records["words"][i], "tags": tags,
+                         **(extras[n] if extras else {})})
         self.predictions.extend(rows)
         return {"keys": batch["keys"], "tags": [r["tags"] for r in rows]}
 

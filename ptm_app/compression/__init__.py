@@ -1,16 +1,19 @@
 """Model compression: knowledge distillation (teachers, students, losses), module replacement, early exit,
 pruning, quantization.
 
-Distillation and quantization-aware training are policies any task module carries (``compression.teacher_loss``,
-``compression.fake_quant``); the module classes below are the names configs and checkpoints use.  They are imported
+Distillation, quantization-aware training, pruning, early exit and module replacing are policies task modules carry
+(``compression.teacher_loss``, ``compression.fake_quant``, ``compression.pruning_policy``,
+``compression.early_exit_policy``, ``compression.theseus_policy``); the module classes below are the names older
+configs and checkpoints use.  They are imported
 when first asked for (PEP 562): the task modules import the policies from this package, and these classes subclass
 the task modules."""
 import importlib
 
 EXPORTS = {"CausalDistillationModule": "causal_distillation", "DistillationModule": "distillation",
-           "DistillSpec": "teacher_loss", "EarlyExitModule": "early_exit",
+           "DistillSpec": "teacher_loss", "EarlyExitModule": "early_exit", "ExitSpec": "early_exit_policy",
            "PretrainDistillationModule": "pretrain_distillation", "PruneSpec": "pruning", "PruningModule": "pruning",
-           "QATSpec": "fake_quant", "QuantAwareModule": "quantization", "TheseusModule": "theseus"}
+           "QATSpec": "fake_quant", "QuantAwareModule": "quantization", "TheseusModule": "theseus",
+           "TheseusSpec": "theseus_policy"}
 __all__ = sorted(EXPORTS)
 
 

@@ -304,7 +304,7 @@ def size_mb(loaded, extra: list[torch.nn.Module]) -> float:
 
 def load_row(row: CompressionRow, where: str):
     """``(loaded model, early-exit rule or None)``; an exit rule on anything but an early-exit run is one line."""
-    from ptm_app.compression.early_exit import EarlyExitModule, parse_exit_rule
+    from ptm_app.compression.early_exit_policy import EarlyExit, parse_exit_rule
     from ptm_app.inference.loading import load_for_inference
 
     loaded = load_for_inference(where)
@@ -312,17 +312,17 @@ def load_row(row: CompressionRow, where: str):
         raise PtmError(f"row {row.name!r}: {row.model} is a {loaded.kind} (model class {loaded.model_class}); "
                        f"the compression table "
                        f"compares sequence classifiers")
-    module = loaded.module
+    exiting = loaded.module.policy(EarlyExit) if loaded.module is not None else None
     if row.exit is None:
-        if isinstance(module, EarlyExitModule):
+        if exiting is not None:
             raise PtmError(f"row {row.name!r}: {row.model} is an early-exit run; give its exit rule (exit: "
                            f"entropy:S or patience:t)")
         return loaded, None
-    if not isinstance(module, EarlyExitModule):
-        raise PtmError(f"row {row.name!r}: exit {row.exit!r} needs an EarlyExitModule run; {row.model} is a "
-                       f"{loaded.kind}: drop 'exit' or name an early-exit run")
-    rule = parse_exit_rule(row.exit, module.hparams.method, module.hparams.entropy_thresholds,
-                           module.hparams.patiences)
+    if exiting is None:
+        raise PtmError(f"row {row.name!r}: exit {row.exit!r} needs an early-exit run (EarlyExitModule or "
+                       f"early_exit); {row.model} is a {loaded.kind}: drop 'exit' or name an early-exit run")
+    spec = exiting.spec
+    rule = parse_exit_rule(row.exit, spec.method, spec.entropy_thresholds, spec.patiences)
     return loaded, rule
 
 
@@ -331,7 +331,9 @@ def forward_call(loaded, rule, inputs: dict):
     from ptm_app.inference.predictors import head_outputs
 
     if rule is not None:
-        return functools.partial(loaded.module.exit_forward, dict(inputs), rule)
+        from ptm_app.compression.early_exit_policy import EarlyExit
+
+        return functools.partial(loaded.module.policy(EarlyExit).exit_forward, loaded.module, dict(inputs), rule)
     return functools.partial(head_outputs, loaded, dict(inputs), "sequence_classification")
 
 

@@ -200,7 +200,8 @@ def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind) 
 
 # -- token tagging ------------------------------------------------------------------------------------
 def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings, kind=None) -> list[dict]:
-    """One tag per word, from its first sub-token; ``None`` for words beyond the length limit."""
+    """One tag per word, from its first sub-token; ``None`` for words beyond the length limit; an early-exit
+    tagger's rows add each sentence's ``exit_layer``."""
     from ptm_app.data.collators import TokenLabelCollator
     from ptm_app.data.tagging_data import TaggedDataset, TokenTaskDataModule, align_words
     from ptm_app.task_kinds.tagging import tags_by_word
@@ -219,12 +220,16 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
     dataset = TaggedDataset(input_ids, first, [[0] * len(words) for words in sentences])
     collate = TokenLabelCollator(pad_token_id=tok.pad_token_id)
     rows: list[Optional[dict]] = [None] * len(sentences)
+    from ptm_app.adaptation.task_module import TaskModule
+
+    own = loaded.session is None and isinstance(module, TaskModule)  # its policies' outputs (an early exit's)
     for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
-        logits = head_outputs(loaded, batch, "token_classification")
+        logits, extras = module.predicted_outputs(batch) if own else (head_outputs(loaded, batch, "token_classification"),
+                                                                       None)
         for r, i in enumerate(index):
             tags = tags_by_word(labels, logits[r].argmax(-1), batch["word_index"][r], len(sentences[i]))
-            rows[i] = {"words": sentences[i], "tags": tags}
+            rows[i] = {"words": sentences[i], "tags": tags, **(extras[r] if extras else {})}
     return rows
 
 

@@ -105,7 +105,7 @@ class PtmModule(pl.LightningModule):
     def can_build(self) -> bool:
         """True when the backbone can be built without the data module (pretrained, or a full config)."""
         cfg = self.hparams.backbone_config or {}
-        return bool(self.hparams.backbone) or "vocab_size" in cfg
+        return bool(self.hparams.backbone) or "vocab_size" in cfg or any(p.builds for p in self.policies)
 
     def config_updates(self) -> dict[str, Any]:
         """Config values taken from the data (vocabulary size, special ids ...) for a from-scratch build."""
@@ -133,15 +133,17 @@ class PtmModule(pl.LightningModule):
     def configure_model(self) -> None:
         """Build the backbone once, then run every policy (each call: ``init_from`` waits for the fit's call)."""
         fresh = self.backbone is None
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
         if fresh:
             facts = self.data_facts
             if facts is not None and self.tokenizer is None:
                 self.tokenizer = facts.tokenizer()
-            self.backbone = self.build_model()
+            built = next((b for b in (p.build(self, fitting) for p in self.policies if p.builds) if b is not None),
+                         None)  # a policy's own backbone (BERT-of-Theseus's successor)
+            self.backbone = built if built is not None else self.build_model()
             self.backbone.train(self.training)  # from_pretrained returns eval mode: dropout would stay off
             if self.hparams.get("gradient_checkpointing"):
                 enable_activation_checkpointing(self.backbone)
-        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
         for policy in self.policies:
             policy.apply(self, fresh, fitting)
         if fresh and self.data_facts is not None:

@@ -8,7 +8,8 @@ each training batch and after each optimiser step (pruning's schedule and masks)
 batches, tells them when an epoch ends and adds their facts to ``summary.json``.  The policies themselves live with
 their concept: ``adaptation.policies`` (delta tuning, frozen features, ``init_from``, L2-SP),
 ``compression.teacher_loss`` (knowledge distillation), ``compression.fake_quant`` (quantization-aware training) and
-``compression.pruning_policy`` (layer, head and magnitude pruning)."""
+``compression.pruning_policy`` (layer, head and magnitude pruning), ``compression.early_exit_policy`` (off-ramps:
+DeeBERT, PABEE) and ``compression.theseus_policy`` (BERT-of-Theseus, which builds the backbone itself)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -18,6 +19,13 @@ import torch
 
 class BackbonePolicy:
     """One behaviour on the backbone; every hook is a no-op unless the policy needs it."""
+
+    builds = False  # the policy builds the backbone itself (``build``), so the module's settings need not
+
+    def build(self, module, fitting: bool) -> Optional[torch.nn.Module]:
+        """The backbone this policy builds in place of the module's own ``build_model`` (a successor from its
+        predecessor), or None to leave it to the module."""
+        return None
 
     def apply(self, module, fresh: bool, fitting: bool) -> None:
         """Run on each ``configure_model`` call (``fresh``: the backbone was just built; ``fitting``: by a fit);
@@ -45,6 +53,11 @@ class BackbonePolicy:
 
     def optimizer_stepped(self, module) -> None:
         """After each optimiser step."""
+
+    def predict_outputs(self, module, batch: dict) -> Optional[tuple[Any, list[dict]]]:
+        """``(outputs, one dict of extra fields per example)`` replacing the module's forward at prediction (an early
+        exit's outputs and exit layers), or None."""
+        return None
 
     def eval_step(self, module, stage: str, batch: dict, outputs: Any) -> None:
         """Watch one ``val`` / ``test`` batch (``outputs``: the module's)."""

@@ -64,12 +64,13 @@ def tiny_teacher(runs: Path, name: str, tmp: Path, student: str = "",
 def test_catalogue_is_not_empty():
     assert {c.stem for c in COMPRESS} >= {"minilm_distill_3layer_bbc", "minilm_distill_bilstm_bbc", "minilm_distill_cnn_bbc",
                                           "minilm_distill_albert_bbc", "minilm_distill_mlm_bbc", "smollm2_distill_llama_bbc", "minilm_theseus_bbc",
-                                          "minilm_deebert_bbc", "minilm_pabee_bbc", "minilm_distill_3layer_brown_pos"}
+                                          "minilm_deebert_bbc", "minilm_pabee_bbc", "minilm_distill_3layer_brown_pos",
+                                          "minilm_early_exit_brown_pos"}
 
 
 # over ~20 s each on 2 quiet cores (SmolLM2's or MiniLM's tokenizer over all of BBC or brown_pos, MiniLM runs): slow
 SLOW = {"smollm2_distill_llama_bbc", "minilm_distill_mlm_bbc", "minilm_deebert_bbc", "minilm_pabee_bbc",
-        "minilm_distill_3layer_brown_pos"}
+        "minilm_distill_3layer_brown_pos", "minilm_early_exit_brown_pos"}
 
 
 @pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow if c.stem in SLOW else ())
@@ -78,7 +79,8 @@ def test_compress_config_trains_and_resumes_exactly(config, tmp_path, monkeypatc
     runs = tmp_path / "runs"
     model = yaml.safe_load(config.read_text())["model"]
     tokenizer = yaml.safe_load(config.read_text())["data"]["init_args"]["tokenizer"]
-    if model["class_path"] == "EarlyExitModule":  # off-ramps on a fine-tuned run (substituted) or on MiniLM
+    off_ramps = model["class_path"] == "EarlyExitModule" or "early_exit" in model["init_args"]
+    if off_ramps:  # off-ramps on a fine-tuned run (substituted) or on MiniLM
         backbone = str(model["init_args"]["backbone"])
         if backbone.startswith("checkpoints/"):  # the config's relative path, from a working directory that has it
             monkeypatch.chdir(tmp_path)
@@ -146,13 +148,15 @@ def test_missing_teacher_names_the_config_to_run_first(tmp_path, capsys, outside
 def early_exit_config_runs(config: Path, model: dict, runs: Path, tmp_path: Path) -> None:
     """DeeBERT's first stage, when the recipe has one, shortened with the other step counts (2 of the 4 steps), so
     both stages run; from a fine-tuned run (final_steps: 0) only the off-ramps train, the final head kept."""
-    first = model["init_args"].get("method") == "deebert" and model["init_args"].get("final_steps")
-    stage = ["--model.init_args.final_steps", "2"] if first else []
+    policy = "early_exit" in model["init_args"]  # the early_exit policy of a task module, or EarlyExitModule's
+    settings = model["init_args"]["early_exit"] if policy else model["init_args"]
+    first = settings.get("method") == "deebert" and settings.get("final_steps")
+    stage = [f"--model.init_args.{'early_exit.' if policy else ''}final_steps", "2"] if first else []
     assert_resumes_exactly(["fit", "--config", str(config), *QUICK, *stage], runs, stop=2, steps=4)
     rows = list(csv.DictReader(open(runs / "full" / "logs" / "metrics.csv")))
     assert any(r.get("train/layer_1") for r in rows)  # the off-ramps trained
     table = json.loads((runs / "full" / "summary.json").read_text())["early_exit"]
-    criteria = len(model["init_args"]["entropy_thresholds"]) + len(model["init_args"]["patiences"])
+    criteria = len(settings["entropy_thresholds"]) + len(settings["patiences"])
     assert table["layers"] == 6 and len(table["rows"]) == criteria
     assert all(1.0 <= row["exit_layer"] <= 6.0 for row in table["rows"])
     export = tmp_path / "export"

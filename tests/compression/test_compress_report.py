@@ -138,7 +138,7 @@ def test_report_on_an_export_its_int8_and_its_dropped_layers(tmp_path, capfd):
 
 
 def test_report_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, capsys, monkeypatch):
-    from ptm_app.compression.early_exit import EarlyExitModule
+    from ptm_app.compression.early_exit_policy import EarlyExit
     from ptm_app.inference.loading import load_for_inference
     from ptm_app.inference.compress_commands import accuracy
 
@@ -157,11 +157,11 @@ def test_report_names_a_missing_row_and_times_early_exit_by_exiting(tmp_path, ca
     assert len(err) == 1 and "'int8'" in err[0] and make in err[0], err
     assert run_main(["quantize", "--ckpt_path", str(teacher), "--output_dir", str(int8), "--repeats", "1"], runs) == 0
 
-    sizes = []  # the timed forwards of the early-exit rows: the forward that stops
-    real_exit_forward = EarlyExitModule.exit_forward
-    monkeypatch.setattr(EarlyExitModule, "exit_forward",
-                        lambda self, batch, rule=None: sizes.append(len(batch["input_ids"])) or
-                        real_exit_forward(self, batch, rule))
+    sizes = []  # the timed forwards of the early-exit rows: the forward that stops (the early_exit policy's)
+    real_exit_forward = EarlyExit.exit_forward
+    monkeypatch.setattr(EarlyExit, "exit_forward",
+                        lambda self, module, batch, rule=None: sizes.append(len(batch["input_ids"])) or
+                        real_exit_forward(self, module, batch, rule))
     assert run_main(["compress-report", "--config", str(config)], runs) == 0
     assert 32 in sizes and 1 in sizes  # batch 32 and batch 1 timed through exit_forward
     by = check_table(runs / "table", ["teacher", "int8", "exit entropy", "exit patience"])
