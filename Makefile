@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick optimisers multimodal multilingual translation bench gpu-check clean-runs
+.PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick optimisers benchmarks multimodal multilingual translation bench gpu-check clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,11 @@ knowledge: data
 # taxonomy-quick: the same machinery on tiny models on Brown (not timed; its numbers check the machinery only).
 taxonomy: data
 	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md
+
+# The real benchmarks (docs/results/benchmarks.md): WNUT-16, OpenMoji, SQuAD v1.1 and its derived unanswerable set,
+# full fine-tuning and LoRA, 3 seeds each; the SQuAD cells take hours each on 2 CPU cores.  Not part of `make test`.
+benchmarks: data
+	$(PY) main.py sweep configs/sweeps/benchmarks_minilm.yaml --readme docs/results/benchmarks.md
 
 # AdamW against LAMB at 8x the batch, the same tokens, 3 seeds each, paired (docs/results/optimisers.md); minutes
 # on 2 CPU cores.  Not part of `make test`.

@@ -7,7 +7,7 @@ import glob
 import json
 import re
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_file, runs_root, write_between_markers
@@ -125,11 +125,12 @@ def seed_groups(patterns: list[str]) -> dict[str, list[str]]:
 
 
 def write_seed_report(groups: dict[str, list[str]], output: str | Path,
-                      stages: tuple[str, ...] = ("test/",), baseline: Optional[str] = None) -> Path:
+                      stages: tuple[str, ...] = ("test/",), baseline: Union[str, dict, None] = None) -> Path:
     """``output``.md: one row per group of runs (the same cell over seeds), per metric of ``stages`` the mean ± std
     and 95 % t interval over the runs that logged it (``experiments.stats.summarize``; one run: an observation).
-    With ``baseline`` (a group), each other group's paired difference from it per metric, on the seeds both ran
-    (``summary.json``'s ``seed``; ``stats.paired``)."""
+    With ``baseline`` (a group, or a mapping of groups to the group each is compared with), each other group's
+    paired difference from its baseline per metric, on the seeds both ran (``summary.json``'s ``seed``;
+    ``stats.paired``)."""
     from ptm_app.experiments.stats import paired, summarize
 
     summaries = {name: [r for r in collect(runs)] for name, runs in groups.items()}
@@ -147,19 +148,20 @@ def write_seed_report(groups: dict[str, list[str]], output: str | Path,
             return {r["seed"]: r["metrics"][metric] for r in rows
                     if "seed" in r and isinstance(r.get("metrics", {}).get(metric), (int, float))}
 
-        lines += ["", f"Paired difference: cell − {baseline}, on the seeds both ran (95 % t interval, exact sign-flip "
+        against = baseline if isinstance(baseline, dict) else {name: baseline for name in summaries if name != baseline}
+        one = f"cell − {baseline}" if isinstance(baseline, str) else "cell − its baseline"
+        lines += ["", f"Paired difference: {one}, on the seeds both ran (95 % t interval, exact sign-flip "
                       f"p; * the interval excludes 0):", "",
-                  "| cell | pairs | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
-        for name, rows in summaries.items():
-            if name == baseline:
-                continue
+                  "| cell | baseline | pairs | " + " | ".join(metrics) + " |", "|---|---|---|" + "---|" * len(metrics)]
+        for name, base in against.items():
+            rows = summaries.get(name, [])
             cells, pairs = [], 0
             for m in metrics:
-                mine, theirs = by_seed(rows, m), by_seed(summaries.get(baseline, []), m)
+                mine, theirs = by_seed(rows, m), by_seed(summaries.get(base, []), m)
                 keys = sorted(set(mine) & set(theirs))
                 pairs = max(pairs, len(keys))
                 cells.append(paired([mine[k] for k in keys], [theirs[k] for k in keys]).text() if keys else "")
-            lines.append(f"| {name} | {pairs} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | {base} | {pairs} | " + " | ".join(cells) + " |")
     md = Path(output).with_suffix(".md")
     with atomic_file(md, "w", encoding="utf-8") as fh:
         fh.write("Mean ± std [95 % t interval] over seeds (experiments.stats); one seed is an observation.\n\n")

@@ -7,7 +7,7 @@ checkpoint (``last`` for cells that do not fit), and ``cells``: ``{name, config,
 (``fit: false`` for zero-shot cells that only test).  ``seeds: [1, 2, 3]`` runs every cell once per seed
 (``seed_everything``; run directories ``<name>-<cell>-seed<N>``) and adds ``<name>_seeds.md``: per cell and metric the
 mean ± std and the 95 % t interval over the seeds (``experiments.stats``); ``baseline: <cell>`` adds each cell's
-paired difference from that cell, seed by seed.  A cell's ``config`` may be a list: a recipe, then the overlays added
+paired difference from that cell, seed by seed (or ``{cell: its baseline cell, ...}``).  A cell's ``config`` may be a list: a recipe, then the overlays added
 to it in order (``configs/optim/``, ``configs/strategy/``).  Plans written before overrides were mappings (``common`` and
 ``args`` as lists of command-line words, ``[--trainer.max_steps, '250']``) still load.
 A cell whose run directory already has test metrics is skipped and an interrupted fit resumes exactly from its
@@ -79,9 +79,14 @@ def load_plan(path: str | Path) -> dict:
 
         seeds = check_seeds(plan["seeds"], f"sweep plan {path}: seeds")
         names = [cell["name"] for cell in plan["cells"]]
-        if "baseline" in plan and (plan["baseline"] not in names or len(seeds) < 2):
-            raise PtmError(f"sweep plan {path}: baseline {plan['baseline']!r} must be one of the cells "
-                           f"({', '.join(names)}) and needs at least 2 seeds to pair on")
+        given = plan.get("baseline")
+        named = [given] if isinstance(given, str) else [*given, *given.values()] if isinstance(given, dict) else \
+            [given] if "baseline" in plan else []
+        bad = [n for n in named if n not in names]
+        if bad or (named and len(seeds) < 2):
+            raise PtmError(f"sweep plan {path}: baseline {bad[0] if bad else given!r} must be one of the cells "
+                           f"({', '.join(names)}), or a mapping of cells to the cell each is compared with, and "
+                           f"needs at least 2 seeds to pair on")
         plan["cells"] = [{**cell, "name": f"{cell['name']}/seed{seed}", "set": {**cell["set"], "seed_everything": seed},
                           "base": cell["name"]} for cell in plan["cells"] for seed in seeds]
         for cell in plan["cells"]:

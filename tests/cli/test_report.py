@@ -160,8 +160,8 @@ def test_a_cell_of_a_recipe_and_an_overlay_paired_against_a_baseline_cell(tiny_c
             ["val/loss"] for cell in ("base", "hot") for seed in (1, 2)}
     text = (runs / "b_seeds.md").read_text()
     lines = text.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("| cell | pairs |"))
-    header, row = lines[at], next(line for line in lines[at:] if line.startswith("| hot | 2 |"))
+    at = next(i for i, line in enumerate(lines) if line.startswith("| cell | baseline | pairs |"))
+    header, row = lines[at], next(line for line in lines[at:] if line.startswith("| hot | base | 2 |"))
     column = [c.strip() for c in header.strip("|").split("|")].index("val/loss")
     expected = paired([loss["hot", 1], loss["hot", 2]], [loss["base", 1], loss["base", 2]]).text()
     assert expected.startswith("+") and "[" in expected  # lr 0.3 raised the loss; two pairs give an interval
@@ -170,6 +170,15 @@ def test_a_cell_of_a_recipe_and_an_overlay_paired_against_a_baseline_cell(tiny_c
     path.write_text(yaml.safe_dump(plan))
     assert run_main(["sweep", str(path)], runs) == 2
     assert "baseline 'nope' must be one of the cells (base, hot)" in capsys.readouterr().err
+    plan["baseline"] = {"hot": "cold"}
+    path.write_text(yaml.safe_dump(plan))
+    assert run_main(["sweep", str(path)], runs) == 2
+    assert "baseline 'cold' must be one of the cells (base, hot), or a mapping" in capsys.readouterr().err
+    plan["baseline"] = {"hot": "base"}  # the same comparison as a mapping
+    path.write_text(yaml.safe_dump(plan))
+    assert run_main(["sweep", str(path)], runs) == 0
+    assert next(line for line in (runs / "b_seeds.md").read_text().splitlines()
+                if line.startswith("| hot | base | 2 |")) == row
     plan["cells"][1]["config"] = [str(config), str(tmp_path / "missing.yaml")]
     plan["baseline"] = "base"
     path.write_text(yaml.safe_dump(plan))
@@ -262,6 +271,21 @@ def test_the_shipped_sweep_plan_is_mappings(monkeypatch):
     lora = next(c for c in plan["cells"] if c["name"] == "brown_pos/lora")
     assert lora["set"]["model.init_args.delta"]["target_modules"] == ["query", "value"]
     assert lora["set"]["model.init_args.optim.lr"] == 1e-3
+
+
+def test_the_benchmark_plan_pairs_each_lora_cell_with_full_fine_tuning_of_its_task(monkeypatch):
+    """configs/sweeps/benchmarks_minilm.yaml: 8 cells x 3 seeds; every LoRA cell has the LoRA delta and is compared
+    with its task's full fine-tuning; the SQuAD cells have their 250-step budget, LoRA ones included."""
+    from ptm_app.experiments.sweep import load_plan
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    plan = load_plan("configs/sweeps/benchmarks_minilm.yaml")
+    assert len(plan["cells"]) == 24 and plan["seeds"] == [1, 2, 3]
+    assert plan["baseline"] == {f"{task}/lora": f"{task}/full" for task in ("wnut16", "openmoji", "squad", "squad2")}
+    for cell in plan["cells"]:
+        assert ("model.init_args.delta" in cell["set"]) == ("/lora/" in cell["name"])
+        assert (cell["set"].get("trainer.max_steps") == 250) == cell["name"].startswith("squad")
 
 
 def test_the_optimiser_plan_spends_the_same_sequences_on_both_cells(monkeypatch):
