@@ -11,7 +11,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.policies import BackbonePolicy, fine_tuning_policies
+from ptm_app.adaptation.policies import BackbonePolicy, FrozenFeatures, fine_tuning_policies
 from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.compression.fake_quant import FakeQuant
 from ptm_app.compression.pruning_policy import Pruning
@@ -30,8 +30,9 @@ class TaskModule(PtmModule):
     training, ``val/*`` and ``test/*`` logging follow from the task kind's entry, and so do ``predict --text``'s rows
     (``predicts_rows = False``: a module whose ``predict_step`` is its own, e.g. prompting's label scoring).  The
     settings ``delta``, ``delta_only``, ``init_from``, ``l2_sp``, ``pruning`` (``compression.pruning_policy
-    .PruneSpec``), ``distill`` (``compression.teacher_loss.Distillation``) and ``qat``
-    (``compression.fake_quant.QATSpec``), where a subclass takes them, become policies.
+    .PruneSpec``), ``distill`` (``compression.teacher_loss.Distillation``), ``qat``
+    (``compression.fake_quant.QATSpec``) and ``representation`` with its settings (frozen features:
+    ``adaptation.policies.FrozenFeatures``), where a subclass takes them, become policies.
 
     ``forward(batch)`` is ``outputs(backbone(**backbone_inputs(batch)))``: a subclass says how its batch feeds the
     model and how the model's output becomes the kind's, so a teacher of the same model class is read the same way.
@@ -56,6 +57,9 @@ class TaskModule(PtmModule):
             policies.append(TeacherLoss(distill, self.model_class))
         if hp.get("qat") is not None:
             policies.append(FakeQuant(hp.qat))
+        features = FrozenFeatures.from_settings(hp)
+        if features is not None:
+            policies.append(features)
         return policies
 
     # -- the model's inputs and outputs ----------------------------------------------------------------------------
@@ -68,6 +72,10 @@ class TaskModule(PtmModule):
         return model_output.logits
 
     def forward(self, batch: dict) -> Any:
+        for policy in self.policies:  # frozen features: the task head on the frozen backbone's features
+            out = policy.forward(self, batch)
+            if out is not None:
+                return out
         return self.outputs(self.backbone(**self.backbone_inputs(batch)), prepended_tokens(self.backbone))
 
     def default_style(self) -> str:
