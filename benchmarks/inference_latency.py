@@ -62,8 +62,7 @@ def build(work: Path):
 def run(batch_sizes: tuple[int, ...], repeats: int, warmup: int, max_length: int = 128) -> dict:
     import torch
 
-    from ptm_app.inference.onnx_export import session_outputs
-    from ptm_app.inference.predictors import plain_inputs
+    from ptm_app.inference.loading import plain_inputs, session_outputs
 
     with tempfile.TemporaryDirectory() as work:
         loaded, bf16, session, info = build(Path(work))

@@ -9,7 +9,8 @@ fine-tuning policies here:
 * ``Delta``: parameter-efficient tuning (Ding et al. 2023 §3; ``backbones.delta``), with delta-only checkpoints
   (the frozen base is rebuilt from its source on load).
 * ``FrozenFeatures``: a frozen backbone used as a feature extractor, its embedding layer, top layer or ELMo's
-  scalar mix of all layers (Peters et al. 2018 §3.2–3.3; Qiu et al. 2020 §5.2.2); checkpoints without the backbone.
+  scalar mix of all layers, under a task head of the module's task kind (Peters et al. 2018 §3.2–3.3; Qiu et al.
+  2020 §5.2.2); checkpoints without the backbone.
 * ``InitFrom``: stage chaining, weights (some sub-modules, optionally frozen) from an earlier stage, applied once
   when a fit builds the module (Howard & Ruder 2018 §3; ``adaptation.chaining``).
 * ``L2SP``: the L2-SP penalty ``α/2·‖w − w⁰‖²`` pulling the pre-trained encoder towards its starting point
@@ -93,26 +94,55 @@ def fresh_state_dict(backbone: nn.Module) -> dict[str, torch.Tensor]:
 
 
 REPRESENTATIONS = ("embedding", "top", "scalar_mix")
+POOLINGS = ("cls", "mean")
 
 
 class FrozenFeatures(BackbonePolicy):
-    """A frozen backbone (``requires_grad=False``, always in eval mode, run without gradients) giving the embedding
-    layer, the top layer or ELMo's scalar mix ``γ Σ s_j h_j`` (``module.mix``, the only part that learns besides the
-    task head).  A backbone loaded from a source is not stored in checkpoints but rebuilt from it on load; one built
-    from ``backbone_config`` alone (random weights) is kept."""
+    """Feature extraction on any task module: a frozen backbone (``requires_grad=False``, always in eval mode, run
+    without gradients, built as the plain encoder ``base``) gives the embedding layer, the top layer or ELMo's scalar
+    mix ``γ Σ s_j h_j`` (``module.mix``), and a task model on top (``module.task_head``: a linear layer, or a
+    one-hidden-layer ReLU MLP with ``head_hidden``) gives the task kind's outputs (Peters et al. 2018 §3.2–3.3; Qiu
+    et al. 2020 §5.2.2–5.2.3).  The head's width and what it reads come from the module's task kind
+    (``task_kinds.parts``: the pooled sequence, ``pooling`` ``cls`` or ``mean`` over the real tokens, or every token);
+    the mix and the head are the only parts that learn.  A backbone loaded from a source is not stored in
+    checkpoints but rebuilt from it on load; one built from ``backbone_config`` alone (random weights) is kept."""
 
-    def __init__(self, representation: str = "scalar_mix", include_layer0: bool = True, do_layer_norm: bool = False):
+    model_class = "base"
+    backbone_without_grad = True
+
+    def __init__(self, representation: str = "scalar_mix", include_layer0: bool = True, do_layer_norm: bool = False,
+                 pooling: str = "mean", head_hidden: Optional[int] = None, dropout: float = 0.1):
         if representation not in REPRESENTATIONS:
             raise PtmError(f"representation '{representation}' is unknown; use one of {', '.join(REPRESENTATIONS)}")
+        if pooling not in POOLINGS:
+            raise PtmError(f"pooling '{pooling}' is unknown; use cls or mean")
         self.representation, self.include_layer0, self.do_layer_norm = representation, include_layer0, do_layer_norm
+        self.pooling, self.head_hidden, self.dropout = pooling, head_hidden, dropout
+
+    @classmethod
+    def from_settings(cls, hparams) -> Optional["FrozenFeatures"]:
+        """The policy a module's ``representation`` / ``include_layer0`` / ``do_layer_norm`` / ``pooling`` /
+        ``head_hidden`` / ``dropout`` settings ask for (None without ``representation``)."""
+        if hparams.get("representation") is None:
+            return None
+        return cls(hparams["representation"], hparams.get("include_layer0", True), hparams.get("do_layer_norm", False),
+                   hparams.get("pooling", "mean"), hparams.get("head_hidden"), hparams.get("dropout", 0.1))
 
     def apply(self, module, fresh: bool, fitting: bool) -> None:
+        module.hparams.setdefault("gradient_checkpointing", False)  # not a setting: no gradients flow in the backbone
         module.backbone.requires_grad_(False)
         module.backbone.eval()
         if getattr(module, "mix", None) is None:
             layers = module.backbone.config.num_hidden_layers + 1
             module.mix = (ScalarMix(layers, self.include_layer0, self.do_layer_norm)
                           if self.representation == "scalar_mix" else None)
+        if getattr(module, "task_head", None) is None:
+            module.task_head = task_head(self.width(module.backbone), module.kind.width(module.task_labels()),
+                                         self.head_hidden, self.dropout)
+
+    def train_mode(self, module, mode: bool) -> None:
+        if module.backbone is not None:
+            module.backbone.eval()  # only the task model switches modes
 
     @staticmethod
     def width(backbone) -> int:
@@ -134,6 +164,23 @@ class FrozenFeatures(BackbonePolicy):
             return out.last_hidden_state
         return module.mix(out.hidden_states, batch["attention_mask"])
 
+    def pooled(self, states: torch.Tensor, batch: dict) -> torch.Tensor:
+        """Features [B, D] of each sequence: its first token's (``cls``) or the mean over its real tokens."""
+        if self.pooling == "cls":
+            return states[:, 0]
+        keep = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
+        return (states * keep).sum(1) / keep.sum(1).clamp(min=1)
+
+    def forward(self, module, batch: dict):
+        """The kind's outputs from the task head on the features: label scores, tag scores, or (start, end) logits
+        (in fp32, as ``QuestionAnsweringModule``'s)."""
+        kind = module.kind
+        states = self.token_features(module, batch)
+        if kind.reads != "tokens":
+            states = self.pooled(states, batch)
+        out = kind.outputs(module.task_head(states), batch)
+        return tuple(o.float() for o in out) if isinstance(out, tuple) else out
+
     def style(self) -> str:
         layer0 = "" if self.representation != "scalar_mix" else (" incl. layer 0" if self.include_layer0 else " excl. layer 0")
         return f"frozen features: {self.representation.replace('_', ' ')}{layer0}"
@@ -144,6 +191,14 @@ class FrozenFeatures(BackbonePolicy):
 
     def load(self, module, checkpoint: dict) -> None:
         restore_frozen_base(checkpoint, module.backbone)  # rebuilt frozen base + saved head
+
+
+def task_head(width: int, outputs: int, hidden: Optional[int], dropout: float) -> nn.Sequential:
+    """Linear layer, or a one-hidden-layer ReLU MLP when ``hidden`` is set."""
+    if hidden is None:
+        return nn.Sequential(nn.Dropout(dropout), nn.Linear(width, outputs))
+    return nn.Sequential(nn.Dropout(dropout), nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(dropout),
+                         nn.Linear(hidden, outputs))
 
 
 class InitFrom(BackbonePolicy):

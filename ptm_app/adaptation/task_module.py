@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ptm_app.adaptation.policies import BackbonePolicy, fine_tuning_policies
+from ptm_app.adaptation.policies import BackbonePolicy, FrozenFeatures, fine_tuning_policies
 from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.compression.early_exit_policy import EarlyExit
 from ptm_app.compression.fake_quant import FakeQuant
@@ -35,8 +35,9 @@ class TaskModule(PtmModule):
     (``predicts_rows = False``: a module whose ``predict_step`` is its own, e.g. prompting's label scoring).  The
     settings ``delta``, ``delta_only``, ``init_from``, ``l2_sp``, ``pruning`` (``compression.pruning_policy
     .PruneSpec``), ``distill`` (``compression.teacher_loss.Distillation``), ``qat``
-    (``compression.fake_quant.QATSpec``), ``early_exit`` (``compression.early_exit_policy.ExitSpec``) and
-    ``theseus`` (``compression.theseus_policy.TheseusSpec``), where a subclass takes them, become policies.
+    (``compression.fake_quant.QATSpec``), ``early_exit`` (``compression.early_exit_policy.ExitSpec``), ``theseus``
+    (``compression.theseus_policy.TheseusSpec``) and ``representation`` with its settings (frozen features:
+    ``adaptation.policies.FrozenFeatures``), where a subclass takes them, become policies.
 
     ``forward(batch)`` is ``outputs(backbone(**backbone_inputs(batch)))``: a subclass says how its batch feeds the
     model and how the model's output becomes the kind's, so a teacher of the same model class is read the same way.
@@ -76,6 +77,9 @@ class TaskModule(PtmModule):
             policies.append(replacing(hp.theseus, hp, self.model_class))
         if hp.get("qat") is not None:
             policies.append(FakeQuant(hp.qat))
+        features = FrozenFeatures.from_settings(hp)
+        if features is not None:
+            policies.append(features)
         return policies
 
     def predicted_outputs(self, batch: dict) -> tuple[Any, Optional[list[dict]]]:
@@ -97,6 +101,10 @@ class TaskModule(PtmModule):
         return model_output.logits
 
     def forward(self, batch: dict) -> Any:
+        for policy in self.policies:  # frozen features: the task head on the frozen backbone's features
+            out = policy.forward(self, batch)
+            if out is not None:
+                return out
         return self.outputs(self.backbone(**self.backbone_inputs(batch)), prepended_tokens(self.backbone))
 
     def default_style(self) -> str:

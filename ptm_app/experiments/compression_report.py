@@ -328,13 +328,11 @@ def load_row(row: CompressionRow, where: str):
 
 def forward_call(loaded, rule, inputs: dict):
     """A zero-argument forward of the row on ``inputs``: the early exit that stops, else the head's outputs."""
-    from ptm_app.inference.predictors import head_outputs
-
     if rule is not None:
         from ptm_app.compression.early_exit_policy import EarlyExit
 
         return functools.partial(loaded.module.policy(EarlyExit).exit_forward, loaded.module, dict(inputs), rule)
-    return functools.partial(head_outputs, loaded, dict(inputs), "sequence_classification")
+    return functools.partial(loaded.head_outputs, dict(inputs), "sequence_classification")
 
 
 def truncation_note(tokenizer, records: list[dict], max_length: int, what: str) -> Optional[str]:

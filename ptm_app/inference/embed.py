@@ -24,7 +24,7 @@ from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import prepended_tokens, transformers_model
 from ptm_app.data.tokenizer import check_representable
 from ptm_app.errors import PtmError
-from ptm_app.inference.inputs import read_texts
+from ptm_app.task_kinds.inputs import read_texts
 from ptm_app.inference.loading import LoadedModel, load_for_inference
 from ptm_app.paths import atomic_file
 
@@ -153,15 +153,13 @@ def embed_pairs(loaded: LoadedModel, texts: list[str], images: list[str], normal
     refused (``too_long``)."""
     from ptm_app.data.image_text import normalise
     from ptm_app.data.images import load_image
-    from ptm_app.inference.predictors import Settings, check_lengths
+    from ptm_app.task_kinds.rows import Settings, check_lengths
 
     model = dual_encoder(loaded)
     if model is None:
         raise PtmError(f"--image needs an image-text model (a DualEncoderModule run or its export); {loaded.ref} is "
                        f"a {loaded.kind}")
-    from ptm_app.inference.predictors import run_data_args
-
-    limit = max_length or run_data_args(loaded.ref).get("max_length") or max_positions(model.text_model) or 512
+    limit = max_length or loaded.data_args().get("max_length") or max_positions(model.text_model) or 512
     text_vectors = torch.zeros(0, model.config.projection_dim)
     if texts:
         check_lengths([len(ids) for ids in loaded.tokenizer(texts)["input_ids"]], limit, Settings(too_long=too_long),

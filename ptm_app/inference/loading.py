@@ -16,12 +16,13 @@ import torch
 from torch import nn
 
 from ptm_app.backbones.build import quiet_transformers
+from ptm_app.backbones.delta import CONFIG_FILE, load_delta, transformers_model
 from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
 from ptm_app.backbones.model_classes import auto_class, model_class_of
 from ptm_app.checkpoints import read_checkpoint, read_record, trusting
 from ptm_app.data.sources.references import REMOTE_CODE, load_error, load_tokenizer_dir, resolve_pretrained
 from ptm_app.errors import PtmError
-from ptm_app.export import EXPORT_INFO, MODULE_CONFIG, load_exported_module
+from ptm_app.export import EXPORT_INFO, MODULE_CONFIG, load_exported_module, recorded_data_args
 
 
 
@@ -46,6 +47,53 @@ class LoadedModel:
     def kind(self) -> str:
         """What the model is, for messages: the module class, else the transformers class."""
         return type(self.module).__name__ if self.module is not None else type(self.model).__name__
+
+    def data_args(self, data_class=None) -> dict:
+        """The data module's ``init_args`` of the run a checkpoint belongs to (its ``config.yaml``), or those an
+        export recorded (``ptm_app_export.json``'s ``data``), over ``data_class``'s own defaults (just the defaults
+        for prepared models and other directories)."""
+        import inspect
+
+        args = {}
+        if data_class is not None:
+            args = {name: p.default for name, p in inspect.signature(data_class).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        args.update({k: v for k, v in recorded_data_args(resolve_pretrained(self.ref)).items() if v is not None})
+        return args
+
+    def is_regression(self) -> bool:
+        from ptm_app.adaptation.classification import SequenceRegressionModule
+
+        if self.module is not None:
+            return isinstance(self.module, SequenceRegressionModule)
+        config = transformers_model(self.model).config
+        return config.problem_type == "regression" or config.num_labels == 1
+
+    def head_outputs(self, batch: dict, model_class: str, regression: Optional[bool] = None):
+        """The head's raw outputs for a batch, as the run's module computes them (its ``forward``: deltas, frozen
+        features, virtual tokens dropped) or a plain export's model: label scores [B, C] (values [B] for
+        regression), tag scores [B, T, C], or (start, end) logits [B, T].  With an ONNX Runtime session attached
+        (``predict --backend onnxruntime``) the exported graph computes them instead.  ``predict --text``'s rows
+        (``task_kinds.rows``), the ONNX graph and ``compress-report`` all call this one computation."""
+        if self.session is not None:
+            return session_outputs(self.session, batch)
+        if self.module is not None:
+            return self.module(batch)
+        out = self.model(**plain_inputs(batch))
+        if model_class == "question_answering":
+            return out.start_logits.float(), out.end_logits.float()
+        if regression is None:
+            regression = self.is_regression()
+        return out.logits.squeeze(-1) if model_class == "sequence_classification" and regression else out.logits
+
+    def predicted_outputs(self, batch: dict, model_class: str) -> tuple[Any, Optional[list[dict]]]:
+        """``(head_outputs, per-example extras or None)``: a run's task module predicts through its policies (an
+        early-exit tagger's rows gain each sentence's ``exit_layer``); an export or ONNX session has no extras."""
+        from ptm_app.adaptation.task_module import TaskModule
+
+        if self.session is None and isinstance(self.module, TaskModule):
+            return self.module.predicted_outputs(batch)
+        return self.head_outputs(batch, model_class), None
 
 
 def load_for_inference(ref: str, trust: Optional[bool] = None) -> LoadedModel:
@@ -83,8 +131,6 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     re-applied."""
     import transformers
 
-    from ptm_app.backbones.delta import CONFIG_FILE, load_delta
-
     if not (directory / "config.json").is_file():
         raise PtmError(f"{directory} has no config.json: not a save_pretrained directory; pass a run directory, "
                        f"a checkpoint or an export directory")
@@ -113,6 +159,10 @@ def _from_directory(ref: str, directory: Path) -> LoadedModel:
     model.requires_grad_(False)
     return LoadedModel(ref, model.eval(), tokenizer, model_class, None, directory)
 
+
+
+def plain_inputs(batch: dict) -> dict:
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 
 
 def session_outputs(session, batch: dict):

@@ -2,7 +2,7 @@
 ``python main.py export --format onnx --ckpt_path RUN --output_dir DIR``, then
 ``python main.py predict --backend onnxruntime --ckpt_path DIR ...``.
 
-The graph is the run's own head computation (``inference.predictors.head_outputs``: the module's ``forward`` with
+The graph is the run's own head computation (``inference.loading.LoadedModel.head_outputs``: the module's ``forward`` with
 its deltas, frozen features and virtual tokens dropped; a plain model's logits), traced by ``torch.export`` and
 converted by ``torch.onnx.export(dynamo=True)`` with dynamic batch and sequence axes.  Inputs: ``input_ids``,
 ``attention_mask`` (and ``token_type_ids`` for models that take them), int64 ``[batch, sequence]``.  Outputs:
@@ -53,12 +53,10 @@ class HeadGraph(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: Optional[torch.Tensor] = None):
-        from ptm_app.inference.predictors import head_outputs
-
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             batch["token_type_ids"] = token_type_ids
-        return head_outputs(self.loaded, batch, self.model_class)
+        return self.loaded.head_outputs(batch, self.model_class)
 
 
 def example_inputs(loaded: LoadedModel, batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:

@@ -20,12 +20,39 @@ from typing import Literal, Optional
 
 import torch
 
-from ptm_app.inference.inputs import read_inputs
+from ptm_app.errors import PtmError
+from ptm_app.export import recorded_precision
 from ptm_app.inference.loading import LoadedModel, load_for_inference
-from ptm_app.inference.predictors import PRECISIONS, TOO_LONG, Settings, precision_context, refuse
 from ptm_app.paths import atomic_file
 from ptm_app.task_kinds.forms import Inputs
+from ptm_app.task_kinds.inputs import read_inputs
 from ptm_app.task_kinds.registry import TaskKind, kind_of
+from ptm_app.task_kinds.rows import PRECISIONS, TOO_LONG, Settings
+
+
+def precision_context(loaded: LoadedModel, settings: Settings):
+    """bf16 autocast on the CPU, as Lightning's ``bf16-mixed`` runs ``predict_step``, when asked (``bf16``) or
+    when the run itself predicted so (``run``: ``trainer.precision`` bf16-mixed, or ``auto`` on a CPU with native
+    bf16, ``training.precision.auto_precision``); else fp32.  An ONNX Runtime session always runs its fp32 graph."""
+    from contextlib import nullcontext
+
+    from ptm_app.data.sources.references import resolve_pretrained
+    from ptm_app.training.precision import auto_precision
+
+    wanted = settings.precision
+    if wanted == "run":
+        value = recorded_precision(resolve_pretrained(loaded.ref)) or "32-true"
+        value = auto_precision("cpu") if value == "auto" else value
+        wanted = "bf16" if value.startswith("bf16") else "32"
+    if wanted == "bf16" and loaded.session is None:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def refuse(loaded: LoadedModel, what: str) -> PtmError:
+    return PtmError(f"predict --text/--input {what}; {loaded.ref} is a {loaded.kind} (model class "
+                    f"{loaded.model_class}); for other runs use: python main.py predict --config ... --ckpt_path ... "
+                    f"(generate / embed for language models and encoders)")
 
 
 def predicting_kind(loaded: LoadedModel) -> TaskKind:
@@ -43,7 +70,7 @@ def predict_rows(loaded: LoadedModel, examples: list, ids: Optional[list] = None
                  max_length: Optional[int] = None, too_long: str = "truncate", texts: Optional[list[str]] = None,
                  progress: bool = False, precision: str = "run", warn_truncated: bool = True) -> list[dict]:
     """One row per example: ``id`` (when given), ``text`` (when the examples came as texts), then the head's
-    fields (``inference.predictors``)."""
+    fields (``task_kinds.rows``)."""
     settings = Settings(batch_size, max_length, too_long, progress, precision, warn_truncated)
     with precision_context(loaded, settings):
         kind = predicting_kind(loaded)

@@ -4,7 +4,7 @@
 the same row as JSON:
 - ``predict`` (a fine-tuned run): the request body of its task kind's input form (``task_kinds.forms``:
   ``{"text": "..."}``, ``{"question": "...", "context": "..."}`` for extractive QA, ``{"question": "...",
-  "choices": [...]}`` for multiple choice) -> the row ``predict`` prints (``inference.predictors``);
+  "choices": [...]}`` for multiple choice) -> the row ``predict`` prints (``task_kinds.rows``);
 - ``embed`` (any encoder): ``{"text": "..."}`` -> ``{"text", "embedding"}`` (``inference.embed``);
 - ``generate`` (a causal or seq2seq LM): ``{"prompt": "...", "max_new_tokens": 64, "do_sample": false, ...}``
   -> ``{"prompt", "generated"}`` (``inference.generate``; the request's decoding settings, seed included).

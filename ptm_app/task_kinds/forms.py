@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ptm_app.errors import PtmError
-from ptm_app.inference.inputs import read_choices, read_inputs, read_questions, read_words
+from ptm_app.task_kinds.inputs import read_choices, read_inputs, read_questions, read_words
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ptm_app.task_kinds.parts import HeadShape, Metrics, Scores, SoftTargets
 @dataclass(frozen=True)
 class Prediction:
     """What ``predict --text/--input`` and ``serve`` take (``form``) and the rows they give:
-    ``rows(loaded, examples, settings, kind) -> one row per example`` (``inference.predictors``)."""
+    ``rows(loaded, examples, settings, kind) -> one row per example`` (``task_kinds.rows``)."""
 
     form: InputForm
     rows: Callable[[Any, list, Any, Any], list[dict]]

@@ -10,8 +10,6 @@ official script reports ×100).
 """
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from typing import Sequence
 
@@ -21,6 +19,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data.sources.squad import squad_normalize
 
 Span = tuple[str, int, int]  # (type, first word, last word), inclusive
 
@@ -104,16 +103,6 @@ class EntityF1(Metric):
 
 
 # -- extractive QA -----------------------------------------------------------------------------------
-_PUNCTUATION = set(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def squad_normalize(text: str) -> str:
-    """SQuAD v1.1 ``normalize_answer``: lowercase, drop punctuation, drop a/an/the, collapse whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
 def squad_em(pred: str, golds: Sequence[str]) -> float:
     """1.0 if the normalised prediction equals any normalised gold answer; no gold answers (an unanswerable
     question, SQuAD 2.0) count as the one gold answer ``""``, as the v2.0 script."""

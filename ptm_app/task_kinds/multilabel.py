@@ -26,7 +26,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from ptm_app.data.multilabel_data import MultiLabelDataModule
-from ptm_app.inference.predictors import label_rows
+from ptm_app.task_kinds.rows import label_rows
 from ptm_app.task_kinds.forms import TEXT
 from ptm_app.task_kinds.kind import Prediction, TaskKind
 from ptm_app.task_kinds.parts import Metrics, Pooled, Scores

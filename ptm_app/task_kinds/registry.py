@@ -8,7 +8,8 @@ A ``TaskKind`` bundles:
 - its head's shape (what it reads, its width, its outputs), its loss and its metrics, as small classes
   (``task_kinds.parts``), and the score rows a teacher teaches (``soft_targets``: knowledge distillation);
 - its predictions: the scores ``predict_step`` returns, and the input form (``task_kinds.forms``: what
-  ``predict --text/--input`` reads and the serve request body) with the rows ``predict`` prints.
+  ``predict --text/--input`` reads and the serve request body) with the rows ``predict`` prints
+  (``task_kinds.rows``).
 
 The single-task modules (``adaptation``), ``MultitaskModule``, ``predict``, ``serve`` and ``export``'s model card
 read the entry; nothing else lists kinds.  A new kind is one entry (a ``TaskKind`` listed in ``TASK_KINDS``, with
@@ -33,8 +34,7 @@ from ptm_app.data.generation_data import Seq2SeqDataModule
 from ptm_app.data.qa_data import QADataModule
 from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.errors import PtmError
-from ptm_app.inference import predictors
-from ptm_app.task_kinds import multilabel
+from ptm_app.task_kinds import multilabel, rows
 from ptm_app.task_kinds.forms import CHOICES, QA, TEXT, WORDS
 from ptm_app.task_kinds.kind import Prediction, TaskKind
 from ptm_app.task_kinds.parts import (ChoiceMetrics, Choices, CrossEntropy, LabelMetrics, MeanSquaredError,
@@ -50,23 +50,23 @@ def _kinds(*entries: TaskKind) -> dict[str, TaskKind]:
 TASK_KINDS: dict[str, TaskKind] = _kinds(
     TaskKind("sequence", "sequence_classification",
              "labelling a text (or a text pair) with one of its labels (main.py predict)", "text-classification",
-             TaskDataModule, Pooled(), CrossEntropy(), LabelMetrics(), Prediction(TEXT, predictors.label_rows),
+             TaskDataModule, Pooled(), CrossEntropy(), LabelMetrics(), Prediction(TEXT, rows.label_rows),
              scores=Softmax(), soft_targets=PerExample()),
     TaskKind("regression", "sequence_classification",
              "labelling a text (or a text pair) with one of its labels (main.py predict)", "text-classification",
-             TaskDataModule, Value(), MeanSquaredError(), RegressionMetrics(), Prediction(TEXT, predictors.label_rows),
+             TaskDataModule, Value(), MeanSquaredError(), RegressionMetrics(), Prediction(TEXT, rows.label_rows),
              scores=Values(), problem_type="regression"),
     TaskKind("token", "token_classification", "labelling each word of a text", "token-classification",
-             TokenTaskDataModule, Tokens(), TagCrossEntropy(), TaggingMetrics(), Prediction(WORDS, predictors.tag_rows),
+             TokenTaskDataModule, Tokens(), TagCrossEntropy(), TaggingMetrics(), Prediction(WORDS, rows.tag_rows),
              TokenLabelCollator, soft_targets=PerLabelledToken()),
     TaskKind("qa", "question_answering", "extracting the answer span to a question from a context",
              "question-answering", QADataModule, Spans(), SpanCrossEntropy(), SpanMetrics(),
-             Prediction(QA, predictors.answer_rows), QACollator, soft_targets=StartAndEnd()),
+             Prediction(QA, rows.answer_rows), QACollator, soft_targets=StartAndEnd()),
     TaskKind("choice", "multiple_choice", "picking one of several candidate answers", None, MultipleChoiceDataModule,
-             Choices(), CrossEntropy(), ChoiceMetrics(), Prediction(CHOICES, predictors.choice_rows), ChoiceCollator,
+             Choices(), CrossEntropy(), ChoiceMetrics(), Prediction(CHOICES, rows.choice_rows), ChoiceCollator,
              scores=Softmax(), soft_targets=PerExample(by_label=False)),
     TaskKind("generation", "seq2seq_lm", None, None, Seq2SeqDataModule, None, None, None,
-             Prediction(TEXT, predictors.generation_rows)),
+             Prediction(TEXT, rows.generation_rows)),
     multilabel.KIND,
 )
 

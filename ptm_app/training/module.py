@@ -49,6 +49,9 @@ class PtmModule(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.policies = self.make_policies()  # from the settings alone: a bad one is refused at construction
+        for policy in self.policies:  # a policy that needs another transformers class (frozen features: the encoder)
+            if policy.model_class is not None:
+                self.model_class = policy.model_class
         self.optim = as_optim_config(optim)
         self.backbone = None
         self.tokenizer = None
@@ -153,6 +156,18 @@ class PtmModule(pl.LightningModule):
         """This module's backbone policies, from ``self.hparams`` alone (a pure function of the settings, called by
         ``__init__``: it must read no other state); none here."""
         return []
+
+    @property
+    def backbone_runs_without_grad(self) -> bool:
+        """A policy runs the backbone without gradients (frozen features): no backward pass through it."""
+        return any(policy.backbone_without_grad for policy in self.policies)
+
+    def train(self, mode: bool = True):
+        """``nn.Module.train``, then each policy's ``train_mode`` (a frozen backbone stays in eval mode)."""
+        super().train(mode)
+        for policy in getattr(self, "policies", ()):
+            policy.train_mode(self, mode)
+        return self
 
     @property
     def delta(self):

@@ -18,7 +18,13 @@ import torch
 
 
 class BackbonePolicy:
-    """One behaviour on the backbone; every hook is a no-op unless the policy needs it."""
+    """One behaviour on the backbone; every hook is a no-op unless the policy needs it.  ``model_class``: the
+    transformers class the backbone must be built as for this policy (None: the module's own);
+    ``backbone_without_grad``: the backbone runs without gradients (the throughput monitor counts no backward pass
+    through it)."""
+
+    model_class: Optional[str] = None
+    backbone_without_grad: bool = False
 
     builds = False  # the policy builds the backbone itself (``build``), so the module's settings need not
 
@@ -30,6 +36,13 @@ class BackbonePolicy:
     def apply(self, module, fresh: bool, fitting: bool) -> None:
         """Run on each ``configure_model`` call (``fresh``: the backbone was just built; ``fitting``: by a fit);
         a policy may replace ``module.backbone``."""
+
+    def train_mode(self, module, mode: bool) -> None:
+        """After ``module.train(mode)`` (``eval()`` too): a policy may keep parts of the module in another mode."""
+
+    def forward(self, module, batch: dict) -> Any:
+        """The task module's outputs for ``batch`` computed by the policy instead of the backbone's head, or None."""
+        return None
 
     def virtual_positions(self) -> int:
         """Positions the policy puts before the input (soft prompts)."""

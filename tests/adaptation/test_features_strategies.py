@@ -13,7 +13,7 @@ from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.chaining import InitFrom, apply_init_from
 from ptm_app.adaptation.classification import SequenceClassificationModule
 from ptm_app.adaptation.features import FeatureExtractionModule
-from ptm_app.adaptation.policies import L2SP
+from ptm_app.adaptation.policies import L2SP, FrozenFeatures
 from ptm_app.backbones.layers import layer_ids
 from ptm_app.backbones.scalar_mix import ScalarMix
 from ptm_app.data.sources import prepared_dir
@@ -21,6 +21,12 @@ from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig, build_optimizer, stlr_factor
 from ptm_app.training.unfreezing import ChainThaw, GradualUnfreezing, SequentialUnfreezing
 from tests.conftest import TINY_BERT, run_main, tiny_mlm_config
+
+
+def pooled_features(module, batch: dict) -> torch.Tensor:
+    """The module's pooled features [B, D] (its ``FrozenFeatures`` policy: the chosen layers, then the pooling)."""
+    policy = module.policy(FrozenFeatures)
+    return policy.pooled(policy.token_features(module, batch), batch)
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPT = ROOT / "configs" / "adapt"
@@ -106,14 +112,14 @@ def test_feature_extraction_trains_only_the_head_and_leaves_the_backbone_bit_ide
     assert all(torch.equal(before[k], v) for k, v in module.backbone.state_dict().items())
     assert not torch.equal(head_before, module.task_head[1].weight)  # the head did train
     module.train()
-    first, second = module.features(batch()), module.features(batch())
+    first, second = pooled_features(module, batch()), pooled_features(module, batch())
     assert torch.equal(first, second)  # no dropout in the backbone in train mode
 
 
 def test_representations_give_different_features():
     b = batch()
-    feats = {r: tiny_features(r).features(b) for r in ("embedding", "top", "scalar_mix")}
-    feats["mix_without_layer0"] = tiny_features("scalar_mix", include_layer0=False).features(b)
+    feats = {r: pooled_features(tiny_features(r), b) for r in ("embedding", "top", "scalar_mix")}
+    feats["mix_without_layer0"] = pooled_features(tiny_features("scalar_mix", include_layer0=False), b)
     names = list(feats)
     for i, x in enumerate(names):
         for y in names[i + 1:]:
@@ -121,7 +127,7 @@ def test_representations_give_different_features():
     module = tiny_features("top", pooling="cls")
     with torch.no_grad():
         top = module.backbone(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
-    assert torch.allclose(module.features(b), top[:, 0])
+    assert torch.allclose(pooled_features(module, b), top[:, 0])
     mask = b["attention_mask"].unsqueeze(-1).float()
     assert torch.allclose(feats["top"], (top * mask).sum(1) / mask.sum(1), atol=1e-6)  # masked mean
 
@@ -141,7 +147,7 @@ def test_an_encoder_decoder_gives_its_encoders_layers(model_type):
                                                output_hidden_states=True).hidden_states
     assert len(states) == 3 and module.mix.weights.numel() == 3  # the embeddings + 2 encoder layers
     expected = module.mix(states, b["attention_mask"])
-    assert torch.allclose(module.features_policy.token_features(module, b), expected)
+    assert torch.allclose(module.policy(FrozenFeatures).token_features(module, b), expected)
 
 
 def test_feature_extraction_on_the_elmo_bilstm_from_a_checkpoint(tmp_path):

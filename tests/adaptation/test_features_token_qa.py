@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.features import (FeatureExtractionModule, QAFeatureExtractionModule,
                                          TokenFeatureExtractionModule)
+from ptm_app.adaptation.policies import FrozenFeatures
 from ptm_app.data.sources import prepared_dir
 from ptm_app.data.qa_data import QADataModule
 from ptm_app.data.tagging_data import TokenTaskDataModule
@@ -99,7 +100,7 @@ def test_token_features_are_the_chosen_layers(representation, include_layer0):
         mixed = layers if include_layer0 else layers[1:]
         s = torch.softmax(torch.linspace(-1, 1, len(mixed)), 0)
         expected = 1.5 * sum(w * h for w, h in zip(s, mixed))
-    assert torch.allclose(module.token_features(b), expected, atol=1e-6)
+    assert torch.allclose(module.policy(FrozenFeatures).token_features(module, b), expected, atol=1e-6)
     assert torch.allclose(module(b), module.task_head(expected), atol=1e-6)
     assert module.style() == {"embedding": "frozen features: embedding", "top": "frozen features: top"}.get(
         representation, f"frozen features: scalar mix {'incl.' if include_layer0 else 'excl.'} layer 0")
@@ -263,3 +264,30 @@ def test_qa_features_learn_spans_and_write_answers(qa_data, tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "predictions.jsonl")]
     assert len(rows) == 6 and all(r["answer"] == "purple elephants" for r in rows)
     assert all(r["context"][r["answer_start"]:].startswith("purple elephants") for r in rows)
+
+
+def test_a_task_module_that_takes_the_feature_settings_carries_frozen_features():
+    """Frozen features are a policy, not a base class: a multiple-choice module given the ``representation``
+    settings builds the plain encoder, trains only the mix and a one-score head, and reads each (question, choice)
+    pair's pooled features as its choice score (the kind's ``Choices`` head shape)."""
+    from ptm_app.adaptation.choice import MultipleChoiceModule
+
+    class ChoiceFeatures(MultipleChoiceModule):
+        def __init__(self, backbone_config: dict, num_choices: int, representation: str = "scalar_mix",
+                     pooling: str = "mean", head_hidden: int | None = None, dropout: float = 0.0):
+            super().__init__(None, backbone_config, num_choices, OptimConfig(lr=1e-3))
+
+    torch.manual_seed(0)
+    module = ChoiceFeatures(TINY, 2).build()
+    assert module.model_class == "base" and [type(p) for p in module.policies] == [FrozenFeatures]
+    assert {n for n, p in module.named_parameters() if p.requires_grad} == {
+        "mix.weights", "mix.gamma", "task_head.1.weight", "task_head.1.bias"}
+    assert module.task_head[1].out_features == 1
+    b = batch(n=4)  # two questions, two (question, choice) pairs each
+    b["labels"] = torch.tensor([1, 0])
+    out = module(b)
+    policy = module.policy(FrozenFeatures)
+    pooled = policy.pooled(policy.token_features(module, b), b)
+    assert out.shape == (2, 2) and torch.allclose(out, module.task_head(pooled).view(2, 2))
+    module.kind.loss(out, b).backward()
+    assert module.mix.weights.grad.abs().sum() > 0 and all(p.grad is None for p in module.backbone.parameters())

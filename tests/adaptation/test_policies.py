@@ -17,7 +17,7 @@ def test_no_adaptation_module_stacks_mixins(cls):
     ours = [base for base in cls.__mro__ if base.__module__.startswith("ptm_app.")]
     assert not [base.__name__ for base in ours if base.__name__.endswith("Mixin")]
     overrides = [base.__name__ for base in cls.__mro__ if "configure_model" in vars(base)]
-    assert len(overrides) <= 4, overrides  # e.g. FrozenFeaturesTask -> TaskModule -> PtmModule
+    assert len(overrides) <= 4, overrides  # e.g. TokenClassificationModule -> TaskModule -> PtmModule
 
 
 def test_settings_become_policies_in_the_order_they_apply(tmp_path):

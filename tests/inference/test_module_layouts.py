@@ -45,6 +45,7 @@ def test_generation_module_prompt_layout_gives_its_own_generations(config):
 
 def test_frozen_features_run_embeds_with_its_trained_scalar_mix():
     from ptm_app.adaptation.features import FeatureExtractionModule
+    from ptm_app.adaptation.policies import FrozenFeatures
 
     tok = minilm_tokenizer()
     torch.manual_seed(0)
@@ -58,7 +59,8 @@ def test_frozen_features_run_embeds_with_its_trained_scalar_mix():
     got = embed_texts(loaded, SOURCES)  # default pooling for a run with a trained mix: scalar_mix
     batch = tok(SOURCES, padding=True, return_tensors="pt")
     with torch.no_grad():
-        want = module.features(dict(batch)).numpy()  # the run's own pooled features (mean over real tokens)
+        features = module.policy(FrozenFeatures)  # the run's own pooled features (mean over real tokens)
+        want = features.pooled(features.token_features(module, dict(batch)), dict(batch)).numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
     top = embed_texts(loaded, SOURCES, pooling="mean")
     assert np.abs(top - want).max() > 1e-2  # the mix is not just the top layer

@@ -179,7 +179,7 @@ def test_kind_fits_exports_predicts_and_serves(name, tmp_path, capsys):
 
 def test_a_multiple_choice_input_in_another_format_is_one_line():
     from ptm_app.errors import PtmError
-    from ptm_app.inference.inputs import read_choices
+    from ptm_app.task_kinds.inputs import read_choices
 
     assert read_choices(['{"question": "q?", "choices": ["a", "b"]}'], None) == ([("q?", ["a", "b"])], None)
     for bad in ("which one?", '{"question": "q?", "choices": ["a"]}', '["q?", "a", "b"]'):

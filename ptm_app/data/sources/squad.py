@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import string
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -49,6 +51,18 @@ SPLIT = {
     "method": ("train-v1.1.json's article titles sorted, shuffled with random.Random(seed); validation = the first "
                "round(n*0.1) articles (44 of 442), train = the rest; all questions of an article stay in its split"),
 }
+
+
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def squad_normalize(text: str) -> str:
+    """SQuAD v1.1's ``normalize_answer`` (its evaluation script): lowercase, drop punctuation, drop a/an/the,
+    collapse whitespace.  The QA metrics (``task_kinds.metrics``) and the derived negatives of
+    ``squad_unanswerable`` both compare answers through it."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def _member(archive: Path, name: str) -> dict:

@@ -20,8 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ptm_app.data.sources import squad
+from ptm_app.data.sources.squad import squad_normalize
 from ptm_app.data.sources.fetch import progress
-from ptm_app.task_kinds.metrics import squad_normalize
 
 ARTIFACT = squad.ARTIFACT
 KIND = "task"

@@ -1,9 +1,9 @@
-"""What ``predict --text/--input`` computes for each kind of run: the rows functions the task kinds' entries name
-(``task_kinds.registry``: ``TaskKind.prediction``), each reusing the run's own collator, alignment and
-post-processing so its rows equal those ``predict --config`` writes for the same examples:
+"""A task kind's prediction rows: what ``predict --text/--input`` and ``serve`` compute for each kind (the rows
+functions the entries of ``task_kinds.registry`` name: ``TaskKind.prediction``), each reusing the run's own
+collator, alignment and post-processing so its rows equal those ``predict --config`` writes for the same examples:
 
-- ``label_rows`` (``sequence``, ``regression``): the label with every label's probability, or the value for
-  regression (the run's ``predict_step``, ``training.callbacks.score_rows``);
+- ``label_rows`` (``sequence``, ``regression``, ``multilabel``): the label with every label's probability, the chosen
+  label set, or the value for regression (the run's ``predict_step``, ``training.callbacks.score_rows``);
 - ``tag_rows`` (``token``): one tag per word from its first sub-token (BERT, Devlin et al. 2019 §4.3;
   ``data.tagging_data.align_words``, ``task_kinds.tagging.tags_by_word``);
 - ``answer_rows`` (``qa``): the best span over a context's overlapping windows (BERT §4.2; ``data.qa_data.qa_windows``,
@@ -11,12 +11,14 @@ post-processing so its rows equal those ``predict --config`` writes for the same
 - ``choice_rows`` (``choice``): each question's chosen answer and every choice's probability (BERT §4.4);
 - ``generation_rows`` (``generation``): a ``GenerationModule`` run's own greedy / beam decoding of each source text.
 
-Batches are grouped by length (fewer pad tokens); the rows come back in input order.  Inputs longer than the
-run's limit are truncated with one warning line, or refused (``too_long="refuse"``).
+``loaded`` is an ``inference.loading.LoadedModel``: its ``head_outputs`` (the module's ``forward``, a plain export's
+model or an ONNX Runtime session) and ``data_args`` (the run's recorded data settings) are all a rows function asks
+of the run, so this module stands below ``inference`` and imports nothing from it.  Batches are grouped by length
+(fewer pad tokens); the rows come back in input order.  Inputs longer than the run's limit are truncated with one
+warning line, or refused (``too_long="refuse"``).
 """
 from __future__ import annotations
 
-import inspect
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -26,8 +28,6 @@ import torch
 from ptm_app.backbones.build import max_positions
 from ptm_app.backbones.delta import transformers_model
 from ptm_app.errors import PtmError
-from ptm_app.export import recorded_data_args, recorded_precision
-from ptm_app.inference.loading import LoadedModel, session_outputs
 
 TOO_LONG = ("truncate", "refuse")
 PRECISIONS = ("run", "32", "bf16")  # run: bf16 autocast when the run predicted in bf16 (precision auto / bf16-mixed)
@@ -36,8 +36,9 @@ PRECISIONS = ("run", "32", "bf16")  # run: bf16 autocast when the run predicted 
 @dataclass(frozen=True)
 class Settings:
     """``batch_size``; ``max_length`` overrides the run's input limit; ``too_long``: truncate or refuse;
-    ``progress``: show a progress bar; ``warn_truncated``: the one warning line when truncating (a caller that
-    says it once for many calls turns it off)."""
+    ``progress``: show a progress bar; ``precision``: the autocast ``predict`` runs the rows under
+    (``inference.predict.precision_context``); ``warn_truncated``: the one warning line when truncating (a caller
+    that says it once for many calls turns it off)."""
 
     batch_size: int = 32
     max_length: Optional[int] = None
@@ -57,42 +58,8 @@ class Settings:
             raise PtmError(f"--precision {self.precision}: use one of {', '.join(PRECISIONS)}")
 
 
-
 # -- shared helpers ---------------------------------------------------------------------------------
-def run_data_args(ref: str, data_class=None) -> dict:
-    """The data module's ``init_args`` of the run a checkpoint belongs to (its ``config.yaml``), or those an export
-    recorded (``ptm_app_export.json``'s ``data``), over ``data_class``'s own defaults (just the defaults for
-    prepared models and other directories)."""
-    from ptm_app.data.sources.references import resolve_pretrained
-
-    args = {}
-    if data_class is not None:
-        args = {name: p.default for name, p in inspect.signature(data_class).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    args.update({k: v for k, v in recorded_data_args(resolve_pretrained(ref)).items() if v is not None})
-    return args
-
-
-def precision_context(loaded: LoadedModel, settings: Settings):
-    """bf16 autocast on the CPU, as Lightning's ``bf16-mixed`` runs ``predict_step``, when asked (``bf16``) or
-    when the run itself predicted so (``run``: ``trainer.precision`` bf16-mixed, or ``auto`` on a CPU with native
-    bf16, ``training.precision.auto_precision``); else fp32.  An ONNX Runtime session always runs its fp32 graph."""
-    from contextlib import nullcontext
-
-    from ptm_app.data.sources.references import resolve_pretrained
-    from ptm_app.training.precision import auto_precision
-
-    wanted = settings.precision
-    if wanted == "run":
-        value = recorded_precision(resolve_pretrained(loaded.ref)) or "32-true"
-        value = auto_precision("cpu") if value == "auto" else value
-        wanted = "bf16" if value.startswith("bf16") else "32"
-    if wanted == "bf16" and loaded.session is None:
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def model_limit(loaded: LoadedModel) -> Optional[int]:
+def model_limit(loaded) -> Optional[int]:
     return max_positions(transformers_model(loaded.model))
 
 
@@ -126,44 +93,8 @@ def batches(lengths: list[int], settings: Settings):
     return progress(groups, f"predicting {len(lengths)} inputs")
 
 
-def plain_inputs(batch: dict) -> dict:
-    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-
-
-def is_regression(loaded: LoadedModel) -> bool:
-    from ptm_app.adaptation.classification import SequenceRegressionModule
-
-    if loaded.module is not None:
-        return isinstance(loaded.module, SequenceRegressionModule)
-    config = transformers_model(loaded.model).config
-    return config.problem_type == "regression" or config.num_labels == 1
-
-
-def head_outputs(loaded: LoadedModel, batch: dict, model_class: str, regression: Optional[bool] = None):
-    """The head's raw outputs for a batch, as the run's module computes them (its ``forward``: deltas, frozen
-    features, virtual tokens dropped) or a plain export's model: label scores [B, C] (values [B] for regression),
-    tag scores [B, T, C], or (start, end) logits [B, T].  With an ONNX Runtime session attached
-    (``predict --backend onnxruntime``) the exported graph computes them instead."""
-    if loaded.session is not None:
-        return session_outputs(loaded.session, batch)
-    if loaded.module is not None:
-        return loaded.module(batch)
-    out = loaded.model(**plain_inputs(batch))
-    if model_class == "question_answering":
-        return out.start_logits.float(), out.end_logits.float()
-    if regression is None:
-        regression = is_regression(loaded)
-    return out.logits.squeeze(-1) if model_class == "sequence_classification" and regression else out.logits
-
-
-def refuse(loaded: LoadedModel, what: str) -> PtmError:
-    return PtmError(f"predict --text/--input {what}; {loaded.ref} is a {loaded.kind} (model class "
-                    f"{loaded.model_class}); for other runs use: python main.py predict --config ... --ckpt_path ... "
-                    f"(generate / embed for language models and encoders)")
-
-
 # -- classification and regression ---------------------------------------------------------------
-def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind) -> list[dict]:
+def label_rows(loaded, texts: list[str], settings: Settings, kind) -> list[dict]:
     """The label and every label's probability, the chosen label set, or the value (the task ``kind``'s scores), and
     any per-example extras (``score_rows`` of the run's own ``predict_step``; a plain export's or an ONNX graph's
     scores)."""
@@ -179,7 +110,7 @@ def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind) 
         config = transformers_model(loaded.model).config
         collate = PadCollator(pad_token_id=loaded.tokenizer.pad_token_id)
         labels = [] if regression else [config.id2label[i] for i in range(config.num_labels)]
-    limit = settings.max_length or run_data_args(loaded.ref).get("max_length") or model_limit(loaded)
+    limit = settings.max_length or loaded.data_args().get("max_length") or model_limit(loaded)
     if limit is not None:
         check_lengths([len(ids) for ids in loaded.tokenizer(texts)["input_ids"]], limit, settings, "max_length")
     enc = loaded.tokenizer(texts, truncation=limit is not None, max_length=limit)
@@ -192,14 +123,14 @@ def label_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind) 
             if "values" in scores:
                 scores["values"] = scores["values"].float()
         else:
-            scores = kind.scores(head_outputs(loaded, batch, "sequence_classification", regression).float())
+            scores = kind.scores(loaded.head_outputs(batch, "sequence_classification", regression).float())
         for i, row in zip(index, score_rows(scores, labels)):
             rows[i] = row
     return rows
 
 
 # -- token tagging ------------------------------------------------------------------------------------
-def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings, kind=None) -> list[dict]:
+def tag_rows(loaded, sentences: list[list[str]], settings: Settings, kind=None) -> list[dict]:
     """One tag per word, from its first sub-token; ``None`` for words beyond the length limit; an early-exit
     tagger's rows add each sentence's ``exit_layer``."""
     from ptm_app.data.collators import TokenLabelCollator
@@ -212,7 +143,7 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
     else:
         config = transformers_model(loaded.model).config
         labels = [config.id2label[i] for i in range(config.num_labels)]
-    limit = settings.max_length or run_data_args(loaded.ref, TokenTaskDataModule)["max_length"]
+    limit = settings.max_length or loaded.data_args(TokenTaskDataModule)["max_length"]
     tok = loaded.tokenizer
     full = tok(sentences, is_split_into_words=True)["input_ids"]
     check_lengths([len(ids) for ids in full], limit, settings, "max_length")
@@ -220,13 +151,9 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
     dataset = TaggedDataset(input_ids, first, [[0] * len(words) for words in sentences])
     collate = TokenLabelCollator(pad_token_id=tok.pad_token_id)
     rows: list[Optional[dict]] = [None] * len(sentences)
-    from ptm_app.adaptation.task_module import TaskModule
-
-    own = loaded.session is None and isinstance(module, TaskModule)  # its policies' outputs (an early exit's)
     for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
-        logits, extras = module.predicted_outputs(batch) if own else (head_outputs(loaded, batch, "token_classification"),
-                                                                       None)
+        logits, extras = loaded.predicted_outputs(batch, "token_classification")
         for r, i in enumerate(index):
             tags = tags_by_word(labels, logits[r].argmax(-1), batch["word_index"][r], len(sentences[i]))
             rows[i] = {"words": sentences[i], "tags": tags, **(extras[r] if extras else {})}
@@ -234,7 +161,7 @@ def tag_rows(loaded: LoadedModel, sentences: list[list[str]], settings: Settings
 
 
 # -- extractive QA ------------------------------------------------------------------------------------
-def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Settings, kind=None) -> list[dict]:
+def answer_rows(loaded, pairs: list[tuple[str, str]], settings: Settings, kind=None) -> list[dict]:
     """Each question's best answer span in its context (``answer``, ``answer_start``, ``answer_end``, ``score``)."""
     from ptm_app.data.collators import QACollator
     from ptm_app.data.qa_data import QADataModule, QADataset, qa_windows
@@ -243,7 +170,7 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     from ptm_app.task_kinds.spans import BestSpans, answer_row, epoch_answers
 
     module = loaded.module
-    args = run_data_args(loaded.ref, QADataModule)
+    args = loaded.data_args(QADataModule)
     length = settings.max_length or args["max_length"]
     if model_limit(loaded) is not None:
         length = min(length, model_limit(loaded))
@@ -264,7 +191,7 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
     spans, metrics = BestSpans(sync_on_compute=False), SpanMetrics()
     for index in batches(dataset.lengths(), settings):
         batch = collate([dataset[i] for i in index])
-        metrics.update(spans, head_outputs(loaded, batch, "question_answering"), batch, span_settings)
+        metrics.update(spans, loaded.head_outputs(batch, "question_answering"), batch, span_settings)
     threshold = module.null_threshold() if module is not None and hasattr(module, "null_threshold") else None
     answers = epoch_answers(spans, features, threshold)  # "no answer" below the run's tuned τ (SQuAD 2.0)
     return [{"question": q, "context": c, **answer_row(answers[e], threshold is not None)}
@@ -272,7 +199,7 @@ def answer_rows(loaded: LoadedModel, pairs: list[tuple[str, str]], settings: Set
 
 
 # -- multiple choice ----------------------------------------------------------------------------------
-def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], settings: Settings,
+def choice_rows(loaded, questions: list[tuple[str, list[str]]], settings: Settings,
                 kind=None) -> list[dict]:
     """Each question's chosen answer (``choice``: its index, ``answer``: its text) and every choice's probability
     (the soft-max over the (question, choice) pairs' scores, BERT §4.4), the pairs encoded as the run's data encodes
@@ -286,7 +213,7 @@ def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], set
         if len(choices) != n:
             raise PtmError(f"question {i + 1} has {len(choices)} choices; {loaded.ref} picks one of {n}: give every "
                            f"question {n} choices")
-    limit = settings.max_length or run_data_args(loaded.ref, MultipleChoiceDataModule)["max_length"]
+    limit = settings.max_length or loaded.data_args(MultipleChoiceDataModule)["max_length"]
     firsts = [q for q, choices in questions for _ in choices]
     seconds = [c for _, choices in questions for c in choices]
     full = tok(firsts, seconds)["input_ids"]
@@ -307,7 +234,7 @@ def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], set
         if module is None and loaded.session is None:  # a plain *ForMultipleChoice export reads [B, choices, L]
             batch = {k: v.view(len(index), n, -1) if torch.is_tensor(v) and v.dim() == 2 else v
                      for k, v in batch.items()}
-        probs = torch.softmax(head_outputs(loaded, batch, "multiple_choice").float().view(len(index), n), dim=-1)
+        probs = torch.softmax(loaded.head_outputs(batch, "multiple_choice").float().view(len(index), n), dim=-1)
         for i, p in zip(index, probs.tolist()):
             best = max(range(n), key=p.__getitem__)
             question, choices = questions[i]
@@ -317,12 +244,12 @@ def choice_rows(loaded: LoadedModel, questions: list[tuple[str, list[str]]], set
 
 
 # -- generation ---------------------------------------------------------------------------------------
-def generation_rows(loaded: LoadedModel, texts: list[str], settings: Settings, kind=None) -> list[dict]:
+def generation_rows(loaded, texts: list[str], settings: Settings, kind=None) -> list[dict]:
     """The run's own decoding (greedy or its beam search) of each source text, laid out by its collator."""
     from ptm_app.data.generation_data import Seq2SeqDataModule
 
     module, tok = loaded.module, loaded.tokenizer
-    args = run_data_args(loaded.ref, Seq2SeqDataModule)
+    args = loaded.data_args(Seq2SeqDataModule)
     limit = settings.max_length or args["max_source_length"]
     sources = tok(texts, add_special_tokens=False)["input_ids"]
     check_lengths([len(ids) for ids in sources], limit, settings, "max_source_length")
