@@ -265,6 +265,7 @@ class EarlyExit(BackbonePolicy):
                            f"remove model.init_args.early_exit")
         self.collected: dict[str, list[dict]] = {}
         self.latest: Optional[dict] = None
+        self.evaluated: Optional[tuple[dict, list[torch.Tensor]]] = None  # (batch, its per-layer outputs)
 
     def style(self) -> str:
         return f"early exit ({self.spec.method})"
@@ -285,6 +286,15 @@ class EarlyExit(BackbonePolicy):
         hidden = out.hidden_states
         return [ramp(hidden[i + 1]) for i, ramp in enumerate(module.exits)] + [final]
 
+    def forward(self, module, batch: dict) -> Optional[torch.Tensor]:
+        """In evaluation, the module's outputs from the same backbone pass that gives every layer's (kept for
+        ``eval_step``, so an evaluated batch runs the backbone once); in training, None (the module's own)."""
+        if module.training:
+            return None
+        logits = self.layer_logits(module, batch)
+        self.evaluated = (batch, logits)
+        return logits[-1]
+
     def in_final_stage(self, module) -> bool:
         """DeeBERT's first stage (the ordinary fine-tuning of backbone and final classifier) is running."""
         return self.spec.method == "deebert" and module.global_step < self.spec.final_steps
@@ -300,7 +310,9 @@ class EarlyExit(BackbonePolicy):
 
     # -- evaluation: every criterion on the same per-layer predictions ------------------------------------------
     def eval_step(self, module, stage: str, batch: dict, outputs: Any) -> None:
-        logits = torch.stack(self.layer_logits(module, batch), 1).detach().float().cpu()
+        kept, self.evaluated = self.evaluated, None
+        layers = kept[1] if kept is not None and kept[0] is batch else self.layer_logits(module, batch)
+        logits = torch.stack(layers, 1).detach().float().cpu()
         labels = batch["labels"].detach().cpu()
         scored = scored_tokens(batch)
         self.collected.setdefault(stage, []).append(
