@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from ptm_app.adaptation.classification import SequenceClassificationModule
+from ptm_app.adaptation.policies import FrozenFeatures
 from ptm_app.adaptation.qa import QuestionAnsweringModule
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 from ptm_app.training.optim import OptimConfig
@@ -35,6 +36,8 @@ class FeatureExtractionModule(SequenceClassificationModule):
         positive_label: the positive class of a two-label task, for ``val/f1`` (default: the second label).
     """
 
+    model_class = FrozenFeatures.model_class  # the plain encoder whose layers the policy reads
+
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=1e-3),
                  representation: Representation = "scalar_mix", include_layer0: bool = True,
@@ -53,6 +56,8 @@ class TokenFeatureExtractionModule(TokenClassificationModule):
     ``FeatureExtractionModule``.
     """
 
+    model_class = FrozenFeatures.model_class  # the plain encoder whose layers the policy reads
+
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=1e-3),
                  representation: Representation = "scalar_mix", include_layer0: bool = True,
@@ -69,6 +74,8 @@ class QAFeatureExtractionModule(QuestionAnsweringModule):
     ``QuestionAnsweringModule``; ``representation``, ``include_layer0``, ``do_layer_norm``, ``head_hidden``,
     ``dropout`` as ``FeatureExtractionModule``.
     """
+
+    model_class = FrozenFeatures.model_class  # the plain encoder whose layers the policy reads
 
     def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
                  optim: OptimConfig = OptimConfig(lr=1e-3), max_answer_length: int = 30, n_best: int = 20,

@@ -191,27 +191,30 @@ def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
 
 
 def links(plan: dict, objectives: list[dict]) -> list[Link]:
-    """The chains in run order: per (objective, budget, pre-training seed) the pre-training, then each task it can
-    run once per fine-tuning seed (from its export)."""
+    """The chains in run order: per (pre-training seed, budget, objective), seed-major so that a run stopped part
+    way has every objective at the first seeds rather than one objective at every seed, the pre-training, then
+    each task it can run once per fine-tuning seed (from its export)."""
+    chains = [(objective, budget, flops, seed) for objective in objectives
+              for budget, flops in budgets_of(plan, objective).items() for seed in plan["pretrain_seeds"]]
+    order = {name: i for i, name in enumerate(["init", *plan["budgets"]])}
+    chains.sort(key=lambda c: (plan["pretrain_seeds"].index(c[3]), order[c[1]]))  # stable: objectives in order
     out = []
-    for objective in objectives:
-        for budget, flops in budgets_of(plan, objective).items():
-            for seed in plan["pretrain_seeds"]:
-                row = row_key(objective, budget, seed)
-                limit = FLOOR_SET if objective.get("floor") else {"trainer.max_flops": float(flops)}
-                pre = {"name": f"{row}/pretrain", "config": objective["pretrain"],
-                       "set": {**objective["set"], **limit, "seed_everything": seed}}
-                common = {"data.init_args.source": plan["corpus"], **plan["pretrain_set"]}
-                out.append(Link(row, pre, common, first=True, after=export_once,
-                                fitted=lambda run, flops=flops: pretrained(run, flops)))
-                start = export_overrides(pretrain_run(plan, objective, budget, seed) / "export")
-                for task, spec in plan["tasks"].items():
-                    if why_not(plan, objective, task) is not None:
-                        continue
-                    for ft_seed in plan["finetune_seeds"]:
-                        cell = {"name": f"{row}/{task}/f{ft_seed}", "config": spec["config"],
-                                "set": {**start, "seed_everything": ft_seed}}
-                        out.append(Link(row, cell, plan["task_set"], first=False))
+    for objective, budget, flops, seed in chains:
+        row = row_key(objective, budget, seed)
+        limit = FLOOR_SET if objective.get("floor") else {"trainer.max_flops": float(flops)}
+        pre = {"name": f"{row}/pretrain", "config": objective["pretrain"],
+               "set": {**objective["set"], **limit, "seed_everything": seed}}
+        common = {"data.init_args.source": plan["corpus"], **plan["pretrain_set"]}
+        out.append(Link(row, pre, common, first=True, after=export_once,
+                        fitted=lambda run, flops=flops: pretrained(run, flops)))
+        start = export_overrides(pretrain_run(plan, objective, budget, seed) / "export")
+        for task, spec in plan["tasks"].items():
+            if why_not(plan, objective, task) is not None:
+                continue
+            for ft_seed in plan["finetune_seeds"]:
+                cell = {"name": f"{row}/{task}/f{ft_seed}", "config": spec["config"],
+                        "set": {**start, "seed_everything": ft_seed}}
+                out.append(Link(row, cell, plan["task_set"], first=False))
     return out
 
 

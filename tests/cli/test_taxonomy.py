@@ -78,7 +78,7 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
     readme.write_text("# Taxonomy\n\n<!-- taxonomy_quick:start -->\n<!-- taxonomy_quick:end -->\n")
     assert run_main(["taxonomy-report", str(path), "--readme", str(readme)], runs_dir) == 0
     again = capsys.readouterr().out
-    assert [line.split(":")[0] for line in again.splitlines() if " exit " in line] == ["[8/12] electra/short/p2/tweets/f1"]
+    assert [line.split(":")[0] for line in again.splitlines() if " exit " in line] == ["[12/12] electra/short/p2/tweets/f1"]  # seed-major: the last
     assert "| MLM (token) | short" in again  # only the unfinished cell ran again
     assert run_main(["taxonomy-report", str(path), "--collect_only"], runs_dir) == 0
     table = (runs_dir / "taxonomy_quick" / "taxonomy.md").read_text().rstrip()
@@ -163,6 +163,11 @@ def test_the_shipped_plans_load_and_say_which_tasks_a_row_cannot_run(monkeypatch
     assert why_not(plan, bart, "wordnet_qa") is None
     names = [link.cell["name"] for link in links(plan, [elmo])]
     assert "elmo/short/p1/bbc/f1" in names and not any("/brown_pos/" in n or "/wordnet_qa/" in n for n in names)
+    firsts = [link.cell["name"] for link in links(plan, plan["objectives"]) if link.first]
+    assert firsts[0] == "none/init/p1/pretrain" and firsts[1] == "mlm/short/p1/pretrain"  # seed-major: every
+    assert firsts[:len(ids) * 2 - 1] == ["none/init/p1/pretrain", *[f"{i}/{b}/p1/pretrain" for b in plan["budgets"]
+                                                                     for i in ids if i != "none"]]  # row at p1 first
+    assert plan["task_set"]["trainer.max_steps"] == 150 and plan["task_set"]["model.init_args.optim.lr"] == 1e-3
 
 
 @pytest.mark.parametrize("change, message", [
