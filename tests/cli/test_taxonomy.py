@@ -78,7 +78,8 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
     readme.write_text("# Taxonomy\n\n<!-- taxonomy_quick:start -->\n<!-- taxonomy_quick:end -->\n")
     assert run_main(["taxonomy-report", str(path), "--readme", str(readme)], runs_dir) == 0
     again = capsys.readouterr().out
-    assert [line.split(":")[0] for line in again.splitlines() if " exit " in line] == ["[12/12] electra/short/p2/tweets/f1"]  # seed-major: the last
+    reran = [line.split(":")[0] for line in again.splitlines() if " exit " in line]
+    assert reran == ["[12/12] electra/short/p2/tweets/f1"]  # seed-major: the last cell
     assert "| MLM (token) | short" in again  # only the unfinished cell ran again
     assert run_main(["taxonomy-report", str(path), "--collect_only"], runs_dir) == 0
     table = (runs_dir / "taxonomy_quick" / "taxonomy.md").read_text().rstrip()
