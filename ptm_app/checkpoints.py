@@ -419,8 +419,22 @@ def backbone_state(ckpt: dict) -> dict[str, torch.Tensor]:
     return {k[len(BACKBONE_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(BACKBONE_PREFIX)}
 
 
+def moved_class_path(hparams: Any) -> dict:
+    """``{"_class_path": today's name}`` when a checkpoint's hyper-parameters name a module class that moved since
+    (``module_classes.RENAMED_MODULE_CLASSES``), else ``{}``: Lightning's loader resolves ``_class_path`` among the
+    classes already imported and would refuse the old name."""
+    from ptm_app.module_classes import current_name
+
+    stored = hparams.get("_class_path") if isinstance(hparams, dict) else None
+    return {"_class_path": current_name(stored)} if current_name(stored) != stored else {}
+
+
 def as_file(ckpt: dict) -> io.BytesIO:
-    """An in-memory ``.ckpt`` of a dict already loaded safely (e.g. consolidated shards), for Lightning's loaders."""
+    """An in-memory ``.ckpt`` of a dict already loaded safely (e.g. consolidated shards), for Lightning's loaders
+    (a moved module class under today's name: ``moved_class_path``)."""
+    moved = moved_class_path(ckpt.get("hyper_parameters"))
+    if moved:
+        ckpt = {**ckpt, "hyper_parameters": {**ckpt["hyper_parameters"], **moved}}
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
     buffer.seek(0)

@@ -5,7 +5,8 @@ The registry is the ``__all__`` of the packages that hold one LightningModule pe
 adaptation styles (one per task kind), compression and knowledge modules.  Each class is found under the names
 checkpoints give it: its defining module's path (``ptm_app.module``), its package's path (Lightning's
 ``_class_path`` as a config wrote it) and its bare name.  A class outside the registry is imported only with
-``--trust_checkpoint`` (python: ``trust=True``).
+``--trust_checkpoint`` (python: ``trust=True``).  A class that moved is also found under the names it had before
+(``RENAMED_MODULE_CLASSES``).
 
 ``config_classes`` is the registry of the names a config may give a class by (``class_path: TaskDataModule``): the
 module classes above, the data modules of ``DATA_MODULES`` and the callbacks of ``CALLBACK_MODULES``.  The CLI builds
@@ -26,6 +27,22 @@ DATA_MODULES = ("ptm_app.data.datamodules", "ptm_app.data.choice_data", "ptm_app
                 "ptm_app.knowledge.data", "ptm_app.data.image_text",
                 "ptm_app.data.language_corpora")
 CALLBACK_MODULES = ("ptm_app.training.compile", "ptm_app.training.unfreezing")
+# module classes moved since (old name -> today's), as checkpoints (``ptm_app.module``, ``_class_path``) and exports
+# name them: the sequence classifiers with one compression policy preset lived in ``compression/`` (issue 27: the
+# package below ``adaptation`` imported it) and now live in ``adaptation.compressed``.  Read through ``current_name``.
+_COMPRESSED = "ptm_app.adaptation.compressed"
+RENAMED_MODULE_CLASSES = {
+    "ptm_app.compression.distillation.DistillationModule": f"{_COMPRESSED}.DistillationModule",
+    "ptm_app.compression.DistillationModule": f"{_COMPRESSED}.DistillationModule",
+    "ptm_app.compression.theseus.TheseusModule": f"{_COMPRESSED}.TheseusModule",
+    "ptm_app.compression.TheseusModule": f"{_COMPRESSED}.TheseusModule",
+    "ptm_app.compression.early_exit.EarlyExitModule": f"{_COMPRESSED}.EarlyExitModule",
+    "ptm_app.compression.EarlyExitModule": f"{_COMPRESSED}.EarlyExitModule",
+    "ptm_app.compression.pruning.PruningModule": f"{_COMPRESSED}.PruningModule",
+    "ptm_app.compression.PruningModule": f"{_COMPRESSED}.PruningModule",
+    "ptm_app.compression.quantization.QuantAwareModule": f"{_COMPRESSED}.QuantAwareModule",
+    "ptm_app.compression.QuantAwareModule": f"{_COMPRESSED}.QuantAwareModule",
+}
 
 
 @functools.cache
@@ -48,11 +65,18 @@ def module_classes() -> dict[str, type]:
     return {k: v for package in PACKAGES for k, v in package_classes(package).items()}
 
 
+def current_name(name: Any) -> Any:
+    """``name`` as the registry knows it today: a moved class's old name (``RENAMED_MODULE_CLASSES``) mapped."""
+    return RENAMED_MODULE_CLASSES.get(name, name) if isinstance(name, str) else name
+
+
 def registered(name: Any) -> Optional[type]:
-    """The registry's class for ``name``, or None.  Only the package the name lies in is imported (ptm_app's own
-    code, chosen among ``PACKAGES``; a bare class name needs them all); a name elsewhere imports nothing."""
+    """The registry's class for ``name`` (an old name of a moved class included), or None.  Only the package the
+    name lies in is imported (ptm_app's own code, chosen among ``PACKAGES``; a bare class name needs them all); a
+    name elsewhere imports nothing."""
     if not isinstance(name, str):
         return None
+    name = current_name(name)
     if "." not in name:
         return module_classes().get(name)
     package = next((p for p in PACKAGES if name.startswith(f"{p}.")), None)

@@ -1,6 +1,8 @@
 """One LightningModule per adaptation style; fine-tuning strategies are settings and callbacks."""
 from ptm_app.adaptation.choice import MultipleChoiceModule
 from ptm_app.adaptation.classification import SequenceClassificationModule, SequenceRegressionModule
+from ptm_app.adaptation.compressed import (DistillationModule, EarlyExitModule, PruningModule, QuantAwareModule,
+                                          TheseusModule)
 from ptm_app.adaptation.features import FeatureExtractionModule, QAFeatureExtractionModule, TokenFeatureExtractionModule
 from ptm_app.adaptation.generation import GenerationModule
 from ptm_app.adaptation.multitask import MultitaskModule
@@ -8,7 +10,7 @@ from ptm_app.adaptation.prompting import InContextEvalModule, PromptClassifierMo
 from ptm_app.adaptation.qa import QuestionAnsweringModule
 from ptm_app.adaptation.token_classification import TokenClassificationModule
 
-__all__ = ["FeatureExtractionModule", "GenerationModule", "InContextEvalModule", "MultipleChoiceModule", "MultitaskModule",
-           "PromptClassifierModule", "QAFeatureExtractionModule", "QuestionAnsweringModule",
-           "SequenceClassificationModule", "SequenceRegressionModule", "TokenClassificationModule",
-           "TokenFeatureExtractionModule"]
+__all__ = ["DistillationModule", "EarlyExitModule", "FeatureExtractionModule", "GenerationModule", "InContextEvalModule",
+           "MultipleChoiceModule", "MultitaskModule", "PromptClassifierModule", "PruningModule",
+           "QAFeatureExtractionModule", "QuantAwareModule", "QuestionAnsweringModule", "SequenceClassificationModule",
+           "SequenceRegressionModule", "TheseusModule", "TokenClassificationModule", "TokenFeatureExtractionModule"]

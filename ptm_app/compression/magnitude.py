@@ -3,7 +3,7 @@
 The smallest-magnitude weights of the encoder's linear layers are set to zero, either ``global`` (one threshold over
 all of them) or per ``layer`` (each weight matrix to the same sparsity), in one shot or gradually with Zhu & Gupta's
 cubic schedule ``s_t = s_f + (s_i − s_f)(1 − (t − t0)/(nΔt))³`` for ``t ∈ {t0, t0+Δt, …, t0+nΔt}``.  The masks are
-plain 0/1 tensors (kept as buffers by ``compression.pruning.PruningModule``, so a resumed run continues exactly);
+plain 0/1 tensors (kept as buffers by ``adaptation.compressed.PruningModule``, so a resumed run continues exactly);
 pruned weights are zero in the weights themselves, so an export is permanently sparse.
 """
 from __future__ import annotations

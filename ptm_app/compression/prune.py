@@ -15,7 +15,7 @@ from ptm_app.errors import PtmError
 
 def parse_layers(value: str):
     """``top:K``, ``alternate:K`` or a comma-separated list of layers (1..L)."""
-    from ptm_app.compression.pruning import LayerDropSpec
+    from ptm_app.compression.pruning_policy import LayerDropSpec
 
     kind, _, k = value.partition(":")
     try:
@@ -53,7 +53,7 @@ def pruning_specs(heads: float = 0.0, rounds: int = 5, score_batches: int = 8, s
     """The checked settings ``(HeadPruningSpec, MagnitudeSpec)``: a value out of range is one line, before anything
     is loaded."""
     from ptm_app.compression.magnitude import MagnitudeSpec
-    from ptm_app.compression.pruning import HeadPruningSpec
+    from ptm_app.compression.pruning_policy import HeadPruningSpec
 
     return (HeadPruningSpec(target=heads, rounds=rounds, every=1, score_batches=score_batches),
             MagnitudeSpec(sparsity=sparsity, scope=scope))
@@ -66,8 +66,8 @@ def prune_model(model, specs, drop_layers: Optional[str] = None, batches: Option
     (Zhu & Gupta).  ``specs``: ``pruning_specs``."""
     from ptm_app.compression import heads as head_pruning
     from ptm_app.compression.magnitude import magnitude_masks, prunable_weights
-    from ptm_app.compression.pruning import layers_to_drop
-    from ptm_app.compression.pruning import drop_layers as remove_layers  # the parameter is named drop_layers
+    from ptm_app.compression.pruning_policy import layers_to_drop
+    from ptm_app.compression.pruning_policy import drop_layers as remove_layers  # the parameter is named drop_layers
 
     heads_spec, magnitude = specs
     if drop_layers:
@@ -92,7 +92,7 @@ def pruning_summary(before, after, heads: bool) -> dict:
     per layer when heads were pruned), beside the model before."""
     from ptm_app.compression import heads as head_pruning
     from ptm_app.compression.magnitude import prunable_weights, sparsity_of
-    from ptm_app.compression.pruning import on_disk_mb
+    from ptm_app.compression.pruning_policy import on_disk_mb
 
     summary = {"params": {"before": sum(p.numel() for p in before.parameters()),
                           "after": sum(p.numel() for p in after.parameters())},

@@ -1,5 +1,5 @@
-"""Pruning during fine-tuning, a policy of any task module (``model.init_args.pruning``; ``compression.pruning
-.PruningModule`` is the sequence classifier that older configs name), any of
+"""Pruning during fine-tuning, a policy of any task module (``model.init_args.pruning``;
+``adaptation.compressed.PruningModule`` is the sequence classifier that older configs name), any of
 
 * ``layers``: drop transformer blocks before fine-tuning (Sajjad et al. 2020, "Poor man's BERT" §3: top-layer,
   alternate or a listed set);

@@ -7,8 +7,8 @@
   stored, dequantised per call: 4x smaller, no speed-up) is the fallback when it is gone
   (``tests/compression/test_quantization.py`` notices).
 * Quantization-aware fine-tuning (Q8BERT, Zafrir et al. 2019 §2): the ``qat`` policy of any task module
-  (``compression.fake_quant``); ``QuantAwareModule`` is the sequence classifier that carries it (the name older
-  configs and checkpoints use).  The run then converts to int8 with the same weight scale.
+  (``compression.fake_quant``); ``adaptation.compressed.QuantAwareModule`` is the sequence classifier that carries it
+  (the name older configs and checkpoints use).  The run then converts to int8 with the same weight scale.
 * Weights are weight-exact in both: the int8 weight is ``round(w · 127/max|w|)`` (Q8BERT's symmetric scale).
   A quantized model is a directory: the fp32 model's config and tokenizer, ``model_int8.safetensors`` (int8 weights,
   scales, every other tensor) and ``quantization.json``; it reloads without pickle, and ``predict`` runs on it.
@@ -26,46 +26,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ptm_app.adaptation.classification import SequenceClassificationModule
 from ptm_app.compression.fake_quant import (QMAX, ActivationRanges, QATSpec, disable_fake_quant,  # noqa: F401
                                             enable_fake_quant, fake_quant_forward, fake_quantize, quantizable_linears,
                                             symmetric_scale)
 from ptm_app.errors import PtmError
-from ptm_app.training.optim import OptimConfig
 
 QUANT_CONFIG, QUANT_WEIGHTS = "quantization.json", "model_int8.safetensors"
 BACKENDS = ("torch_ao", "weight_only")  # dynamic int8: any fp32 model
 STATIC = "q8bert_static"  # Q8BERT's int8 with the input ranges a QAT run learned (``quantize_static_q8bert``)
 STATIC_OP = "linear_with_input_q_dq_qweight_dq_output_fp32"  # fbgemm's int8 linear with a given input scale
-
-
-class QuantAwareModule(SequenceClassificationModule):
-    """A sequence classifier fine-tuned quantization-aware (Q8BERT): ``SequenceClassificationModule`` with the
-    ``qat`` policy always on (``compression.fake_quant.FakeQuant``), the name older configs and checkpoints use.
-    ``backbone`` may name a run (looked up under the runs directory).  Then ``python main.py quantize --ckpt_path
-    RUN --output_dir DIR`` converts it to int8.
-
-    Args:
-        qat: ``QATSpec`` (EMA decay of the activation ranges; activations on/off).
-    """
-
-    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
-                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
-                 gradient_checkpointing: bool = False, qat: QATSpec = QATSpec(),
-                 positive_label: Optional[str] = None):
-        super().__init__(backbone, backbone_config, labels, optim, gradient_checkpointing,
-                         positive_label=positive_label)
-
-    def build_model(self):
-        if not self.hparams.backbone:
-            return super().build_model()
-        from ptm_app.backbones.build import build_backbone
-        from ptm_app.compression.teacher import resolve_teacher
-
-        with torch.random.fork_rng(devices=[]):  # the RNG as it was, whether or not the source is exported first
-            return build_backbone(self.model_class, resolve_teacher(self.hparams.backbone),
-                                  self.hparams.backbone_config,
-                                  **self.config_updates())
 
 
 # -- dynamic int8 ----------------------------------------------------------------------------------------------------
@@ -164,7 +133,7 @@ def static_engine() -> str:
 
 def quantize_static_q8bert(model: nn.Module, input_max: dict[str, float]) -> nn.Module:
     """Every ``nn.Linear`` of ``model`` to ``StaticInt8Linear``, its input scale ``input_max[name] / 127`` (the QAT
-    run's ranges: ``QuantAwareModule.qat_ranges``); the fp32 model stays as it was."""
+    run's ranges: ``module.qat_ranges``, ``compression.fake_quant``); the fp32 model stays as it was."""
     static_engine()
     model = copy.deepcopy(model).float().eval()
     for name, linear in quantizable_linears(model).items():

@@ -294,7 +294,7 @@ def block_sparsity(model: torch.nn.Module) -> Optional[float]:
 
 def size_mb(loaded, extra: list[torch.nn.Module]) -> float:
     """The weights on disk: a quantized directory's int8 file, else the safetensors ``export`` would write."""
-    from ptm_app.compression.pruning import on_disk_mb
+    from ptm_app.compression.pruning_policy import on_disk_mb
     from ptm_app.compression.quantization import QUANT_WEIGHTS, is_quantized
 
     if loaded.directory is not None and is_quantized(loaded.directory):

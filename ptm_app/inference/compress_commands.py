@@ -59,7 +59,7 @@ def quantize(ckpt_path: str, output_dir: str,
         overwrite: replace an existing non-empty --output_dir (never one holding checkpoints or a run).
         trust_checkpoint: read a checkpoint you made yourself even if it holds more than plain data (runs its code).
     """
-    from ptm_app.compression.pruning import on_disk_mb
+    from ptm_app.compression.pruning_policy import on_disk_mb
     from ptm_app.compression.quantization import QUANT_WEIGHTS, load_quantized, save_quantized
 
     if repeats < 1:

@@ -14,8 +14,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from ptm_app.backbones.build import build_backbone, max_positions
 from ptm_app.backbones.delta import as_delta_spec
-from ptm_app.checkpoints import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, load_file, trusted,
-                                 trusting, upgrade_record, write_tokenizer_files)
+from ptm_app.checkpoints import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, load_file,
+                                 moved_class_path, trusted, trusting, upgrade_record, write_tokenizer_files)
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig, as_optim_config, build_optimizer
@@ -67,8 +67,9 @@ class PtmModule(pl.LightningModule):
                              weights_only: Optional[bool] = None, **kwargs):
         """Lightning's loader, made safe: a checkpoint file is checked first (intact; plain data unless
         ``weights_only=False``, for files you made yourself), unpickled weights-only, and its ptm_app record checked
-        (``checkpoints.check_record``: tokenizer file names, module class).  ``weights_only`` defaults to the
-        running command's ``--trust_checkpoint`` (``checkpoints.trusting``): weights-only unless it was given."""
+        (``checkpoints.check_record``: tokenizer file names, module class; a class that moved since is named as it is
+        today, ``checkpoints.moved_class_path``).  ``weights_only`` defaults to the running command's
+        ``--trust_checkpoint`` (``checkpoints.trusting``): weights-only unless it was given."""
         weights_only = not trusted() if weights_only is None else weights_only
         with trusting(not weights_only):
             if isinstance(checkpoint_path, (str, os.PathLike)):
@@ -76,7 +77,8 @@ class PtmModule(pl.LightningModule):
                 if checkpoint_path.is_file():  # before Lightning reads its class names (a BytesIO was read checked)
                     ckpt = load_file(checkpoint_path, mmap=True)
                     check_record(ckpt, checkpoint_path, own=cls)
-                    kwargs = {**cls.upgraded_arguments(ckpt.get("hyper_parameters") or {}), **kwargs}
+                    hparams = ckpt.get("hyper_parameters") or {}
+                    kwargs = {**moved_class_path(hparams), **cls.upgraded_arguments(hparams), **kwargs}
             return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
                                                 weights_only=weights_only, **kwargs)
 

@@ -51,7 +51,7 @@ EVERY_LOSS = {"temperature": 2.0, "kd": 0.5, "hard": 0.5, "hidden": 1.0, "attent
 def test_student_from_every_other_layer_trains_resumes_exports_and_reloads(tiny_corpus, teacher, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from ptm_app.compression import DistillationModule
+    from ptm_app.adaptation import DistillationModule
 
     path = distill_config(tmp_path, tiny_corpus, teacher,
                           {"student_layers": "every_other", "distill": EVERY_LOSS, "optim": {"lr": 1e-3}})
@@ -112,7 +112,7 @@ def test_bilstm_student_learns_the_teachers_logits_and_exports(tiny_corpus, teac
     (+ a cosine loss on its ``[h→; h←]`` states, 16 wide, projected to the teacher's 32)."""
     from transformers import AutoModelForSequenceClassification
 
-    from ptm_app.compression import DistillationModule
+    from ptm_app.adaptation import DistillationModule
 
     bilstm = {"model_type": "ptm_bilstm_lm", "embedding_dim": 8, "hidden_size": 16, "num_layers": 1,
               "tie_embeddings": False}
@@ -231,7 +231,7 @@ def test_student_from_every_other_layer_has_the_teachers_weights(teacher):
 def test_teacher_logits_follow_the_students_label_order(teacher):
     """A teacher trained on ["neg", "pos"] teaches a student whose labels are ["pos", "neg"]: its logits are
     reordered; a teacher of another label set is refused in one line."""
-    from ptm_app.compression import DistillationModule
+    from ptm_app.adaptation import DistillationModule
     from ptm_app.errors import PtmError
 
     config = {**TINY_BERT, "vocab_size": 100}

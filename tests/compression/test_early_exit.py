@@ -17,7 +17,7 @@ TOKENIZER = {"train": "wordpiece", "vocab_size": 100, "min_frequency": 1}
 
 
 def test_deebert_exits_at_the_first_layer_under_the_threshold():
-    from ptm_app.compression.early_exit import entropy, entropy_exit_layers
+    from ptm_app.compression.early_exit_policy import entropy, entropy_exit_layers
 
     # 3 layers, 2 classes; entropies: ln 2 = 0.693, H([3, 0]) = 0.186, H([10, 0]) = 0.0005
     logits = torch.tensor([[[0.0, 0.0], [3.0, 0.0], [10.0, 0.0]],
@@ -32,7 +32,7 @@ def test_deebert_exits_at_the_first_layer_under_the_threshold():
 
 
 def test_pabee_exits_after_patience_unchanged_predictions():
-    from ptm_app.compression.early_exit import patience_exit_layers
+    from ptm_app.compression.early_exit_policy import patience_exit_layers
 
     def layers(predictions, classes=3):  # one-hot logits giving these per-layer predictions
         return torch.nn.functional.one_hot(torch.tensor(predictions), classes).float()
@@ -45,7 +45,8 @@ def test_pabee_exits_after_patience_unchanged_predictions():
 
 
 def test_pabee_weighted_loss_and_exit_table_by_hand():
-    from ptm_app.compression.early_exit import EarlyExitModule, pabee_loss
+    from ptm_app.adaptation import EarlyExitModule
+    from ptm_app.compression.early_exit_policy import pabee_loss
 
     assert pabee_loss([torch.tensor(1.0), torch.tensor(2.0), torch.tensor(4.0)]).item() == pytest.approx(17 / 6)
     module = EarlyExitModule(backbone_config={**TINY_BERT, "num_hidden_layers": 3, "vocab_size": 50},
@@ -92,7 +93,7 @@ def test_pabee_trains_jointly_resumes_exports_and_reports_the_exit_table(tiny_co
     assert table["rows"][2]["exit_layer"] == pytest.approx(float(last["val/patience_1/exit_layer"]))
     # the export carries the off-ramps: the rebuilt module gives the same per-layer logits
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(tmp_path / "x")], runs) == 0
-    from ptm_app.compression import EarlyExitModule
+    from ptm_app.adaptation import EarlyExitModule
 
     module = EarlyExitModule.load_from_checkpoint(runs / "full" / "checkpoints" / "last.ckpt").eval()
     exported = load_exported_module(tmp_path / "x").eval()
@@ -105,7 +106,7 @@ def test_pabee_trains_jointly_resumes_exports_and_reports_the_exit_table(tiny_co
 def test_deebert_fine_tunes_then_trains_only_the_off_ramps(tiny_corpus, tmp_path):
     """Stage 1 (2 steps): ordinary fine-tuning, no off-ramp loss.  Stage 2 (2 steps): only the off-ramps change:
     the backbone and final head equal those of the same run stopped after stage 1."""
-    from ptm_app.compression import EarlyExitModule
+    from ptm_app.adaptation import EarlyExitModule
 
     runs = tmp_path / "runs"
     model = {"method": "deebert", "final_steps": 2}
@@ -142,8 +143,9 @@ def test_bad_early_exit_settings_are_one_line(tiny_corpus, tmp_path, capsys, mod
 def test_exit_forward_stops_after_the_exit_layer_and_matches_the_evaluation_rules(kind):
     """Real early exit: the blocks after the last exit never run (counted by a hook), and each example's exit layer
     and logits are those the evaluation computes from all layers."""
-    from ptm_app.compression.early_exit import (EarlyExitModule, entropy, entropy_exit_layers, exit_predictions,
-                                                patience_exit_layers)
+    from ptm_app.adaptation import EarlyExitModule
+    from ptm_app.compression.early_exit_policy import (entropy, entropy_exit_layers, exit_predictions,
+                                                       patience_exit_layers)
 
     torch.manual_seed(0)
     module = EarlyExitModule(backbone_config={**TINY_BERT, "num_hidden_layers": 4, "vocab_size": 50},

@@ -42,7 +42,7 @@ def logged(run: Path, prefix: str = "train/") -> list[dict]:
 
 # -- checkpoints of the old classes ----------------------------------------------------------------------------------
 def test_an_early_exit_checkpoint_of_the_old_class_loads_with_identical_outputs():
-    from ptm_app.compression import EarlyExitModule
+    from ptm_app.adaptation import EarlyExitModule
     from ptm_app.compression.early_exit_policy import EarlyExit
 
     expected = json.loads((FIXTURES / "early_exit_9ce82a8.json").read_text())
@@ -62,7 +62,8 @@ def test_an_early_exit_checkpoint_of_the_old_class_loads_with_identical_outputs(
 def test_a_theseus_checkpoint_of_the_old_class_loads_without_its_predecessor(monkeypatch):
     """The predecessor the fixture names (a temporary run of 9ce82a8) is never read: the successor is rebuilt from
     the checkpoint's own config."""
-    from ptm_app.compression import TheseusModule, teacher
+    from ptm_app.adaptation import TheseusModule
+    from ptm_app.compression import teacher
 
     def refuse(*args, **kwargs):
         raise AssertionError("the predecessor was loaded")
@@ -74,6 +75,61 @@ def test_a_theseus_checkpoint_of_the_old_class_loads_without_its_predecessor(mon
     batch = {k: torch.tensor(v) for k, v in expected["batch"].items()}
     with torch.no_grad():
         torch.testing.assert_close(module(batch), torch.tensor(expected["logits"]), rtol=0, atol=1e-6)
+
+
+# -- the old classes moved up to adaptation (issue 27): their old names still load -------------------------------------
+OLD_MODULES = {"DistillationModule": "distillation", "TheseusModule": "theseus", "EarlyExitModule": "early_exit",
+               "PruningModule": "pruning", "QuantAwareModule": "quantization"}
+
+
+def test_the_old_names_of_the_moved_classes_resolve_through_the_registry():
+    """Checkpoints and exports name these classes where they were defined (``ptm_app.module``) and by their package
+    (``_class_path``): both resolve to the class in ``adaptation.compressed`` without ``--trust_checkpoint``."""
+    import ptm_app.adaptation as adaptation
+    from ptm_app.module_classes import RENAMED_MODULE_CLASSES, check_module_name, module_class, registered
+
+    for name, old_module in OLD_MODULES.items():
+        cls = getattr(adaptation, name)
+        assert cls.__module__ == "ptm_app.adaptation.compressed" and registered(name) is cls
+        for old in (f"ptm_app.compression.{old_module}.{name}", f"ptm_app.compression.{name}"):
+            check_module_name(old, "x", trust=False)  # would raise CheckpointUnsafe for an unknown name
+            assert registered(old) is cls and module_class(old, "x", trust=False) is cls
+    assert len(RENAMED_MODULE_CLASSES) == 2 * len(OLD_MODULES)
+    assert registered("ptm_app.compression.CausalDistillationModule") is not None  # still there
+    assert registered("ptm_app.compression.distillation.CausalDistillationModule") is None  # no blanket mapping
+
+
+def test_an_early_exit_checkpoint_of_the_old_class_loads_by_its_record():
+    """predict and export take the class from the checkpoint (``module_from_checkpoint``: Lightning reads an
+    in-memory file whose ``_class_path`` names the old place); the moved class loads it with identical outputs."""
+    from ptm_app.adaptation import EarlyExitModule
+    from ptm_app.backbones.from_checkpoint import module_from_checkpoint
+    from ptm_app.checkpoints import CKPT_KEY, read_checkpoint
+
+    ckpt = read_checkpoint(FIXTURES / "early_exit_9ce82a8.ckpt", trust=False)
+    assert ckpt[CKPT_KEY]["module"] == "ptm_app.compression.early_exit.EarlyExitModule"
+    assert ckpt["hyper_parameters"]["_class_path"] == "ptm_app.compression.EarlyExitModule"
+    module = module_from_checkpoint(ckpt, trust=False).eval()
+    assert type(module) is EarlyExitModule
+    expected = json.loads((FIXTURES / "early_exit_9ce82a8.json").read_text())
+    with torch.no_grad():
+        layers = module.layer_logits({k: torch.tensor(v) for k, v in expected["batch"].items()})
+    for got, old in zip(layers, expected["layer_logits"], strict=True):
+        torch.testing.assert_close(got, torch.tensor(old), rtol=0, atol=1e-6)
+
+
+def test_compression_imports_nothing_of_adaptation():
+    """The task modules import compression's policies, so compression must not import adaptation (a cycle)."""
+    import subprocess
+    import sys
+
+    code = ("import pkgutil, importlib, sys, ptm_app.compression as c\n"
+            "names = [m.name for m in pkgutil.iter_modules(c.__path__)]\n"
+            "[importlib.import_module(f'ptm_app.compression.{n}') for n in names]\n"
+            "print(len(names), sorted(m for m in sys.modules if m.startswith('ptm_app.adaptation')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.split(maxsplit=1)
+    assert int(out[0]) >= 15 and out[1].strip() == "[]"
 
 
 # -- the old classes train as the policies do --------------------------------------------------------------------------

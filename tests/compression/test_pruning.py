@@ -15,7 +15,7 @@ from ptm_app.backbones.build import build_backbone
 from ptm_app.backbones.model_classes import from_config
 from ptm_app.compression import heads as hp
 from ptm_app.compression.magnitude import MagnitudeSpec, cubic_sparsity, magnitude_masks, prunable_weights, sparsity_of
-from ptm_app.compression.pruning import LayerDropSpec, HeadPruningSpec, drop_layers, layers_to_drop
+from ptm_app.compression.pruning_policy import LayerDropSpec, HeadPruningSpec, drop_layers, layers_to_drop
 from ptm_app.errors import PtmError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -53,7 +53,7 @@ def test_quantized_save_and_reload_give_identical_outputs(backend, tmp_path):
     assert torch.equal(before, after)
     assert not torch.equal(before, reference)  # it is quantized ...
     assert float((before - reference).abs().max()) < 0.1 * float(reference.abs().max())  # ... and close to fp32
-    from ptm_app.compression.pruning import on_disk_mb
+    from ptm_app.compression.pruning_policy import on_disk_mb
 
     linear = sum(m.weight.numel() for m in fp32.modules() if isinstance(m, torch.nn.Linear))
     saved = (out / qz.QUANT_WEIGHTS).stat().st_size

@@ -68,7 +68,7 @@ def test_cnn_student_starts_from_the_teachers_embeddings_and_exports(tiny_corpus
     teacher's at build; it then trains (kd + hard), and its export reloads with the same outputs."""
     from transformers import AutoModelForSequenceClassification
 
-    from ptm_app.compression import DistillationModule
+    from ptm_app.adaptation import DistillationModule
 
     path = distill_config(tmp_path, tiny_corpus, teacher, {
         "backbone_config": {"model_type": "ptm_cnn", "num_filters": 4, "kernel_sizes": [3, 4, 5]},
@@ -112,7 +112,7 @@ def test_shared_student_counts_its_weights_once_and_reports_them(tiny_corpus, te
     second group adds exactly one layer's weights."""
     import json
 
-    from ptm_app.compression import DistillationModule
+    from ptm_app.adaptation import DistillationModule
 
     path = distill_config(tmp_path, tiny_corpus, teacher, {
         "shared_student": {"embedding_size": 8}, "optim": {"lr": 1e-3},

@@ -243,7 +243,7 @@ def test_qat_policy_on_a_tagger_fake_quantizes_every_linear_as_quant_aware_modul
     from ptm_app.adaptation.classification import SequenceClassificationModule
     from ptm_app.adaptation.token_classification import TokenClassificationModule
     from ptm_app.compression.fake_quant import FakeQuant, disable_fake_quant, quantizable_linears
-    from ptm_app.compression.quantization import QuantAwareModule
+    from ptm_app.adaptation import QuantAwareModule
 
     tiny = {**TINY_BERT, "vocab_size": 30}
     torch.manual_seed(0)

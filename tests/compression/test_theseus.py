@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_curriculum_rate_is_linear_then_one():
-    from ptm_app.compression.theseus import replacement_rate
+    from ptm_app.compression.theseus_policy import replacement_rate
 
     assert [replacement_rate(t, 0.1, 0.3) for t in (0, 1, 4, 7, 8, 100)] == pytest.approx([0.3, 0.4, 0.7, 1.0, 1.0,
                                                                                              1.0])
@@ -24,7 +24,7 @@ def test_curriculum_rate_is_linear_then_one():
 def test_empirical_replacement_rate_matches_p_within_three_sigma(rate):
     """4000 steps × 3 modules: the replaced fraction is p within 3 standard errors (sqrt(p(1−p)/12000) ≤ 0.0046),
     the modules are drawn independently (each module's own rate also matches), and the draws repeat by step."""
-    from ptm_app.compression.theseus import draw_replacements
+    from ptm_app.compression.theseus_policy import draw_replacements
 
     draws = torch.stack([draw_replacements(step, 3, rate, seed=7) for step in range(4000)]).float()
     tolerance = 3 * (rate * (1 - rate) / draws.numel()) ** 0.5
@@ -37,7 +37,7 @@ def test_empirical_replacement_rate_matches_p_within_three_sigma(rate):
 
 
 def theseus(predecessor, **kwargs):
-    from ptm_app.compression import TheseusModule
+    from ptm_app.adaptation import TheseusModule
     from ptm_app.compression.teacher import load_teacher
 
     model, _ = load_teacher(str(predecessor))
@@ -76,7 +76,7 @@ def test_theseus_run_trains_resumes_exactly_and_exports_the_successor(tiny_corpu
     import yaml
     from transformers import AutoModelForSequenceClassification
 
-    from ptm_app.compression import TheseusModule
+    from ptm_app.adaptation import TheseusModule
 
     cfg = {"seed_everything": 5,
            "trainer": {"max_steps": 6, "val_check_interval": 3, "limit_val_batches": 1, "num_sanity_val_steps": 0,

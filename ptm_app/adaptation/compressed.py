@@ -1,25 +1,41 @@
-"""Knowledge distillation into a sequence classifier with a student made from the teacher (DistilBERT's every other
-layer, Sanh et al. 2019 §3; an ALBERT-shaped student, Lan et al. 2020 §3.1) or from a config whose embeddings are the
-teacher's (Tang et al. 2019 §3).  The losses and the teacher are the ``distill`` policy every task module carries
-(``compression.teacher_loss.TeacherLoss``: Hinton et al. 2015 §2, TinyBERT, PKD, DistilBERT, MiniLM); this class
-adds the students built from the teacher and keeps the name and settings older configs and checkpoints use."""
+"""``SequenceClassificationModule`` with one compression policy preset, under the names and flat settings older
+configs and checkpoints use: ``DistillationModule`` (``distill``, plus students built from the teacher),
+``TheseusModule`` (``theseus``), ``EarlyExitModule`` (``early_exit``), ``PruningModule`` (``pruning``) and
+``QuantAwareModule`` (``qat``).  The policies live in ``compression/`` and every task module carries them
+(``adaptation.task_module``); these classes sit above both.  Checkpoints and exports written while they lived in
+``compression/`` name them there: ``module_classes.RENAMED_MODULE_CLASSES`` maps those names here."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Optional
+from typing import Literal, Optional
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from ptm_app.adaptation.classification import SequenceClassificationModule
-from ptm_app.backbones.build import max_positions
+from ptm_app.backbones.build import build_backbone, max_positions
+from ptm_app.compression.early_exit_policy import EarlyExit, ExitSpec, exit_table, unit_facts
+from ptm_app.compression.fake_quant import QATSpec
+from ptm_app.compression.pruning_policy import PruneSpec, Pruning
 from ptm_app.compression.students import (SharedStudent, StudentLayers, as_shared_student, chosen_layers,
                                           copy_teacher_embeddings, shared_student, student_from_teacher)
-from ptm_app.compression.teacher import TeacherInputs, same_vocabulary
-from ptm_app.compression.teacher_loss import (TOKEN_LOSSES, Distillation, DistillSpec,  # noqa: F401 (older imports)
-                                              TeacherLoss, as_distill_spec)
+from ptm_app.compression.teacher import TeacherInputs, resolve_teacher, same_vocabulary
+from ptm_app.compression.teacher_loss import Distillation, DistillSpec, TeacherLoss, as_distill_spec
+from ptm_app.compression.theseus_policy import Theseus, TheseusSpec, replacement_rate, replacing
 from ptm_app.errors import PtmError
 from ptm_app.training.optim import OptimConfig
+
+__all__ = ["DistillationModule", "EarlyExitModule", "PruningModule", "QuantAwareModule", "TheseusModule"]
+
+
+def from_run(module: SequenceClassificationModule) -> nn.Module:
+    """The backbone of ``PruningModule`` / ``QuantAwareModule`` whose ``backbone`` may name a run (looked up under
+    the runs directory, like a teacher: ``compression.teacher.resolve_teacher``).  The RNG is left as it was: the first
+    run from a checkpoint exports it (a random init, then its weights), and the next run must draw the same."""
+    with torch.random.fork_rng(devices=[]):
+        return build_backbone(module.model_class, resolve_teacher(module.hparams.backbone),
+                              module.hparams.backbone_config, **module.config_updates())
 
 
 class DistillationModule(SequenceClassificationModule):
@@ -158,3 +174,135 @@ class DistillationModule(SequenceClassificationModule):
         hparams["distill"] = asdict(self.spec)  # this class's distill: the weights alone
         if self.shared_spec is not None:
             hparams["shared_student"] = asdict(self.shared_spec)
+
+
+class TheseusModule(SequenceClassificationModule):
+    """Compress a fine-tuned classifier by progressive module replacing; logs ``train/replace_rate`` (p_t) and
+    ``train/replaced`` (the fraction of modules replaced at that step) next to ``train/loss``.
+
+    Args: ``predecessor``, ``compress_ratio``, ``successor_init``, ``curriculum_k``, ``curriculum_b``, ``seed``:
+    those of ``compression.theseus_policy.TheseusSpec`` (``theseus`` of any task module).  ``backbone`` /
+    ``backbone_config``: written by the checkpoint (the successor's config); leave them unset, the successor is built
+    from the predecessor.
+    """
+
+    def __init__(self, predecessor: str, compress_ratio: int = 2, successor_init: Optional[list[int]] = None,
+                 curriculum_k: float = 1e-3, curriculum_b: float = 0.3, labels: Optional[list[str]] = None,
+                 optim: OptimConfig = OptimConfig(lr=2e-5), positive_label: Optional[str] = None, seed: int = 0,
+                 backbone: Optional[str] = None, backbone_config: Optional[dict] = None):
+        super().__init__(None, backbone_config, labels, optim, positive_label=positive_label)
+
+    def make_policies(self) -> list:
+        """The ``theseus`` policy from this class's flat settings."""
+        hp = self.hparams
+        spec = TheseusSpec(hp.predecessor, hp.compress_ratio, hp.successor_init, hp.curriculum_k, hp.curriculum_b,
+                           hp.seed)
+        return [replacing(spec, hp, self.model_class)]
+
+    @property
+    def replacing(self) -> Theseus:
+        return self.policy(Theseus)
+
+    @property
+    def predecessor(self) -> nn.Module:
+        return self.replacing.predecessor
+
+    def predecessor_blocks(self) -> nn.ModuleList:
+        return self.replacing.predecessor_blocks()
+
+    def replace_rate(self, step: int) -> float:
+        return replacement_rate(step, self.hparams.curriculum_k, self.hparams.curriculum_b)
+
+    def mixed_blocks(self, replaced: torch.Tensor) -> list[nn.Module]:
+        return self.replacing.mixed_blocks(self, replaced)
+
+    def mixed_logits(self, batch: dict, replaced: torch.Tensor) -> torch.Tensor:
+        return self.replacing.mixed_outputs(self, batch, replaced)
+
+
+class EarlyExitModule(SequenceClassificationModule):
+    """A BERT-style classifier with an off-ramp after each of its first L−1 layers (layer L is its own head).
+
+    Logs the final layer's ``val/acc`` … as usual and, for every entropy threshold S and patience t,
+    ``val/entropy_S/acc``, ``val/entropy_S/exit_layer``, ``val/entropy_S/speedup`` and ``val/patience_t/...``
+    (and ``test/...``); ``summary.json`` gets the table as ``early_exit``.
+
+    Args: ``method``, ``final_steps``, ``entropy_thresholds``, ``patiences``, ``predict_exit``: those of
+    ``compression.early_exit_policy.ExitSpec`` (``early_exit`` of a ``SequenceClassificationModule``).
+    """
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
+                 method: Literal["deebert", "pabee"] = "pabee", final_steps: int = 0,
+                 entropy_thresholds: list[float] = (0.1, 0.3, 0.6), patiences: list[int] = (1, 2, 3),
+                 positive_label: Optional[str] = None, predict_exit: Optional[str] = None):
+        super().__init__(backbone, backbone_config, labels, optim, positive_label=positive_label)
+
+    def make_policies(self) -> list:
+        """The ``early_exit`` policy from this class's flat settings."""
+        hp = self.hparams
+        spec = ExitSpec(method=hp.method, final_steps=hp.final_steps, entropy_thresholds=list(hp.entropy_thresholds),
+                        patiences=list(hp.patiences), predict_exit=hp.predict_exit)
+        return [EarlyExit(spec, self.kind_name())]
+
+    @property
+    def exiting(self) -> EarlyExit:
+        return self.policy(EarlyExit)
+
+    def layer_logits(self, batch: dict, backbone_grad: bool = True) -> list[torch.Tensor]:
+        """Logits of the classifier after every layer 1..L (layer L: the model's own pooler and head)."""
+        return self.exiting.layer_logits(self, batch, backbone_grad)
+
+    def exit_table(self, layer_logits: torch.Tensor, labels: torch.Tensor) -> list[dict]:
+        """One row per criterion: accuracy at the exit, mean exit layer, layer speed-up."""
+        spec = self.exiting.spec
+        return exit_table(unit_facts(layer_logits, labels), spec.entropy_thresholds, spec.patiences)
+
+    def exit_forward(self, batch: dict, rule: Optional[tuple[str, float]] = None):
+        """``EarlyExit.exit_forward``: the forward that stops once every example has exited."""
+        return self.exiting.exit_forward(self, batch, rule)
+
+
+class PruningModule(SequenceClassificationModule):
+    """Fine-tuning with pruning; every ``SequenceClassificationModule`` setting applies, and ``backbone`` may name a
+    run (looked up under the runs directory, like a teacher).
+
+    Args:
+        pruning: ``layers`` (``LayerDropSpec``), ``heads`` (``HeadPruningSpec``), ``magnitude``
+            (``compression.magnitude.MagnitudeSpec``); each optional.
+    """
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
+                 gradient_checkpointing: bool = False, pruning: PruneSpec = PruneSpec(),
+                 positive_label: Optional[str] = None):
+        super().__init__(backbone, backbone_config, labels, optim, gradient_checkpointing,
+                         positive_label=positive_label)
+
+    @property
+    def spec(self) -> PruneSpec:
+        return self.policy(Pruning).spec
+
+    def build_model(self):
+        return from_run(self) if self.hparams.backbone else super().build_model()
+
+
+class QuantAwareModule(SequenceClassificationModule):
+    """A sequence classifier fine-tuned quantization-aware (Q8BERT): ``SequenceClassificationModule`` with the
+    ``qat`` policy always on (``compression.fake_quant.FakeQuant``), the name older configs and checkpoints use.
+    ``backbone`` may name a run (looked up under the runs directory).  Then ``python main.py quantize --ckpt_path
+    RUN --output_dir DIR`` converts it to int8.
+
+    Args:
+        qat: ``QATSpec`` (EMA decay of the activation ranges; activations on/off).
+    """
+
+    def __init__(self, backbone: Optional[str] = None, backbone_config: Optional[dict] = None,
+                 labels: Optional[list[str]] = None, optim: OptimConfig = OptimConfig(lr=3e-5),
+                 gradient_checkpointing: bool = False, qat: QATSpec = QATSpec(),
+                 positive_label: Optional[str] = None):
+        super().__init__(backbone, backbone_config, labels, optim, gradient_checkpointing,
+                         positive_label=positive_label)
+
+    def build_model(self):
+        return from_run(self) if self.hparams.backbone else super().build_model()
