@@ -86,7 +86,7 @@ knowledge: data
 
 # The objective taxonomy (docs/taxonomy.md, docs/results/taxonomy.md): 14 objectives and the no-pre-training floor at
 # two equal training-FLOPs budgets, 3 pre-training x 3 fine-tuning seeds, five tasks and a frozen POS probe.
-# Estimated (not measured) at 4 to 6 hours on 2 CPU cores; resumable cell by cell.  Not part of `make test`.
+# Estimated (not measured) at 5 to 7 hours on 2 quiet CPU cores; resumable cell by cell.  Not part of `make test`.
 # taxonomy-quick: the same machinery on tiny models on Brown (not timed; its numbers check the machinery only).
 taxonomy: data
 	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md
