@@ -9,7 +9,8 @@ checkpoints give it: its defining module's path (``ptm_app.module``), its packag
 (``RENAMED_MODULE_CLASSES``).
 
 ``config_classes`` is the registry of the names a config may give a class by (``class_path: TaskDataModule``): the
-module classes above, the data modules of ``DATA_MODULES`` and the callbacks of ``CALLBACK_MODULES``.  The CLI builds
+module classes above and the other classes the packages export (pre-training targets: ``class_path: Supersense``),
+the data modules of ``DATA_MODULES`` and the callbacks of ``CALLBACK_MODULES``.  The CLI builds
 it explicitly (``cli.PtmCLI``) before parsing; nothing imports a module only for its side effects.
 """
 from __future__ import annotations
@@ -22,15 +23,20 @@ from ptm_app.errors import TRUST_HINT, CheckpointUnsafe, PtmError
 
 PACKAGES = ("ptm_app.objectives", "ptm_app.adaptation", "ptm_app.compression", "ptm_app.knowledge")
 DATA_MODULES = ("ptm_app.data.datamodules", "ptm_app.data.choice_data", "ptm_app.data.generation_data",
-                "ptm_app.data.mlm_pairs", "ptm_app.data.multilingual", "ptm_app.data.multitask", "ptm_app.data.parallel", "ptm_app.data.prompt_data",
+                "ptm_app.data.multilingual", "ptm_app.data.multitask", "ptm_app.data.parallel", "ptm_app.data.prompt_data",
                 "ptm_app.data.qa_data", "ptm_app.data.tagging_data", "ptm_app.data.multilabel_data",
-                "ptm_app.knowledge.data", "ptm_app.data.image_text",
+                "ptm_app.knowledge.data", "ptm_app.knowledge.libert_data", "ptm_app.data.image_text",
                 "ptm_app.data.language_corpora")
 CALLBACK_MODULES = ("ptm_app.training.compile", "ptm_app.training.unfreezing")
 # module classes moved since (old name -> today's), as checkpoints (``ptm_app.module``, ``_class_path``) and exports
 # name them: the sequence classifiers with one compression policy preset lived in ``compression/`` (issue 27: the
 # package below ``adaptation`` imported it) and now live in ``adaptation.compressed``.  Read through ``current_name``.
 _COMPRESSED = "ptm_app.adaptation.compressed"
+# LIBERT's module lived in ``objectives/`` and now lives with the other knowledge-enhanced models (issue 27 item 3)
+MOVED_KNOWLEDGE_CLASSES = {
+    "ptm_app.objectives.libert.LexicalRelationMLMModule": "ptm_app.knowledge.libert.LexicalRelationMLMModule",
+    "ptm_app.objectives.LexicalRelationMLMModule": "ptm_app.knowledge.libert.LexicalRelationMLMModule",
+}
 RENAMED_MODULE_CLASSES = {
     "ptm_app.compression.distillation.DistillationModule": f"{_COMPRESSED}.DistillationModule",
     "ptm_app.compression.DistillationModule": f"{_COMPRESSED}.DistillationModule",
@@ -42,6 +48,7 @@ RENAMED_MODULE_CLASSES = {
     "ptm_app.compression.PruningModule": f"{_COMPRESSED}.PruningModule",
     "ptm_app.compression.quantization.QuantAwareModule": f"{_COMPRESSED}.QuantAwareModule",
     "ptm_app.compression.QuantAwareModule": f"{_COMPRESSED}.QuantAwareModule",
+    **MOVED_KNOWLEDGE_CLASSES,
 }
 
 
@@ -116,6 +123,16 @@ def module_class(name: Any, source: Any, trust: bool = False) -> type:
     return found
 
 
+@functools.cache
+def exported_classes() -> dict[str, type]:
+    """Every class ``PACKAGES`` export (``__all__``) by bare name: the module classes, and the parts configs and
+    checkpoints name short, such as the pre-training targets (``objectives.targets.known_targets``: ``MaskedLM``,
+    ``Supersense`` ...); looked up here, never imported by a name read from a file."""
+    found = (getattr(importlib.import_module(package), name) for package in PACKAGES
+             for name in importlib.import_module(package).__all__)
+    return {cls.__name__: cls for cls in found if isinstance(cls, type)}
+
+
 def _defined_in(module: str, base: type) -> dict[str, type]:
     """The public subclasses of ``base`` that ``module`` defines (not the ones it imports)."""
     found = importlib.import_module(module)
@@ -125,11 +142,11 @@ def _defined_in(module: str, base: type) -> dict[str, type]:
 
 @functools.cache
 def config_classes() -> dict[str, type]:
-    """Every bare class name a config may use -> the class: the module classes (``module_classes``), the data
-    modules and the callbacks.  A name given twice is a bug of ours (configs could not name either), refused here."""
+    """Every bare class name a config may use -> the class: the module classes (``module_classes``) and the other
+    classes the packages export (``exported_classes``: targets), the data modules and the callbacks.  A name given twice is a bug of ours (configs could not name either), refused here."""
     from lightning.pytorch import Callback, LightningDataModule
 
-    groups = [{name: cls for name, cls in module_classes().items() if "." not in name}]
+    groups = [{name: cls for name, cls in module_classes().items() if "." not in name}, exported_classes()]
     groups += [_defined_in(module, LightningDataModule) for module in DATA_MODULES]
     groups += [_defined_in(module, Callback) for module in CALLBACK_MODULES]
     table: dict[str, type] = {}

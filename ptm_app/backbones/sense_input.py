@@ -1,6 +1,7 @@
 """SenseBERT's supersense-aware input embeddings (Levine et al. 2020 §3.2): a token's vector is ``(W + S M) x``,
-with ``M`` its allowed supersenses as a bit mask and ``S`` the supersense embedding matrix (``objectives.knowledge``
-trains them; export folds the term into the word-embedding table)."""
+with ``M`` its allowed supersenses as a bit mask and ``S`` the supersense embedding matrix (the ``Supersense`` target of
+``knowledge.sensebert`` trains them; export folds the term into the word-embedding table).  ``M`` is built here
+(``vocabulary_senses``): ``MaskedLMModule`` applies the input term and export folds it, both below ``knowledge/``."""
 from __future__ import annotations
 
 import torch
@@ -38,3 +39,23 @@ def fold_sense_input(model: nn.Module, word_senses: torch.Tensor, supersense_mat
                 decoder.bias = nn.Parameter(decoder.bias.detach().clone())
             model.config.tie_word_embeddings = False
         embeddings.weight.copy_(sense_aware_embeddings(embeddings.weight, word_senses.long(), supersense_matrix))
+
+
+def vocabulary_senses(ids, senses, line_offsets, word_start, vocab_size: int) -> torch.Tensor:
+    """SenseBERT's ``M`` as ``[vocab_size]`` int64 bit masks: for every token that stands alone as a word of the
+    corpus (an annotated first sub-token followed by a word start or the end of its sentence), the ``A(w)`` the
+    annotation gives it (the union, should two surface forms normalise to one token); 0 for the rest.
+
+    ``ids``/``senses``: the corpus's tokens and their annotation (``data.knowledge_spans``); ``line_offsets``:
+    sentence boundaries; ``word_start``: per vocabulary id, whether the token begins a word."""
+    import numpy as np
+
+    ids, senses = np.asarray(ids, np.int64), np.asarray(senses, np.int64)
+    next_starts = np.ones(len(ids), bool)
+    next_starts[:-1] = np.asarray(word_start, bool)[ids[1:]]
+    ends = np.asarray(line_offsets, np.int64)[1:] - 1
+    next_starts[ends[(ends >= 0) & (ends < len(ids))]] = True
+    alone = (senses != 0) & next_starts
+    table = np.zeros(vocab_size, np.int64)
+    np.bitwise_or.at(table, ids[alone], senses[alone])
+    return torch.from_numpy(table)

@@ -14,13 +14,12 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from ptm_app.backbones.sense_input import sense_aware_embeddings
+from ptm_app.backbones.sense_input import sense_aware_embeddings, vocabulary_senses
 from ptm_app.checkpoints import CKPT_KEY
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.data.knowledge_spans import SPAN_FIELDS
 from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import selected_positions
-from ptm_app.objectives.knowledge import vocabulary_senses
 from ptm_app.objectives.lm_base import LanguageModelModule
 from ptm_app.objectives.targets import Target, compose, known_record, target_records
 from ptm_app.training.module import weighted_mean_update
@@ -34,7 +33,7 @@ class MaskedLMModule(LanguageModelModule):
         backbone / backbone_config / optim / gradient_checkpointing: see ``PtmModule``.
         targets: the recipe's targets (``objectives.targets``), ``MaskedLM`` once (its settings are the masking
             recipe: ``mlm_probability``, ``masking``, ``static_masking`` ...) plus any of ``NextSentence``,
-            ``SentenceOrder``, ``SpanBoundary``, ``Supersense``, each with its ``weight`` in the summed loss.
+            ``SentenceOrder``, ``SpanBoundary``, ``Supersense`` (``knowledge.sensebert``), each with its ``weight`` in the summed loss.
             Default: ``[MaskedLM]``.  The data module builds the examples they need (``data.examples``).
     """
 

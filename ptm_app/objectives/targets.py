@@ -6,12 +6,12 @@
     targets:                                   # SpanBERT (Joshi et al. 2020 §3)
       - {class_path: MaskedLM, init_args: {masking: span}}
       - SpanBoundary
-    targets: [MaskedLM, {class_path: Supersense, init_args: {sense_input: true}}]   # SenseBERT (Levine et al. 2020)
+    targets: [MaskedLM, {class_path: Supersense, init_args: {sense_input: true}}]   # SenseBERT (knowledge.sensebert)
 
 Each entry is a typed class (jsonargparse checks its settings); ``MaskedLM``'s settings are the corruption recipe
 (``MaskedLM.mlm_probability`` ... go to ``data.collators.MLMCollator`` by name in ``MaskedLM.collator``, and from
 there to ``corruption.masking.mask_tokens``).
-A checkpoint keeps the list as plain data (``target_records``), read back through ``TARGETS`` only: a stored name is
+A checkpoint keeps the list as plain data (``target_records``), read back through ``known_targets`` only: a stored name is
 never imported.
 """
 from __future__ import annotations
@@ -23,11 +23,10 @@ from jsonargparse.typing import PositiveInt
 from torch import nn
 
 from ptm_app.backbones.build import max_positions
-from ptm_app.backbones.sense_input import allowed_from_masks
 from ptm_app.constants import IGNORE_INDEX
 from ptm_app.errors import PtmError
+from ptm_app.module_classes import PACKAGES, exported_classes
 from ptm_app.objectives.heads import MaskedLMOutput, masked_lm_forward
-from ptm_app.objectives.knowledge import SupersenseHead, allowed_senses_losses
 
 ERNIE_STAGES = (1 / 3, 2 / 3)  # step fractions where phrase-level, then entity-level masking start
 
@@ -231,61 +230,27 @@ class SpanBoundary(Target):
         return {"sbo": nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)}
 
 
-class Supersense(Target):
-    """SenseBERT's supersense prediction (Levine et al. 2020 §3.1) at the masked words that are in WordNet (their
-    first sub-token carries ``A(w)``): the allowed-senses loss plus its regulariser (``objectives.knowledge``).
-
-    Args:
-        sense_input: SenseBERT's sense-aware input embedding (§3.2): the input vector of a word is ``(W + S M) x``,
-            its word embedding plus the sum of the supersense embeddings of its allowed senses, with ``S`` this
-            target's output matrix (tied, as the paper ties input and output); a masked word (input ``[MASK]``)
-            gets none.
-        weight: its weight in the summed loss.
-    """
-
-    name, examples, metrics = "supersense", "supersenses", ("supersense", "supersense_acc")
-
-    def __init__(self, sense_input: bool = False, weight: float = 1.0):
-        super().__init__(weight)
-        self.sense_input = sense_input
-
-    def build(self, backbone) -> nn.Module:
-        return SupersenseHead(backbone.config.hidden_size)
-
-    def losses(self, layers, out: MaskedLMOutput, batch: dict, backbone) -> dict[str, torch.Tensor]:
-        if "senses" not in batch:
-            raise PtmError("the Supersense target needs sentence blocks with WordNet senses (source: brown_spans), "
-                           "but the data module built other examples; remove data.init_args.examples")
-        hidden = out.hidden
-        where = (batch["labels"] != IGNORE_INDEX) & (batch["senses"] != 0)
-        if not where.any():  # no masked WordNet word in the batch: a zero that keeps the graph
-            return {"supersense": hidden.sum() * 0.0}
-        allowed = allowed_from_masks(batch["senses"][where])
-        logits = layers(hidden[where]).float()
-        allowed_loss, regulariser = allowed_senses_losses(logits, allowed)
-        correct = allowed.gather(1, logits.argmax(-1, keepdim=True)).float().mean()
-        return {"supersense": allowed_loss + regulariser, "supersense_allowed": allowed_loss,
-                "supersense_reg": regulariser, "supersense_acc": correct}
-
-    def settings(self) -> dict:
-        return {"sense_input": self.sense_input, "weight": self.weight}
-
-
-TARGETS: dict[str, type[Target]] = {cls.__name__: cls for cls in (MaskedLM, NextSentence, SentenceOrder,
-                                                                   SpanBoundary, Supersense)}
+def known_targets() -> dict[str, type[Target]]:
+    """Every target by its short name: the ``Target`` classes ptm_app's packages export (this module's, exported by
+    ``objectives``, and ``knowledge``'s ``Supersense``), from the registry (``module_classes.exported_classes``)."""
+    return {name: cls for name, cls in exported_classes().items() if issubclass(cls, Target)}
 
 
 def known_record(spec) -> dict:
     """A target's plain record (``{class_path, init_args}`` as jsonargparse and ``target_records`` write it, or a
-    bare class name) with its class named by its short name, one of ``TARGETS``: a name read from a file is looked
-    up there, never imported."""
+    bare class name) with its class named by its short name, one of ``known_targets``: a name read from a file is
+    looked up there, never imported.  A dotted name is the class's module path, its package's (jsonargparse writes
+    ``ptm_app.objectives.MaskedLM``) or this module's (where every target was defined before ``Supersense`` moved to
+    ``knowledge.sensebert``)."""
+    targets = known_targets()
     if isinstance(spec, str):
         spec = {"class_path": spec}
     if not hasattr(spec, "get") or not isinstance(spec.get("class_path"), str):
-        raise PtmError(f"a target is a class name ({', '.join(TARGETS)}) or {{class_path, init_args}}, not {spec!r}")
+        raise PtmError(f"a target is a class name ({', '.join(targets)}) or {{class_path, init_args}}, not {spec!r}")
     name = spec["class_path"].rpartition(".")[2]
-    if name not in TARGETS or spec["class_path"] not in (name, f"{__name__}.{name}"):
-        raise PtmError(f"unknown target {spec['class_path']!r}; the targets are {', '.join(TARGETS)}")
+    homes = ("", targets[name].__module__, __name__, *PACKAGES) if name in targets else ()
+    if spec["class_path"] not in {f"{home}.{name}".lstrip(".") for home in homes}:
+        raise PtmError(f"unknown target {spec['class_path']!r}; the targets are {', '.join(targets)}")
     return {"class_path": name, "init_args": dict(spec.get("init_args") or {})}
 
 
@@ -294,7 +259,7 @@ def as_target(spec) -> Target:
     if isinstance(spec, Target):
         return spec
     record = known_record(spec)
-    return TARGETS[record["class_path"]](**record["init_args"])
+    return known_targets()[record["class_path"]](**record["init_args"])
 
 
 def target_records(targets: Sequence[Target]) -> list[dict]:

@@ -76,14 +76,13 @@ def test_ulmfit_pretraining_step_is_under_pretrain():
 
 def test_ptm_app_classes_are_named_short_and_resolve():
     """ptm_app classes short, third-party classes dotted; each short name is one of ptm_app's config classes (module
-    classes, data modules, callbacks), pre-training targets or strategies."""
+    classes and the targets the packages export, data modules, callbacks) or strategies."""
     from lightning.pytorch.strategies import Strategy
 
     from ptm_app.module_classes import config_classes
-    from ptm_app.objectives.targets import TARGETS
     from ptm_app.training import strategies
 
-    known = set(config_classes()) | set(TARGETS) | {n for n, c in vars(strategies).items()
+    known = set(config_classes()) | {n for n, c in vars(strategies).items()
                                                     if isinstance(c, type) and issubclass(c, Strategy)}
     names = [(p, c) for p in ALL for c in class_paths(yaml.safe_load(p.read_text()))]
     assert len(names) > 200

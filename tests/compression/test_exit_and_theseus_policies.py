@@ -94,7 +94,7 @@ def test_the_old_names_of_the_moved_classes_resolve_through_the_registry():
         for old in (f"ptm_app.compression.{old_module}.{name}", f"ptm_app.compression.{name}"):
             check_module_name(old, "x", trust=False)  # would raise CheckpointUnsafe for an unknown name
             assert registered(old) is cls and module_class(old, "x", trust=False) is cls
-    assert len(RENAMED_MODULE_CLASSES) == 2 * len(OLD_MODULES)
+    assert len([k for k in RENAMED_MODULE_CLASSES if k.startswith("ptm_app.compression.")]) == 2 * len(OLD_MODULES)
     assert registered("ptm_app.compression.CausalDistillationModule") is not None  # still there
     assert registered("ptm_app.compression.distillation.CausalDistillationModule") is None  # no blanket mapping
 

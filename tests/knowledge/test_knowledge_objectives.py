@@ -14,8 +14,8 @@ from ptm_app.errors import PtmError
 from ptm_app.data.corruption.knowledge import knowledge_mask, knowledge_units
 from ptm_app.main import main
 from ptm_app.backbones.sense_input import allowed_from_masks
-from ptm_app.objectives.knowledge import allowed_senses_losses
-from ptm_app.objectives.targets import MaskedLM, Supersense
+from ptm_app.knowledge.sensebert import Supersense, allowed_senses_losses
+from ptm_app.objectives.targets import MaskedLM
 from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -155,7 +155,7 @@ def test_sense_aware_input_adds_the_allowed_supersense_embeddings():
 def test_m_is_the_senses_of_tokens_that_stand_alone_as_words():
     """Two sentences of ids 1 2 ##3 4 | 4 2: token 2 begins a longer word in the first (its annotation belongs to
     the word 2##3, not to 2) and stands alone in the second; 4 ends both sentences; 1 appears once."""
-    from ptm_app.objectives.knowledge import vocabulary_senses
+    from ptm_app.backbones.sense_input import vocabulary_senses
 
     word_start = [True, True, True, False, True, True]  # id 3 is a continuation piece
     ids, senses = [1, 2, 3, 4, 4, 2], [0b1, 0b10, 0, 0b100, 0b100, 0b1000]
@@ -424,9 +424,9 @@ def libert_args(tiny_corpus: Path, pairs: Path, combine: str, steps: int) -> lis
 
 def test_libert_pair_format_golden(tiny_corpus, tmp_path):
     from ptm_app.data.contract import connect
-    from ptm_app.data.mlm_pairs import MLMPairsDataModule
+    from ptm_app.knowledge.libert_data import MLMPairsDataModule
     from ptm_app.data.tokenizer import TokenizerSpec
-    from ptm_app.objectives.libert import LexicalRelationMLMModule
+    from ptm_app.knowledge.libert import LexicalRelationMLMModule
 
     pairs = tmp_path / "pairs"
     write_jsonl(pairs / "train.jsonl", [{"id": "a", "text": "cat", "text_pair": "animal", "label": "related"},
@@ -455,7 +455,7 @@ def test_libert_negatives_are_the_nearest_words_of_the_batch():
     2-d vectors cat (1, 0), car (0, 1), happy (.7, .7), feline (1, .1), auto (.2, 1), glad (.6, .8).  Cosines by
     hand: to feline, happy .77 > glad .68 > auto .29 > car .10; to cat, happy .71 > glad .60; to auto, glad .90 >
     happy .83; to car, glad .80 > happy .71; to glad, auto .90 > car .80; to happy, auto .83 > feline .77."""
-    from ptm_app.objectives.libert import batch_nearest_negatives
+    from ptm_app.knowledge.libert import batch_nearest_negatives
 
     cat, feline, car, auto, happy, glad = (1,), (2,), (3,), (4,), (5,), (6, 7)
     vectors = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [1.0, 0.1], [0.2, 1.0], [0.6, 0.8]])
@@ -468,7 +468,7 @@ def test_libert_training_pairs_are_the_positives_and_their_batch_negatives():
     """The module keeps a batch's positive pairs, drops its prepared negatives and adds two nearest-in-batch
     negatives per positive, as [CLS] w1 [SEP] w2 [SEP] with segment ids; the cosine is of the input embeddings."""
     from ptm_app.data.contract import DataFacts
-    from ptm_app.objectives.libert import LexicalRelationMLMModule
+    from ptm_app.knowledge.libert import LexicalRelationMLMModule
 
     module = LexicalRelationMLMModule(backbone_config={**TINY_BERT, "vocab_size": 30})
     module.configure_model()

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ptm_app.objectives import MaskedLMModule
-from ptm_app.objectives.targets import MaskedLM, NextSentence, SpanBoundary, Supersense
+from ptm_app.knowledge.sensebert import Supersense
+from ptm_app.objectives.targets import MaskedLM, NextSentence, SpanBoundary
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "checkpoints"
@@ -63,7 +64,7 @@ def test_an_old_checkpoint_exports_and_its_export_loads_with_the_same_losses(tmp
 
 
 def test_a_new_checkpoint_keeps_its_targets_as_plain_data(tmp_path):
-    """Saved now, the targets are records with short class names (read back through ``TARGETS``, never imported),
+    """Saved now, the targets are records with short class names (read back through ``known_targets``, never imported),
     and the round trip gives the same targets and weights."""
     module = MaskedLMModule.load_from_checkpoint(FIXTURES / "mlm_nsp_e99ee14.ckpt")
     import lightning
