@@ -123,6 +123,42 @@ def read_yaml(path: str | os.PathLike):
         raise PtmError(f"{path}: invalid YAML: {' '.join(str(exc).split())}; fix the file") from None
 
 
+def class_paths(settings: Any):
+    """Every ``class_path`` value in a config's settings, at any depth."""
+    if isinstance(settings, dict):
+        for key, value in settings.items():
+            if key == "class_path" and isinstance(value, str):
+                yield value
+            else:
+                yield from class_paths(value)
+    elif isinstance(settings, list):
+        for value in settings:
+            yield from class_paths(value)
+
+
+def check_class_paths(settings: Any, path: str) -> None:
+    """A dotted ``ptm_app.`` class path that no longer exists where it names (an old run's ``config.yaml`` after a
+    class moved, e.g. ``ptm_app.objectives.libert.LexicalRelationMLMModule``) is one line naming the short name the
+    registry knows it by; jsonargparse's own message only says the module has no such attribute."""
+    import importlib
+
+    for value in class_paths(settings):
+        module, _, name = value.rpartition(".")
+        if not module.startswith("ptm_app"):
+            continue
+        try:
+            there = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            there = False
+        if not there:
+            from ptm_app.errors import PtmError
+            from ptm_app.module_classes import config_classes
+
+            if name in config_classes():
+                raise PtmError(f"{path}: class_path {value} is not there any more (ptm_app moved it); write its "
+                               f"short name, class_path: {name}")
+
+
 def check_config_files(argv: list[str]) -> None:
     """Every ``--config FILE`` / ``-c FILE`` that exists is valid YAML (``read_yaml``: the file and line of an
     error, which jsonargparse's message lacks) and includes no other config (a ``config:`` key: jsonargparse loads
@@ -138,6 +174,7 @@ def check_config_files(argv: list[str]) -> None:
             from ptm_app.errors import PtmError
 
             settings = read_yaml(value)
+            check_class_paths(settings, value)
             if isinstance(settings, dict) and "config" in settings:
                 raise PtmError(f"{value}: a config does not include another ('config: {settings['config']}'): "
                                f"jsonargparse would replace whole groups such as trainer: with this file's; give both "

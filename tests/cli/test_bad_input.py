@@ -200,6 +200,22 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
         f"error: config file {missing} does not exist; check the path"
 
 
+def test_an_old_dotted_class_path_of_a_moved_class_is_one_line_naming_its_short_name(base, tmp_path, capsys):
+    """An old run's config.yaml names its classes dotted; a class that moved since (LIBERT to knowledge/, the
+    compression classes to adaptation/) is one line naming the short name, not jsonargparse's attribute error."""
+    settings = yaml.safe_load(Path(base).read_text())
+    settings["model"]["class_path"] = "ptm_app.compression.distillation.DistillationModule"
+    old = tmp_path / "old_run_config.yaml"
+    old.write_text(yaml.safe_dump(settings))
+    assert run(["fit", "--config", str(old)], capsys) == (
+        f"error: {old}: class_path ptm_app.compression.distillation.DistillationModule is not there any more (ptm_app "
+        f"moved it); write its short name, class_path: DistillationModule")
+    from ptm_app.config_errors import check_class_paths
+
+    for there in ("ptm_app.objectives.mlm.MaskedLMModule", "ptm_app.adaptation.DistillationModule", "MaskedLMModule"):
+        check_class_paths({"model": {"class_path": there}}, "c.yaml")  # today's names pass
+
+
 def test_a_config_including_another_is_one_line_naming_repeated_config(base, tmp_path, capsys):
     """jsonargparse loads a ``config:`` key inside a file, then replaces whole groups with the including file's
     (``trainer: {max_steps: 3}`` silently dropped the base's other trainer settings): refused, naming the order of
