@@ -1,6 +1,6 @@
 """The command table: every subcommand is a typed function (litgpt's ``__main__``), parsed by jsonargparse from its
 signature and docstring, so ``--help`` (top level and per command) is generated and a bad option is one line.
-fit, validate, test and predict ``--config`` are LightningCLI runs (``cli.run_lightning``).
+fit, validate, test and predict ``--config`` are LightningCLI runs (``training.cli.run_lightning``).
 
 A command's parameters are ``--options`` (``--key value``; a list takes several values or repeats, ``--text a
 --text b``; a bool may stand alone, ``--normalize``); the one named ``positional`` also takes the leading bare values
@@ -76,7 +76,7 @@ DESCRIPTION = ("ptm_app: pre-train, adapt, compress, analyse and serve language 
 
 
 def main(argv: list[str]) -> int:
-    from ptm_app.config_errors import guarded
+    from ptm_app.errors import guarded
 
     if not argv or argv[0] in ("-h", "--help", "help"):
         print_help()
@@ -99,12 +99,14 @@ def name_cpu_for_deepspeed() -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    from ptm_app.config_errors import check_config_files
+    from ptm_app.checkpointing.module_classes import check_class_paths
+    from ptm_app.errors import check_config_files
 
     name, rest = argv[0], argv[1:]
-    check_config_files(rest)
+    for path, settings in check_config_files(rest).items():
+        check_class_paths(settings, path)
     if name in LIGHTNING and not (name == "predict" and given_texts(rest)):
-        from ptm_app.cli import run_lightning
+        from ptm_app.training.cli import run_lightning
 
         return run_lightning(argv)
     entry = COMMANDS.get(name)
@@ -132,7 +134,7 @@ def run(name: str, entry: Command, argv: list[str]) -> int:
     """Parse ``argv`` into ``entry``'s function's arguments and call it."""
     from jsonargparse import ArgumentError
 
-    from ptm_app.config_errors import option_error
+    from ptm_app.errors import option_error
     from ptm_app.errors import PtmError
 
     function = entry.function()
@@ -148,7 +150,7 @@ def run(name: str, entry: Command, argv: list[str]) -> int:
         settings.pop(key, None)
     if not entry.trust:
         return _result(function(**settings))
-    from ptm_app.checkpoints import trusting
+    from ptm_app.checkpointing.files import trusting
     from ptm_app.training.console import quiet_third_party
 
     trust = settings.pop("trust_checkpoint", False)

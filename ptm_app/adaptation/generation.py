@@ -40,9 +40,9 @@ from torch import nn
 
 from ptm_app.adaptation.policies import fine_tuning_policies
 from ptm_app.backbones.build import build_backbone, max_positions, model_dir
-from ptm_app.checkpoints import CKPT_KEY
+from ptm_app.checkpointing.files import CKPT_KEY
 from ptm_app.backbones.delta import DeltaSpec, as_delta_spec, prepended_tokens, transformers_model
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.collators import pad
 from ptm_app.data.contract import DataFacts
 from ptm_app.data.language_corpora import language_token, language_token_id

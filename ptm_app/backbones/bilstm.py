@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 import torch
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import nn

@@ -10,7 +10,7 @@ import torch
 from torchmetrics import MeanMetric
 
 from ptm_app.compression import losses
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher, size_facts
 from ptm_app.objectives.clm import CausalLMModule
 from ptm_app.training.module import weighted_mean_update

@@ -18,7 +18,7 @@ from typing import Callable, Literal, Optional, Protocol, Sequence
 import numpy as np
 import torch
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.corruption import draw_generator, draw_rng, mlm_mask, static_key
 from ptm_app.data.prompts import Fields, PromptEncoder
 from ptm_app.errors import PtmError

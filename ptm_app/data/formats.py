@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-from ptm_app.errors import DataFormatError, PtmError
+from ptm_app.errors import DataFormatError, PtmError, not_utf8_lines
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".parquet", ".arrow")
 COMPRESSIONS = (".gz", ".zst")
@@ -92,17 +92,6 @@ def not_utf8(path: str | Path) -> PtmError:
         return not_utf8_lines(path, fh)
 
 
-def not_utf8_lines(where: str | Path, lines) -> PtmError:
-    """The first of ``lines`` (bytes) that is not UTF-8, as ``where:line`` with the byte; a newline byte never occurs
-    inside a UTF-8 character, so line by line finds it."""
-    for line_no, raw in enumerate(lines, 1):
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return DataFormatError(where, line_no, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte "
-                                                   f"{exc.start + 1} of the line)",
-                                   "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
-    return PtmError(f"{where} is not UTF-8 text; save it as UTF-8")
 
 
 def _read_error(path: Path, exc: BaseException) -> PtmError:

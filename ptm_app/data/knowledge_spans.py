@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.collators import MLMCollator, pad
 from ptm_app.data.corruption.knowledge import LEVELS, knowledge_mask
 from ptm_app.data.datasets import _index

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch.utils.data import Dataset
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.datamodules import _Base
 from ptm_app.data.datasets import _index
 from ptm_app.data.encoded import EncodedSplit, encoded_split, pick, read_rows, record_ids

@@ -83,7 +83,7 @@ def export_once(run: Path) -> Path:
     out = run / "export"
     if not (out / "config.json").is_file():
         from ptm_app.backbones.build import quiet_transformers
-        from ptm_app.export import export_checkpoint
+        from ptm_app.inference.export import export_checkpoint
 
         with quiet_transformers():
             export_checkpoint(run, out)

@@ -118,7 +118,7 @@ def config_files(root: Path = CONFIGS) -> list[Path]:
 
 def catalogue(root: Path = CONFIGS) -> str:
     """The text of ``configs/README.md``."""
-    from ptm_app.config_errors import read_yaml
+    from ptm_app.errors import read_yaml
 
     out = [HEADER]
     stage = None

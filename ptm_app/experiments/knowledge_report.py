@@ -30,7 +30,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from ptm_app.config_errors import check_renamed, read_yaml
+from ptm_app.errors import check_renamed, read_yaml
 from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
                                        summary_metrics)
 from ptm_app.experiments.stats import check_seeds, paired, summarize

@@ -30,7 +30,7 @@ from unittest import mock
 
 import yaml
 
-from ptm_app.config_errors import check_renamed, read_yaml
+from ptm_app.errors import check_renamed, read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, runs_root, write_json
 
@@ -217,8 +217,8 @@ def set_aside_if_stale(run_dir: Path, fingerprint: str) -> Optional[Path]:
 def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str] = ()) -> int:
     """Fit (resuming an interrupted fit of the same recipe from its ``last.ckpt`` unless ``fresh``), then test the
     ``best`` checkpoint (``cell['test_ckpt']`` to choose another, e.g. ``last``)."""
-    from ptm_app.cli import run_lightning
-    from ptm_app.config_errors import guarded
+    from ptm_app.training.cli import run_lightning
+    from ptm_app.errors import guarded
 
     name = run_name(plan, cell)
     base = [*(w for f in config_files(cell) for w in ("--config", f)), *override_args(plan.get("set") or {}),

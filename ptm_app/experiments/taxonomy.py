@@ -29,7 +29,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from ptm_app.config_errors import read_yaml
+from ptm_app.errors import read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
                                        summary, summary_metrics)
@@ -171,7 +171,7 @@ def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
 
     import ptm_app.backbones.bilstm  # noqa: F401  (registers ELMo's BiLSTM with the Auto classes)
     from ptm_app.backbones.model_classes import auto_class
-    from ptm_app.module_classes import registered
+    from ptm_app.checkpointing.module_classes import registered
 
     task_model = ((read_yaml(plan["tasks"][task]["config"]) or {}).get("model") or {}).get("class_path")
     module = registered(task_model)

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ptm_app.config_errors import read_yaml
+from ptm_app.errors import read_yaml
 from ptm_app.errors import PtmError
 from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, override_args, overrides, record_cell,
                                        recorded_fingerprint, run_cell, run_name)
@@ -100,8 +100,8 @@ def fit_plan(plan: dict) -> dict:
 
 def run_translation_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
     """Pre-train, export, fine-tune every row and seed, predict the test split; the failed cells' names."""
-    from ptm_app.cli import run_lightning
-    from ptm_app.config_errors import guarded
+    from ptm_app.training.cli import run_lightning
+    from ptm_app.errors import guarded
     from ptm_app.experiments.knowledge_report import export_once
 
     sweep = fit_plan(plan)

@@ -1,13 +1,13 @@
 """``python main.py export``: a checkpoint or run as a transformers ``save_pretrained`` directory with its model
-card (``export.export_checkpoint``), and with ``--format onnx`` also the ONNX graph of the model with its head,
+card (``inference.export.export_checkpoint``), and with ``--format onnx`` also the ONNX graph of the model with its head,
 checked with ONNX Runtime (``inference.onnx_export.write_onnx``)."""
 from __future__ import annotations
 
 from typing import Literal, Optional
 
 from ptm_app.backbones.build import quiet_transformers
-from ptm_app.export import check_online, export_checkpoint
-from ptm_app.export import push_to_hub as upload_to_hub  # the parameter is named push_to_hub
+from ptm_app.inference.export import check_online, export_checkpoint
+from ptm_app.inference.export import push_to_hub as upload_to_hub  # the parameter is named push_to_hub
 from ptm_app.inference.loading import load_for_inference
 from ptm_app.paths import check_output_dir
 

@@ -21,7 +21,7 @@ from typing import Literal, Optional
 import torch
 
 from ptm_app.errors import PtmError
-from ptm_app.export import recorded_precision
+from ptm_app.inference.export import recorded_precision
 from ptm_app.inference.loading import LoadedModel, load_for_inference
 from ptm_app.paths import atomic_file
 from ptm_app.task_kinds.forms import Inputs

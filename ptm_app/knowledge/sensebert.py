@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ptm_app.backbones.sense_input import NUM_SUPERSENSES, allowed_from_masks
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.errors import PtmError
 from ptm_app.objectives.heads import MaskedLMOutput
 from ptm_app.objectives.targets import Target

@@ -2,7 +2,7 @@
 ``p(x) = Π_t p(x_t | x_<t)``, labels are the inputs shifted inside the model, padding ignored."""
 from __future__ import annotations
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.collators import CLMCollator
 from ptm_app.objectives.lm_base import LanguageModelModule
 

@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from torch import nn
 
 

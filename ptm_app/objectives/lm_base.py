@@ -6,7 +6,7 @@ import math
 import torch
 from torchmetrics import MeanMetric
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.training.module import PtmModule, weighted_mean_update
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from ptm_app.data.collators import MLMCollator
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.corruption import draw_generator
 from ptm_app.data.corruption.rtd import rtd_labels, sample_replacements
 from ptm_app.errors import PtmError

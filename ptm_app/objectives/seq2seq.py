@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ptm_app.data.collators import pad
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.corruption import draw_rng
 from ptm_app.errors import PtmError
 from ptm_app.objectives.lm_base import LanguageModelModule

@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional
 import torch
 from torchmetrics import MeanMetric
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.collators import MixCollator
 from ptm_app.errors import PtmError
 from ptm_app.objectives.mlm import MaskedLMModule

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ptm_app.data.formats import not_utf8, not_utf8_lines, read_records
+from ptm_app.data.formats import not_utf8, read_records
+from ptm_app.errors import not_utf8_lines
 from ptm_app.errors import DataFormatError, PtmError
 
 RECORD_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")

@@ -18,7 +18,7 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.sources.squad import squad_normalize
 
 Span = tuple[str, int, int]  # (type, first word, last word), inclusive

@@ -18,7 +18,7 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.task_kinds.label_scores import label_metrics, regression_metrics
 from ptm_app.task_kinds.spans import (BestSpans, best_span, epoch_answers, span_loss, squad_scores,
                                      tune_null_threshold, with_null)

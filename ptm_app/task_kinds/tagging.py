@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.task_kinds.metrics import EntityF1, is_bio, token_accuracy
 
 

@@ -44,7 +44,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelPa
 from lightning.pytorch.strategies import FSDPStrategy as _LightningFSDP
 
 from ptm_app.errors import PtmError
-from ptm_app.extras import require_deepspeed
+from ptm_app.errors import require_deepspeed
 
 SHARDED = (ModelParallelStrategy, DeepSpeedStrategy, _LightningFSDP)
 
@@ -124,7 +124,7 @@ class AtomicShardedSave:
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any = None) -> None:
-        from ptm_app.checkpoints import LAST, PREVIOUS, mark_verified
+        from ptm_app.checkpointing.files import LAST, PREVIOUS, mark_verified
         from ptm_app.paths import fsync_tree, replace_dir
         from ptm_app.training.checkpoint_io import worth_keeping
 
@@ -200,7 +200,7 @@ class FSDP(AtomicShardedSave, ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
         """Lightning's loader, except for delta-only checkpoints (``delta_only``: the trainable tensors, the frozen
         base rebuilt from its source), which ``torch.distributed.checkpoint`` loads partially."""
-        from ptm_app.checkpoints import load_file, verify
+        from ptm_app.checkpointing.files import load_file, verify
 
         path = Path(self.broadcast(checkpoint_path))
         verify(path, trust=weights_only is False)  # torch.distributed.checkpoint unpickles .metadata with pickle
@@ -262,7 +262,7 @@ class DeepSpeed(AtomicShardedSave, DeepSpeedStrategy):
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
         """DeepSpeed unpickles its files with ``weights_only=False``: they are checked to be plain data first."""
-        from ptm_app.checkpoints import verify
+        from ptm_app.checkpointing.files import verify
 
         verify(Path(self.broadcast(str(checkpoint_path))), trust=weights_only is False)
         return super().load_checkpoint(checkpoint_path, weights_only)

@@ -402,7 +402,7 @@ def test_feature_configs_run_and_keep_minilm_frozen(name, prepared, tmp_path):
     ckpt = tmp_path / name / "checkpoints" / "last.ckpt"
     assert not backbone_tensors(ckpt) and ckpt.stat().st_size < 5e6  # frozen MiniLM not stored: rebuilt on load
     from ptm_app.adaptation.features import FeatureExtractionModule
-    from ptm_app.export import export_checkpoint, load_exported_module
+    from ptm_app.inference.export import export_checkpoint, load_exported_module
 
     module = FeatureExtractionModule.load_from_checkpoint(ckpt).eval()
     trained, original = module.backbone.state_dict(), minilm_weights()

@@ -21,7 +21,7 @@ from ptm_app.data.qa_data import QADataModule
 from ptm_app.data.tagging_data import TokenTaskDataModule
 from ptm_app.data.tokenizer import TokenizerSpec
 from ptm_app.errors import PtmError
-from ptm_app.export import export_checkpoint, load_exported_module
+from ptm_app.inference.export import export_checkpoint, load_exported_module
 from ptm_app.training.optim import OptimConfig, build_optimizer
 from tests.conftest import TINY_BERT, write_jsonl
 

@@ -19,7 +19,7 @@ from ptm_app.training.trainer import PtmTrainer
 from ptm_app.backbones.delta import load_delta
 from ptm_app.adaptation.generation import GenerationModule
 from ptm_app.errors import PtmError
-from ptm_app.export import export_checkpoint
+from ptm_app.inference.export import export_checkpoint
 from tests.adaptation.test_generation import pairs, tiny_bert_dir
 from tests.conftest import assert_resumes_exactly, write_jsonl
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from ptm_app.training.trainer import PtmTrainer
 from ptm_app.adaptation.multitask import MultitaskModule
-from ptm_app.export import export_checkpoint, load_exported_module
+from ptm_app.inference.export import export_checkpoint, load_exported_module
 from tests.adaptation.test_generation import tiny_bert_dir
 from tests.adaptation.test_multitask import _config, _task_files
 from tests.conftest import assert_resumes_exactly

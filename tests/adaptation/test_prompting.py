@@ -478,7 +478,7 @@ def test_soft_prompt_and_the_trained_masked_lm_survive_export_and_reload_from_th
     writes the trained model (``save_pretrained``) plus the prompt (``delta.safetensors``); load_exported_module
     rebuilds the prompt classifier from the directory alone, with the same scores."""
     from ptm_app.backbones.delta import CONFIG_FILE, DELTA_FILE
-    from ptm_app.export import MODULE_CONFIG, export_checkpoint, load_exported_module
+    from ptm_app.inference.export import MODULE_CONFIG, export_checkpoint, load_exported_module
 
     pl.seed_everything(0)
     dm = data(corpus, max_length=60, limit_train=16)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ptm_app.config_errors import RENAMED_CONFIGS, renamed_config
+from ptm_app.errors import RENAMED_CONFIGS, renamed_config
 from ptm_app.experiments.config_catalogue import (CONFIGS, OVERLAYS, STAGES, catalogue, class_paths, config_files,
                                                   description, summary)
 from tests.conftest import run_main
@@ -79,7 +79,7 @@ def test_ptm_app_classes_are_named_short_and_resolve():
     classes and the targets the packages export, data modules, callbacks) or strategies."""
     from lightning.pytorch.strategies import Strategy
 
-    from ptm_app.module_classes import config_classes
+    from ptm_app.checkpointing.module_classes import config_classes
     from ptm_app.training import strategies
 
     known = set(config_classes()) | {n for n, c in vars(strategies).items()

@@ -129,7 +129,7 @@ def run_as_shipped(config: Path, root: Path, base: Optional[Path] = None) -> Pat
 @pytest.mark.parametrize("config", [pytest.param(c, marks=() if name(c) in CHEAP else pytest.mark.slow)
                                     for c in ALL], ids=name)
 def test_config_runs_as_shipped(config, tmp_path, monkeypatch):
-    from ptm_app.checkpoints import read_checkpoint
+    from ptm_app.checkpointing.files import read_checkpoint
 
     monkeypatch.chdir(tmp_path)
     run = run_as_shipped(config, tmp_path)
@@ -162,7 +162,7 @@ def test_validation_counts_global_steps_across_epochs(tiny_corpus, tmp_path):
     and 16, where Lightning's per-epoch counting refuses it; a user's own check_val_every_n_epoch is kept."""
     import csv
 
-    from ptm_app.cli import PtmCLI
+    from ptm_app.training.cli import PtmCLI
     from tests.conftest import tiny_mlm_config
 
     config = tiny_mlm_config(tiny_corpus, tmp_path, max_steps=16, val_check_interval=8)

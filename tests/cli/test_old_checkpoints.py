@@ -49,7 +49,7 @@ def test_old_checkpoint_exports_to_the_same_transformers_model(expected, tmp_pat
 def test_the_fixture_records_the_old_key_and_reads_under_the_new_one():
     """The fixture's ptm_app record says ``head`` (written before the rename); ``read_checkpoint`` gives it as
     ``model_class``, and the checkpoint loads for inference as that class and predicts the recorded labels."""
-    from ptm_app.checkpoints import CKPT_KEY, load_file, read_checkpoint
+    from ptm_app.checkpointing.files import CKPT_KEY, load_file, read_checkpoint
     from ptm_app.inference.loading import load_for_inference
 
     raw = load_file(FIXTURE.with_suffix(".ckpt"))[CKPT_KEY]
@@ -63,7 +63,7 @@ def test_new_saves_write_model_class():
     """A module's checkpoint record is written under ``model_class``, never ``head`` (an export's info:
     ``_old_export``)."""
     from ptm_app.adaptation import SequenceClassificationModule
-    from ptm_app.checkpoints import CKPT_KEY
+    from ptm_app.checkpointing.files import CKPT_KEY
 
     module = SequenceClassificationModule.load_from_checkpoint(FIXTURE.with_suffix(".ckpt"))
     ckpt = {"hyper_parameters": dict(module.hparams)}
@@ -74,7 +74,7 @@ def test_new_saves_write_model_class():
 def _old_export(tmp_path: Path) -> Path:
     """The fixture exported, its info file then rewritten as exports before the rename wrote it (``head``), and its
     config's ``architectures`` removed, so only the info can say what class to build (else ``base``)."""
-    from ptm_app.export import EXPORT_INFO
+    from ptm_app.inference.export import EXPORT_INFO
     from ptm_app.main import main
 
     out = tmp_path / "old_export"

@@ -82,7 +82,7 @@ def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     from ptm_app.backbones.build import auto_class
-    from ptm_app.checkpoints import read_checkpoint
+    from ptm_app.checkpointing.files import read_checkpoint
     from ptm_app.backbones.from_checkpoint import rebuild_backbone
 
     ckpt = read_checkpoint(runs / "full")
@@ -98,7 +98,7 @@ def test_recipe_overfits_one_fixed_batch(config, tmp_path, monkeypatch):
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader
 
-    from ptm_app.cli import PtmCLI
+    from ptm_app.training.cli import PtmCLI
 
     monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path))
     # an LSTM memorises more slowly than attention; XLM's mix trains each of CLM, MLM and TLM every third step

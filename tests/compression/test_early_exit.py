@@ -72,7 +72,7 @@ def config(tmp_path, corpus, model: dict, steps: int = 4):
 
 
 def test_pabee_trains_jointly_resumes_exports_and_reports_the_exit_table(tiny_corpus, tmp_path):
-    from ptm_app.export import load_exported_module
+    from ptm_app.inference.export import load_exported_module
 
     runs = tmp_path / "runs"
     assert_resumes_exactly(["fit", "--config", str(config(tmp_path, tiny_corpus, {"method": "pabee"}))], runs,

@@ -2,7 +2,7 @@
 import torch
 
 from ptm_app.data.collators import MLMCollator
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.corruption import draw_generator, mlm_mask
 
 V, MASK, PAD, CLS, SEP = 1000, 4, 0, 2, 3

@@ -120,7 +120,7 @@ def test_k_adapter_run_resumes_exactly_and_reloads(base, adapter_runs, tiny_corp
     """A K-Adapter fit paused at step 2 and resumed logs the full run's losses; its checkpoint holds the adapters and
     the head but not the frozen base, and ``load_from_checkpoint`` rebuilds the same model without the adapter runs;
     its export (base + adapters + head) reloads to identical outputs and predicts what the run predicts."""
-    from ptm_app.checkpoints import read_checkpoint
+    from ptm_app.checkpointing.files import read_checkpoint
     from ptm_app.knowledge.k_adapter import KAdapterModule
     from tests.conftest import assert_resumes_exactly
 
@@ -153,7 +153,7 @@ def test_k_adapter_run_resumes_exactly_and_reloads(base, adapter_runs, tiny_corp
     from safetensors.torch import load_file
     from transformers import AutoModel
 
-    from ptm_app.export import load_exported_module
+    from ptm_app.inference.export import load_exported_module
 
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(last), "--output_dir", str(out)], adapter_runs) == 0

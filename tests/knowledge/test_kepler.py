@@ -231,7 +231,7 @@ def test_kepler_trains_resumes_exactly_exports_and_ranks(tiny_corpus, tmp_path):
     """Both losses are logged; paused at step 3 (inside the second triple epoch: 12 triples, 5 a batch) and resumed,
     it logs the full run's losses; the export rebuilds the relation table; ``test`` writes the filtered
     link-prediction metrics of both settings, equal to ranking the held-out triples with the exported model."""
-    from ptm_app.export import load_exported_module
+    from ptm_app.inference.export import load_exported_module
     from ptm_app.knowledge.graph import load_graph
 
     graph = make_graph(tmp_path / "kg")

@@ -54,7 +54,7 @@ def test_an_old_sensebert_checkpoint_keeps_its_sense_input_and_losses():
 
 
 def test_an_old_checkpoint_exports_and_its_export_loads_with_the_same_losses(tmp_path):
-    from ptm_app.export import load_exported_module
+    from ptm_app.inference.export import load_exported_module
     from ptm_app.main import main
 
     assert main(["export", "--ckpt_path", str(FIXTURES / "mlm_nsp_e99ee14.ckpt"), "--output_dir", str(tmp_path)]) == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from tests.conftest import TINY_BERT, assert_resumes_exactly, run_main, write_jsonl
 from tests.objectives.test_tlm import PAIRS, TINY_XLM
 
@@ -75,7 +75,7 @@ def test_xlm_mix_resumes_exactly(three_languages, tmp_path):
 def test_clm_step_predicts_the_next_token_under_causal_attention(three_languages, tmp_path, monkeypatch):
     """The CLM part: the block with its masked tokens restored, labels = the next token (the last and padding
     ignored), and the backbone called with causal attention (a later token changes no earlier logit)."""
-    from ptm_app.cli import PtmCLI
+    from ptm_app.training.cli import PtmCLI
 
     monkeypatch.chdir(tmp_path)
     cli = PtmCLI(args=mix_args(three_languages)[1:], run=False)
@@ -123,7 +123,7 @@ def mmlm_args(data) -> list[str]:
 
 
 def test_mmlm_samples_languages_with_alpha(three_languages, tmp_path, monkeypatch):
-    from ptm_app.cli import PtmCLI
+    from ptm_app.training.cli import PtmCLI
 
     monkeypatch.chdir(tmp_path)
     counts = {}

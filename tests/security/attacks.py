@@ -161,7 +161,7 @@ def _deepspeed_attack(kind: str, marker: Marker, where: Path, outside: Path) -> 
 def _export_attack(kind: str, victim: Victim, marker: Marker, where: Path) -> Attack:
     import json
 
-    from ptm_app.export import MODULE_CONFIG, export_checkpoint
+    from ptm_app.inference.export import MODULE_CONFIG, export_checkpoint
 
     out = export_checkpoint(victim.ckpt, where / "attack_export")
     if kind == "export_module_config":

@@ -12,7 +12,7 @@ from typing import Iterable
 
 import torch
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 
 
 def _seed_from(seed: int, keys: Iterable) -> int:

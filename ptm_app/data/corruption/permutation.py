@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 
 
 def _span_targets(

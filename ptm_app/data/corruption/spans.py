@@ -14,7 +14,7 @@ import math
 import random
 from typing import Callable, Optional, Sequence
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 
 Span = tuple[int, int]
 

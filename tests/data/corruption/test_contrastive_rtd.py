@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ptm_app.data.corruption.contrastive import info_nce, mask_ngram, ngram_span
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.corruption.rtd import rtd_labels, sample_replacements
 
 MASK = 4

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import XLNetConfig, XLNetLMHeadModel
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.corruption.permutation import plm_inputs
 
 VOCAB = 50

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from ptm_app.constants import IGNORE_INDEX
+from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.corruption.spans import (
     geometric_spans,
     sbo_targets,

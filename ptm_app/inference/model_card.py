@@ -15,7 +15,7 @@ from typing import Optional
 import yaml
 
 from ptm_app.backbones.model_classes import MODEL_CLASSES, auto_class_name
-from ptm_app.checkpoints import CKPT_KEY
+from ptm_app.checkpointing.files import CKPT_KEY
 from ptm_app.data.sources import MANIFEST, SOURCES
 from ptm_app.paths import data_root
 
@@ -138,7 +138,7 @@ def model_card(ckpt: dict, ckpt_path: str | Path, name: str) -> str:
     lines += ["- Licences: the base model's and the data's (above) apply to this model as well."]
     lines += ["- Use: `python main.py embed|generate|predict --ckpt_path <this directory>`, or "
               f"`transformers.{auto_class_name(model_class)}.from_pretrained(<this directory>)` (with "
-              "`export.load_exported_module` when `module_config.json` is present)."]
+              "`inference.export.load_exported_module` when `module_config.json` is present)."]
     lines += [""]
 
     lines += ["## Configuration", ""]

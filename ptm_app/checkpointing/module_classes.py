@@ -11,7 +11,7 @@ checkpoints give it: its defining module's path (``ptm_app.module``), its packag
 ``config_classes`` is the registry of the names a config may give a class by (``class_path: TaskDataModule``): the
 module classes above and the other classes the packages export (pre-training targets: ``class_path: Supersense``),
 the data modules of ``DATA_MODULES`` and the callbacks of ``CALLBACK_MODULES``.  The CLI builds
-it explicitly (``cli.PtmCLI``) before parsing; nothing imports a module only for its side effects.
+it explicitly (``training.cli.PtmCLI``) before parsing; nothing imports a module only for its side effects.
 """
 from __future__ import annotations
 
@@ -156,3 +156,33 @@ def config_classes() -> dict[str, type]:
                 raise RuntimeError(f"two config classes are named {name}: {table[name].__module__} and "
                                    f"{cls.__module__}; rename one")
     return table
+
+def class_paths(settings: Any):
+    """Every ``class_path`` value in a config's settings, at any depth."""
+    if isinstance(settings, dict):
+        for key, value in settings.items():
+            if key == "class_path" and isinstance(value, str):
+                yield value
+            else:
+                yield from class_paths(value)
+    elif isinstance(settings, list):
+        for value in settings:
+            yield from class_paths(value)
+
+
+def check_class_paths(settings: Any, path: str) -> None:
+    """A dotted ``ptm_app.`` class path that no longer exists where it names (an old run's ``config.yaml`` after a
+    class moved, e.g. ``ptm_app.objectives.libert.LexicalRelationMLMModule``) is one line naming the short name the
+    registry knows it by; jsonargparse's own message only says the module has no such attribute."""
+    for value in class_paths(settings):
+        module, _, name = value.rpartition(".")
+        if not module.startswith("ptm_app"):
+            continue
+        try:
+            there = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            there = False
+        if not there:
+            if name in config_classes():
+                raise PtmError(f"{path}: class_path {value} is not there any more (ptm_app moved it); write its "
+                               f"short name, class_path: {name}")
