@@ -99,7 +99,7 @@ def name_cpu_for_deepspeed() -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    from ptm_app.checkpointing.module_classes import check_class_paths
+    from ptm_app.checkpoint_io.module_classes import check_class_paths
     from ptm_app.errors import check_config_files
 
     name, rest = argv[0], argv[1:]
@@ -150,7 +150,7 @@ def run(name: str, entry: Command, argv: list[str]) -> int:
         settings.pop(key, None)
     if not entry.trust:
         return _result(function(**settings))
-    from ptm_app.checkpointing.files import trusting
+    from ptm_app.checkpoint_io.reading import trusting
     from ptm_app.training.console import quiet_third_party
 
     trust = settings.pop("trust_checkpoint", False)

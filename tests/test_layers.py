@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1] / "ptm_app"
 
 # bottom first; a layer imports only layers below it (and itself).  objectives and task_kinds share a floor and
 # import neither each other; the entry (main.py, __main__.py) may import anything.
-LAYERS = ["errors", "paths", "data", "checkpointing", "backbones", "training", ("objectives", "task_kinds"),
+LAYERS = ["errors", "paths", "data", "checkpoint_io", "backbones", "training", ("objectives", "task_kinds"),
           "compression", "adaptation", "inference", "analysis", "knowledge", "experiments"]
 ENTRY = {"main", "__main__"}
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in ((layer,) if isinstance(layer, str) else layer)}

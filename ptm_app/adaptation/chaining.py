@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from ptm_app.errors import PtmError
-from ptm_app.checkpointing.files import backbone_state, read_checkpoint
+from ptm_app.checkpoint_io.reading import backbone_state, read_checkpoint
 from ptm_app.paths import runs_root
 
 

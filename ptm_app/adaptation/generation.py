@@ -40,7 +40,7 @@ from torch import nn
 
 from ptm_app.adaptation.policies import fine_tuning_policies
 from ptm_app.backbones.build import build_backbone, max_positions, model_dir
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.backbones.delta import DeltaSpec, as_delta_spec, prepended_tokens, transformers_model
 from ptm_app.data import IGNORE_INDEX
 from ptm_app.data.collators import pad

@@ -34,7 +34,7 @@ from ptm_app.backbones.delta import (PROMPT_METHODS, DeltaSpec, apply_delta, as_
                                     trainable_report, transformers_model)
 from ptm_app.backbones.layers import hidden_width
 from ptm_app.backbones.scalar_mix import ScalarMix
-from ptm_app.checkpointing.files import CKPT_KEY, restore_frozen_base, strip_frozen_base
+from ptm_app.checkpoint_io.reading import CKPT_KEY, restore_frozen_base, strip_frozen_base
 from ptm_app.errors import PtmError
 from ptm_app.training.policy import BackbonePolicy
 

@@ -21,7 +21,7 @@ from ptm_app.compression.pruning_policy import Pruning
 from ptm_app.compression.teacher_loss import TeacherLoss, as_distillation
 from ptm_app.compression.theseus_policy import replacing
 from ptm_app.task_kinds.spans import SPLITS
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.registry import TaskKind, task_kind
 from ptm_app.training.module import PtmModule

@@ -56,7 +56,7 @@ def load_classifier(ckpt: Path, purpose: str = "robustness"):
     refused in one line naming ``purpose`` (the command)."""
     from ptm_app.adaptation.classification import SequenceClassificationModule
     from ptm_app.backbones.build import quiet_transformers
-    from ptm_app.checkpointing.files import CKPT_KEY, as_file, read_checkpoint
+    from ptm_app.checkpoint_io.reading import CKPT_KEY, as_file, read_checkpoint
 
     state = read_checkpoint(ckpt)
     module = str(state.get(CKPT_KEY, {}).get("module", ""))

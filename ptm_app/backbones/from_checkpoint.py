@@ -18,7 +18,7 @@ from torch import nn
 
 from ptm_app.backbones.model_classes import from_config
 from ptm_app.backbones.sense_input import fold_sense_input
-from ptm_app.checkpointing.files import CKPT_KEY, as_file, backbone_state, read_checkpoint, trusted, write_tokenizer_files
+from ptm_app.checkpoint_io.reading import CKPT_KEY, as_file, backbone_state, read_checkpoint, trusted, write_tokenizer_files
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_dir, cache_root
 
@@ -56,7 +56,7 @@ def module_from_checkpoint(ckpt: dict, trust: Optional[bool] = None, source: obj
     """The module class named in the checkpoint (looked up among ptm_app's: ``module_classes.module_class``)
     rebuilds its frozen base from the source and loads what trained (the dict was read and checked once: Lightning
     gets it as an in-memory file, consolidated shards included)."""
-    from ptm_app.checkpointing.module_classes import module_class
+    from ptm_app.checkpoint_io.module_classes import module_class
 
     trust = trusted(trust)
     cls = module_class(ckpt[CKPT_KEY].get("module"), source, trust)

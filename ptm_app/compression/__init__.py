@@ -17,7 +17,7 @@ __all__ = sorted(EXPORTS)
 
 def __getattr__(name: str):
     if name not in EXPORTS:
-        from ptm_app.checkpointing.module_classes import RENAMED_MODULE_CLASSES
+        from ptm_app.checkpoint_io.module_classes import RENAMED_MODULE_CLASSES
 
         moved = RENAMED_MODULE_CLASSES.get(f"{__name__}.{name}")
         raise AttributeError(f"module '{__name__}' has no attribute '{name}'"

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.errors import PtmError
 from ptm_app.training.policy import BackbonePolicy
 

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.compression import losses
 from ptm_app.compression.students import StudentLayers, chosen_layers, student_from_teacher
 from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher, size_facts

@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.compression import heads as head_pruning
 from ptm_app.compression.magnitude import MagnitudeSpec, magnitude_masks, prunable_weights, sparsity_of
 from ptm_app.compression.students import layer_list_path

@@ -257,7 +257,7 @@ def load_quantized(directory, model_class: Optional[str] = None) -> nn.Module:
     from safetensors.torch import load_file
 
     from ptm_app.backbones.model_classes import from_config
-    from ptm_app.checkpointing.files import read_record
+    from ptm_app.checkpoint_io.reading import read_record
 
     directory = Path(directory)
     info = read_record(directory / QUANT_CONFIG)

@@ -50,7 +50,7 @@ def run_teacher(where: str, model_class: str):
     """``(model, tokenizer)`` of a run of the same model class, rebuilt from its checkpoint with any delta in place
     (LoRA merged; adapters and soft prompts kept as the tuned model, which export could not merge); else None."""
     from ptm_app.backbones.from_checkpoint import checkpoint_backbone, is_checkpoint
-    from ptm_app.checkpointing.files import CKPT_KEY, read_checkpoint
+    from ptm_app.checkpoint_io.reading import CKPT_KEY, read_checkpoint
     from ptm_app.training.module import tokenizer_from_files
 
     if not is_checkpoint(where):

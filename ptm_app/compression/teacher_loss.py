@@ -19,7 +19,7 @@ from torch import nn
 
 from ptm_app.backbones.delta import prepended_tokens
 from ptm_app.backbones.layers import hidden_width
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.compression import losses
 from ptm_app.compression.layer_maps import LayerMap, layer_pairs
 from ptm_app.compression.teacher import FrozenTeacher, resolve_teacher, same_vocabulary, size_facts

@@ -171,7 +171,7 @@ def why_not(plan: dict, objective: dict, task: str) -> Optional[str]:
 
     import ptm_app.backbones.bilstm  # noqa: F401  (registers ELMo's BiLSTM with the Auto classes)
     from ptm_app.backbones.model_classes import auto_class
-    from ptm_app.checkpointing.module_classes import registered
+    from ptm_app.checkpoint_io.module_classes import registered
 
     task_model = ((read_yaml(plan["tasks"][task]["config"]) or {}).get("model") or {}).get("class_path")
     module = registered(task_model)

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import yaml
 
 from ptm_app.backbones.from_checkpoint import checkpoint_backbone
-from ptm_app.checkpointing.files import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint, trusted, trusting, write_tokenizer_files
+from ptm_app.checkpoint_io.reading import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint, trusted, trusting, write_tokenizer_files
 from ptm_app.errors import PtmError
 from ptm_app.inference.model_card import model_card, run_directory
 from ptm_app.paths import atomic_dir
@@ -32,7 +32,7 @@ def export_checkpoint(ckpt_path: str | Path, output_dir: str | Path, trust: Opti
     K-Adapter's switchable adapters and head) go to ``module_weights.safetensors`` with ``module_config.json``;
     ``load_exported_module`` rebuilds the whole module from the directory.  ``also(directory)`` adds more files
     before the directory appears (``--format onnx``: ``inference.onnx_export.write_onnx``).  ``trust``
-    (``--trust_checkpoint``) covers every checkpoint the export reads (``checkpointing.files.trusting``)."""
+    (``--trust_checkpoint``) covers every checkpoint the export reads (``checkpoint_io.reading.trusting``)."""
     with trusting(trust):
         return _export(ckpt_path, Path(output_dir), also)
 
@@ -140,7 +140,7 @@ def load_exported_module(directory: str | Path, trust: Optional[bool] = None):
     from safetensors.torch import load_file
 
     from ptm_app.data.sources.references import load_tokenizer_dir
-    from ptm_app.checkpointing.module_classes import module_class
+    from ptm_app.checkpoint_io.module_classes import module_class
 
     directory = Path(directory)
     if not (directory / MODULE_CONFIG).is_file():

@@ -19,7 +19,7 @@ from ptm_app.backbones.build import quiet_transformers
 from ptm_app.backbones.delta import CONFIG_FILE, load_delta, transformers_model
 from ptm_app.backbones.from_checkpoint import is_checkpoint, module_from_checkpoint
 from ptm_app.backbones.model_classes import auto_class, model_class_of
-from ptm_app.checkpointing.files import read_checkpoint, read_record, trusting
+from ptm_app.checkpoint_io.reading import read_checkpoint, read_record, trusting
 from ptm_app.data.sources.references import REMOTE_CODE, load_error, load_tokenizer_dir, resolve_pretrained
 from ptm_app.errors import PtmError
 from ptm_app.inference.export import EXPORT_INFO, MODULE_CONFIG, load_exported_module, recorded_data_args
@@ -99,7 +99,7 @@ class LoadedModel:
 def load_for_inference(ref: str, trust: Optional[bool] = None) -> LoadedModel:
     """The model behind ``ref`` (see the module docstring); unknown or unreadable references raise one line.
     transformers' weight-loading bars and notices stay off the console (the command prints only its results).
-    ``trust`` (``--trust_checkpoint``) covers every checkpoint the model loads (``checkpointing.files.trusting``)."""
+    ``trust`` (``--trust_checkpoint``) covers every checkpoint the model loads (``checkpoint_io.reading.trusting``)."""
     with quiet_transformers(), trusting(trust):
         return _load(ref)
 

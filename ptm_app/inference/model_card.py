@@ -15,7 +15,7 @@ from typing import Optional
 import yaml
 
 from ptm_app.backbones.model_classes import MODEL_CLASSES, auto_class_name
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.data.sources import MANIFEST, SOURCES
 from ptm_app.paths import data_root
 

@@ -33,7 +33,7 @@ from ptm_app.adaptation.chaining import resolve_path
 from ptm_app.adaptation.task_module import TaskModule
 from ptm_app.backbones.adapters import ADAPTER_KINDS, add_adapter, set_active_adapter
 from ptm_app.backbones.delta import DeltaSpec, as_delta_spec
-from ptm_app.checkpointing.files import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint, restore_frozen_base, strip_frozen_base
+from ptm_app.checkpoint_io.reading import BACKBONE_PREFIX, CKPT_KEY, read_checkpoint, restore_frozen_base, strip_frozen_base
 from ptm_app.data.collators import PadCollator
 from ptm_app.errors import PtmError
 from ptm_app.task_kinds.label_scores import label_metrics, positive_index

@@ -15,7 +15,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from ptm_app.backbones.sense_input import sense_aware_embeddings, vocabulary_senses
-from ptm_app.checkpointing.files import CKPT_KEY
+from ptm_app.checkpoint_io.reading import CKPT_KEY
 from ptm_app.data.collators import MLMCollator, word_start_table
 from ptm_app.data.knowledge_spans import SPAN_FIELDS
 from ptm_app.errors import PtmError

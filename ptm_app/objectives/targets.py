@@ -25,7 +25,7 @@ from torch import nn
 from ptm_app.backbones.build import max_positions
 from ptm_app.data import IGNORE_INDEX
 from ptm_app.errors import PtmError
-from ptm_app.checkpointing.module_classes import PACKAGES, exported_classes
+from ptm_app.checkpoint_io.module_classes import PACKAGES, exported_classes
 from ptm_app.objectives.heads import MaskedLMOutput, masked_lm_forward
 
 ERNIE_STAGES = (1 / 3, 2 / 3)  # step fractions where phrase-level, then entity-level masking start

@@ -18,13 +18,13 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch import LightningDataModule, LightningModule
 from ptm_app.data.loader import DataPositionCallback
 from ptm_app.errors import PtmError
-from ptm_app.checkpointing.module_classes import config_classes
-from ptm_app.checkpointing.files import (CKPT_KEY, CheckpointUnsafe, check_record, checkpoint_path, load_file, resolve_last,
+from ptm_app.checkpoint_io.module_classes import config_classes
+from ptm_app.checkpoint_io.reading import (CKPT_KEY, CheckpointUnsafe, check_record, checkpoint_path, load_file, resolve_last,
                                  trusted, trusting, verify)
 from ptm_app.paths import (RunLock, atomic_dir, is_first_process, remove_interrupted_writes, restore_replaced,
                            run_name_for, runs_root)
 from ptm_app.training.callbacks import LastCheckpoint, PredictionWriter, RNGStateCallback, RunSummary
-from ptm_app.training.checkpoint_io import AtomicCheckpointIO
+from ptm_app.checkpoint_io.writing import AtomicCheckpointIO
 from ptm_app.training.console import RunConsole, close_console_log, open_console_log, quiet_third_party
 from ptm_app.training.throughput import ThroughputMonitor
 from ptm_app.training.precision import check_hardware
@@ -102,7 +102,7 @@ class PtmCLI(LightningCLI):
         """Lightning's step that reads an explicit ``--ckpt_path`` file's hyper-parameters into the model config,
         through the checkpoint layer: the file is checked (intact; plain data unless ``--trust_checkpoint``) and
         only its pickle is read (tensors memory-mapped), so a damaged or crafted file is one line, not a traceback.
-        Its record is checked (``checkpointing.files.check_record``) and its module class looked up among ptm_app's
+        Its record is checked (``checkpoint_io.reading.check_record``) and its module class looked up among ptm_app's
         (``module_classes``: a stored name is never imported unless trusted); fit, validate and test refuse a
         checkpoint of another model family than the config's (``_check_family``)."""
         subcommand = self.config.get("subcommand")
@@ -116,7 +116,7 @@ class PtmCLI(LightningCLI):
         if not hparams:
             return
         if "_class_path" in hparams:
-            from ptm_app.checkpointing.module_classes import module_class
+            from ptm_app.checkpoint_io.module_classes import module_class
 
             cls = module_class(hparams.pop("_class_path"), cfg.ckpt_path, trusted())
             hparams = {"class_path": f"{cls.__module__}.{cls.__qualname__}",
@@ -140,7 +140,7 @@ class PtmCLI(LightningCLI):
         checkpoint's class replaces the config's, as Lightning does; predict and export take the checkpoint's)."""
         if subcommand not in MODEL_FROM_CONFIG:
             return
-        from ptm_app.checkpointing.module_classes import module_class
+        from ptm_app.checkpoint_io.module_classes import module_class
 
         stored = (ckpt.get("hyper_parameters") or {}).get("_class_path") or (ckpt.get(CKPT_KEY) or {}).get("module")
         configured = self._configured_model_class(subcommand)

@@ -14,7 +14,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from ptm_app.backbones.build import build_backbone, max_positions
 from ptm_app.backbones.delta import as_delta_spec
-from ptm_app.checkpointing.files import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, load_file,
+from ptm_app.checkpoint_io.reading import (CKPT_KEY, check_record, checkpoint_path as checkpoint_file, load_file,
                                  moved_class_path, trusted, trusting, upgrade_record, write_tokenizer_files)
 from ptm_app.data.contract import DataFacts, ModelHooks
 from ptm_app.errors import PtmError
@@ -67,9 +67,9 @@ class PtmModule(pl.LightningModule):
                              weights_only: Optional[bool] = None, **kwargs):
         """Lightning's loader, made safe: a checkpoint file is checked first (intact; plain data unless
         ``weights_only=False``, for files you made yourself), unpickled weights-only, and its ptm_app record checked
-        (``checkpointing.files.check_record``: tokenizer file names, module class; a class that moved since is named as it is
-        today, ``checkpointing.files.moved_class_path``).  ``weights_only`` defaults to the running command's
-        ``--trust_checkpoint`` (``checkpointing.files.trusting``): weights-only unless it was given."""
+        (``checkpoint_io.reading.check_record``: tokenizer file names, module class; a class that moved since is named as it is
+        today, ``checkpoint_io.reading.moved_class_path``).  ``weights_only`` defaults to the running command's
+        ``--trust_checkpoint`` (``checkpoint_io.reading.trusting``): weights-only unless it was given."""
         weights_only = not trusted() if weights_only is None else weights_only
         with trusting(not weights_only):
             if isinstance(checkpoint_path, (str, os.PathLike)):
@@ -332,7 +332,7 @@ def tokenizer_files(tokenizer) -> dict[str, str]:
 
 
 def tokenizer_from_files(files: dict[str, str], source: Any = "the checkpoint"):
-    """The tokenizer of a checkpoint's files (``checkpointing.files.write_tokenizer_files``: allowed names only, into a
+    """The tokenizer of a checkpoint's files (``checkpoint_io.reading.write_tokenizer_files``: allowed names only, into a
     temporary directory; no code of its own)."""
     from transformers import AutoTokenizer
 

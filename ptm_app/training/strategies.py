@@ -116,7 +116,7 @@ class AtomicShardedSave:
     strategy's own save), a barrier, then global rank 0 flushes the files to disk and swaps the complete
     directory into place (``paths.replace_dir``: the old one renamed away, the new one in, the old one deleted),
     and a barrier after (the previous ``last.ckpt`` becomes ``last-1.ckpt`` only if it passes verification:
-    ``checkpoint_io.worth_keeping``).  ``--ckpt_path last`` and ``export`` therefore see the previous complete
+    ``checkpoint_io.writing.worth_keeping``).  ``--ckpt_path last`` and ``export`` therefore see the previous complete
     directory or the new complete one, never a mix (``paths.restore_replaced`` undoes a crash between the two
     renames).  Temp directories left by a crashed save are deleted by the next save to the same target.  This
     covers every ``trainer.save_checkpoint``: ``LastCheckpoint``'s ``last.ckpt`` and ``ModelCheckpoint``'s
@@ -124,9 +124,9 @@ class AtomicShardedSave:
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any = None) -> None:
-        from ptm_app.checkpointing.files import LAST, PREVIOUS, mark_verified
+        from ptm_app.checkpoint_io.reading import LAST, PREVIOUS, mark_verified
         from ptm_app.paths import fsync_tree, replace_dir
-        from ptm_app.training.checkpoint_io import worth_keeping
+        from ptm_app.checkpoint_io.writing import worth_keeping
 
         target = Path(self.broadcast(str(filepath)))
         tmp = target.with_name(f".{target.name}.tmp-{checkpoint.get('global_step', 0)}")
@@ -200,7 +200,7 @@ class FSDP(AtomicShardedSave, ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
         """Lightning's loader, except for delta-only checkpoints (``delta_only``: the trainable tensors, the frozen
         base rebuilt from its source), which ``torch.distributed.checkpoint`` loads partially."""
-        from ptm_app.checkpointing.files import load_file, verify
+        from ptm_app.checkpoint_io.reading import load_file, verify
 
         path = Path(self.broadcast(checkpoint_path))
         verify(path, trust=weights_only is False)  # torch.distributed.checkpoint unpickles .metadata with pickle
@@ -262,7 +262,7 @@ class DeepSpeed(AtomicShardedSave, DeepSpeedStrategy):
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
         """DeepSpeed unpickles its files with ``weights_only=False``: they are checked to be plain data first."""
-        from ptm_app.checkpointing.files import verify
+        from ptm_app.checkpoint_io.reading import verify
 
         verify(Path(self.broadcast(str(checkpoint_path))), trust=weights_only is False)
         return super().load_checkpoint(checkpoint_path, weights_only)

@@ -162,7 +162,7 @@ def test_every_data_module_refuses_a_batch_size_below_one():
 
     import lightning.pytorch as pl
 
-    from ptm_app.checkpointing.module_classes import config_classes
+    from ptm_app.checkpoint_io.module_classes import config_classes
     from ptm_app.errors import PtmError
 
     def subclasses(cls):
@@ -210,7 +210,7 @@ def test_an_old_dotted_class_path_of_a_moved_class_is_one_line_naming_its_short_
     assert run(["fit", "--config", str(old)], capsys) == (
         f"error: {old}: class_path ptm_app.compression.distillation.DistillationModule is not there any more (ptm_app "
         f"moved it); write its short name, class_path: DistillationModule")
-    from ptm_app.checkpointing.module_classes import check_class_paths
+    from ptm_app.checkpoint_io.module_classes import check_class_paths
 
     for there in ("ptm_app.objectives.mlm.MaskedLMModule", "ptm_app.adaptation.DistillationModule", "MaskedLMModule"):
         check_class_paths({"model": {"class_path": there}}, "c.yaml")  # today's names pass

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptm_app.checkpointing.files import CheckpointCorrupt, CheckpointUnsafe, read_checkpoint, verify
+from ptm_app.checkpoint_io.reading import CheckpointCorrupt, CheckpointUnsafe, read_checkpoint, verify
 from ptm_app.main import main
 from tests.cli.test_report import classifier_config
 from tests.conftest import run_main

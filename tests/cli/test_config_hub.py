@@ -79,7 +79,7 @@ def test_ptm_app_classes_are_named_short_and_resolve():
     classes and the targets the packages export, data modules, callbacks) or strategies."""
     from lightning.pytorch.strategies import Strategy
 
-    from ptm_app.checkpointing.module_classes import config_classes
+    from ptm_app.checkpoint_io.module_classes import config_classes
     from ptm_app.training import strategies
 
     known = set(config_classes()) | {n for n, c in vars(strategies).items()

@@ -129,7 +129,7 @@ def run_as_shipped(config: Path, root: Path, base: Optional[Path] = None) -> Pat
 @pytest.mark.parametrize("config", [pytest.param(c, marks=() if name(c) in CHEAP else pytest.mark.slow)
                                     for c in ALL], ids=name)
 def test_config_runs_as_shipped(config, tmp_path, monkeypatch):
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
 
     monkeypatch.chdir(tmp_path)
     run = run_as_shipped(config, tmp_path)

@@ -49,7 +49,7 @@ def test_old_checkpoint_exports_to_the_same_transformers_model(expected, tmp_pat
 def test_the_fixture_records_the_old_key_and_reads_under_the_new_one():
     """The fixture's ptm_app record says ``head`` (written before the rename); ``read_checkpoint`` gives it as
     ``model_class``, and the checkpoint loads for inference as that class and predicts the recorded labels."""
-    from ptm_app.checkpointing.files import CKPT_KEY, load_file, read_checkpoint
+    from ptm_app.checkpoint_io.reading import CKPT_KEY, load_file, read_checkpoint
     from ptm_app.inference.loading import load_for_inference
 
     raw = load_file(FIXTURE.with_suffix(".ckpt"))[CKPT_KEY]
@@ -63,7 +63,7 @@ def test_new_saves_write_model_class():
     """A module's checkpoint record is written under ``model_class``, never ``head`` (an export's info:
     ``_old_export``)."""
     from ptm_app.adaptation import SequenceClassificationModule
-    from ptm_app.checkpointing.files import CKPT_KEY
+    from ptm_app.checkpoint_io.reading import CKPT_KEY
 
     module = SequenceClassificationModule.load_from_checkpoint(FIXTURE.with_suffix(".ckpt"))
     ckpt = {"hyper_parameters": dict(module.hparams)}

@@ -82,7 +82,7 @@ def test_recipe_trains_resumes_exactly_and_exports(config, tmp_path):
     out = tmp_path / "export"
     assert run_main(["export", "--ckpt_path", str(runs / "full"), "--output_dir", str(out)], runs) == 0
     from ptm_app.backbones.build import auto_class
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
     from ptm_app.backbones.from_checkpoint import rebuild_backbone
 
     ckpt = read_checkpoint(runs / "full")

@@ -86,7 +86,7 @@ def test_the_old_names_of_the_moved_classes_resolve_through_the_registry():
     """Checkpoints and exports name these classes where they were defined (``ptm_app.module``) and by their package
     (``_class_path``): both resolve to the class in ``adaptation.compressed`` without ``--trust_checkpoint``."""
     import ptm_app.adaptation as adaptation
-    from ptm_app.checkpointing.module_classes import RENAMED_MODULE_CLASSES, check_module_name, module_class, registered
+    from ptm_app.checkpoint_io.module_classes import RENAMED_MODULE_CLASSES, check_module_name, module_class, registered
 
     for name, old_module in OLD_MODULES.items():
         cls = getattr(adaptation, name)
@@ -104,7 +104,7 @@ def test_an_early_exit_checkpoint_of_the_old_class_loads_by_its_record():
     in-memory file whose ``_class_path`` names the old place); the moved class loads it with identical outputs."""
     from ptm_app.adaptation import EarlyExitModule
     from ptm_app.backbones.from_checkpoint import module_from_checkpoint
-    from ptm_app.checkpointing.files import CKPT_KEY, read_checkpoint
+    from ptm_app.checkpoint_io.reading import CKPT_KEY, read_checkpoint
 
     ckpt = read_checkpoint(FIXTURES / "early_exit_9ce82a8.ckpt", trust=False)
     assert ckpt[CKPT_KEY]["module"] == "ptm_app.compression.early_exit.EarlyExitModule"

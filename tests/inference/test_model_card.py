@@ -28,7 +28,7 @@ def test_export_card_holds_the_runs_metrics_and_config(classifier_run, tmp_path)
 
 
 def test_card_names_base_model_and_data_from_their_manifests(classifier_run, tmp_path):
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
     from ptm_app.data.sources import load_manifest
     from ptm_app.inference.model_card import model_card
 

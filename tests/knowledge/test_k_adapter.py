@@ -120,7 +120,7 @@ def test_k_adapter_run_resumes_exactly_and_reloads(base, adapter_runs, tiny_corp
     """A K-Adapter fit paused at step 2 and resumed logs the full run's losses; its checkpoint holds the adapters and
     the head but not the frozen base, and ``load_from_checkpoint`` rebuilds the same model without the adapter runs;
     its export (base + adapters + head) reloads to identical outputs and predicts what the run predicts."""
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
     from ptm_app.knowledge.k_adapter import KAdapterModule
     from tests.conftest import assert_resumes_exactly
 

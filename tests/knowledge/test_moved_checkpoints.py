@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptm_app.checkpointing.files import check_record
+from ptm_app.checkpoint_io.reading import check_record
 from ptm_app.knowledge.libert import LexicalRelationMLMModule
 from ptm_app.knowledge.sensebert import Supersense
-from ptm_app.checkpointing.module_classes import module_class
+from ptm_app.checkpoint_io.module_classes import module_class
 from ptm_app.objectives import MaskedLMModule
 from ptm_app.objectives.targets import MaskedLM, as_target, known_record
 

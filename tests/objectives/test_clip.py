@@ -86,7 +86,7 @@ def test_resumes_exactly_with_the_learned_temperature_and_exports_a_dual_encoder
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, VisionTextDualEncoderModel
 
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
 
     runs = tmp_path / "runs"
     assert_resumes_exactly(["fit", "--config", str(_config(tmp_path))], runs, stop=3, steps=8)  # 12 pairs: 3 a epoch

@@ -158,7 +158,7 @@ def test_two_stage_resumes_exactly_across_the_switch(tmp_path):
     """configs/pretrain/electra_rtd_brown.yaml in two_stage mode through main.py, paused after the switch (step 4 of 6, the
     switch at 2) and resumed with --ckpt_path last: the same losses, bit for bit, as the uninterrupted run, and G
     unchanged from the pause to the end."""
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
     from tests.cli.test_recipes import ROOT, losses, tiny_args
     from tests.conftest import run_main
 

@@ -36,7 +36,7 @@ def lora_fsdp(tmp_path_factory) -> Path:
 
 def consolidated_module(run: Path):
     from ptm_app.adaptation import SequenceClassificationModule
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
 
     buffer = io.BytesIO()
     torch.save(read_checkpoint(run), buffer)
@@ -47,7 +47,7 @@ def consolidated_module(run: Path):
 def test_lora_under_fsdp_resumes_with_delta_only_shards_and_exports(lora_fsdp, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
 
     losses = train_losses(lora_fsdp)
     assert sorted(losses) == list(range(6))

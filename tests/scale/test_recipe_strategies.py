@@ -23,7 +23,7 @@ REFUSED = {  # (strategy, recipe): refused in one line before training, with the
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda p: p.stem)
 def test_strategy_runs_every_pretraining_recipe(strategy, recipe, tmp_path, monkeypatch):
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
 
     from tests.cli.test_configs import shipped_args
     from tests.scale.conftest import launch

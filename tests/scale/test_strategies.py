@@ -33,7 +33,7 @@ def paused_and_resumed(config: Path, strategy: str, runs: Path) -> Path:
 def crashed_and_resumed(config: Path, strategy: str, runs: Path) -> tuple[Path, dict]:
     """Fit with ``last.ckpt`` every 2 steps until rank 1 dies having written its shards of the step-6 save
     (``probe.CrashInSave``), then ``--ckpt_path last`` to step 8.  Also returns what the crash left on disk."""
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
 
     base = ["fit", "--config", str(config), "--config", strategy_config(strategy), "--run_name", strategy]
     launch([*base, "--checkpoint_every", "2", "--trainer.callbacks+=tests.scale.probe.CrashInSave",

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from ptm_app.checkpointing.files import CheckpointCorrupt, verify
+from ptm_app.checkpoint_io.reading import CheckpointCorrupt, verify
 from tests.cli.test_report import classifier_config
 from tests.conftest import run_main
 

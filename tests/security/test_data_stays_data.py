@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from ptm_app.checkpointing.files import CheckpointUnsafe, check_tokenizer_files, deepspeed_tag, verify, write_tokenizer_files
+from ptm_app.checkpoint_io.reading import CheckpointUnsafe, check_tokenizer_files, deepspeed_tag, verify, write_tokenizer_files
 from ptm_app.errors import PtmError
 from ptm_app.main import main
 from ptm_app.paths import PROJECT_ROOT, check_run_name
@@ -107,7 +107,7 @@ def test_a_symlinked_file_in_a_sharded_checkpoint_is_refused(tmp_path):
 # -- module classes ----------------------------------------------------------------------------------------------
 def test_the_registry_knows_every_name_a_checkpoint_gives_a_module_class():
     from ptm_app.adaptation import SequenceClassificationModule
-    from ptm_app.checkpointing.module_classes import module_class, module_classes, registered
+    from ptm_app.checkpoint_io.module_classes import module_class, module_classes, registered
     from ptm_app.objectives import MaskedLMModule
 
     table = module_classes()

@@ -124,7 +124,7 @@ def test_lamb_trains_a_model_down():
 def test_the_shipped_overlays_train_with_their_optimiser(overlay, state_key, tmp_path, monkeypatch):
     """``configs/optim/`` as shipped on its recipe: the checkpoint's optimiser state is LAMB's (its groups carry the
     trust-ratio flag, 8 batches accumulate per step) or Adafactor's (factored row/column second moments)."""
-    from ptm_app.checkpointing.files import read_checkpoint
+    from ptm_app.checkpoint_io.reading import read_checkpoint
     from tests.cli.test_configs import ROOT, run_as_shipped
 
     monkeypatch.chdir(tmp_path)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ptm_app.checkpointing.files import read_checkpoint
+from ptm_app.checkpoint_io.reading import read_checkpoint
 from tests.conftest import run_main, tiny_mlm_config
 
 

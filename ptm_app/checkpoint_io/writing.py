@@ -1,5 +1,5 @@
 """Checkpoints are written atomically: to a temp file, fsync'd, then renamed into place; the previous
-``last.ckpt`` is kept as ``last-1.ckpt`` (``checkpointing.files.resolve_last`` falls back to it) only if it passes
+``last.ckpt`` is kept as ``last-1.ckpt`` (``checkpoint_io.reading.resolve_last`` falls back to it) only if it passes
 verification, so a damaged ``last.ckpt`` never replaces a good fallback (two faults in a row still leave one)."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any, Optional
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from ptm_app.checkpointing.files import LAST, PREVIOUS, mark_verified, verify
+from ptm_app.checkpoint_io.reading import LAST, PREVIOUS, mark_verified, verify
 from ptm_app.errors import PtmError
 from ptm_app.paths import atomic_file, keep_copy
 
 
 def worth_keeping(last: Path) -> bool:
     """May the current ``last.ckpt`` (file or sharded directory) become the fallback ``last-1``?  Only if it
-    passes ``checkpointing.files.verify`` (one this process wrote, or resumed from, is not read again); else the fallback
+    passes ``checkpoint_io.reading.verify`` (one this process wrote, or resumed from, is not read again); else the fallback
     stays as it is, said in one line."""
     if not last.exists():
         return False

@@ -13,7 +13,7 @@ Loading never executes code from a file (docs/design.md principle 11):
 
 What is read stays data (``check_record``): tokenizer files are restored by a fixed list of names into the target
 directory only (``write_tokenizer_files``); module classes are looked up among ptm_app's own
-(``ptm_app.checkpointing.module_classes``), never imported by a stored name unless trusted; a sharded directory holds no
+(``ptm_app.checkpoint_io.module_classes``), never imported by a stored name unless trusted; a sharded directory holds no
 symlinks, and DeepSpeed's ``latest`` must name a directory inside it.
 
 Integrity: ``.ckpt`` files are zip archives with a CRC-32 per record, so truncation and flipped bytes anywhere
@@ -397,7 +397,7 @@ def check_record(ckpt: dict, source: Any, trust: Optional[bool] = None, own: Opt
     ``_class_path``) one of ptm_app's (``module_classes``) or ``own`` (the class the caller chose), unless ``trust``.
     Refused in one line naming the entry."""
     from ptm_app.data.sources.references import refuse_remote_code
-    from ptm_app.checkpointing.module_classes import check_module_name
+    from ptm_app.checkpoint_io.module_classes import check_module_name
 
     record = ckpt.get(CKPT_KEY) if isinstance(ckpt, dict) else None
     if record is None:
@@ -423,7 +423,7 @@ def moved_class_path(hparams: Any) -> dict:
     """``{"_class_path": today's name}`` when a checkpoint's hyper-parameters name a module class that moved since
     (``module_classes.RENAMED_MODULE_CLASSES``), else ``{}``: Lightning's loader resolves ``_class_path`` among the
     classes already imported and would refuse the old name."""
-    from ptm_app.checkpointing.module_classes import current_name
+    from ptm_app.checkpoint_io.module_classes import current_name
 
     stored = hparams.get("_class_path") if isinstance(hparams, dict) else None
     return {"_class_path": current_name(stored)} if current_name(stored) != stored else {}
