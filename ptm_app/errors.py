@@ -68,6 +68,7 @@ def require_deepspeed(what: str = "strategy DeepSpeed") -> None:
         raise PtmError(f"{what} needs the deepspeed package; install it with: "
                        "DS_BUILD_OPS=0 .venv/bin/pip install -c constraints-cpu.txt -e '.[deepspeed]'")
 
+
 _HELP = "python main.py fit --help lists the keys"
 
 
