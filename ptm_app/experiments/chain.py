@@ -2,9 +2,10 @@
 export, fine-tuned per task), as ``knowledge-report`` and ``taxonomy-report`` run them.
 
 Every run is a sweep cell (``sweep.run_cell``): resumed from ``last.ckpt`` when interrupted, skipped when it has test
-metrics and was made by the same recipe.  A run that starts from a first run records that run's fingerprint
-(``cell.json``'s ``upstream``), so a changed pre-training reruns its fine-tunings and a report leaves out any number
-made from an earlier one (``made_from``).
+metrics and was made by the same recipe.  A run that starts from a first run has that run's fingerprint in its own
+(``cell.json``'s ``upstream``), so a changed pre-training reruns its fine-tunings.  A report counts a run only when
+it is the one the plan makes now (``current_runs``): a run made by an earlier recipe, an earlier ``task_set`` or from
+an earlier pre-training is left out until the plan runs it again.
 """
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ptm_app.errors import PtmError
-from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, is_done, record_cell, recorded_fingerprint,
-                                       run_cell, run_name)
+from ptm_app.experiments.sweep import cell_fingerprint, is_current, is_done, record_cell, run_cell, run_name
 from ptm_app.paths import require_markers, runs_root
 
 
@@ -35,25 +35,41 @@ class Link:
     fitted: Optional[Callable[[Path], bool]] = None
 
 
+def planned(plan_name: str, links: list[Link]) -> list[tuple[Link, Path, str, list[str]]]:
+    """Each link with its run directory, the fingerprint of the run the plan makes there now (``cell_fingerprint``:
+    its recipe, its kind's common overrides and, for a run that starts from its row's first runs, their
+    fingerprints), and those first runs' fingerprints (none for a first run)."""
+    out, upstream = [], {}  # per row: the fingerprints of its first runs
+    for link in links:
+        cell_plan = {"name": plan_name, "set": link.common, "test": link.fitted is None}
+        starts_from = [] if link.first else list(upstream.get(link.row, []))
+        fingerprint = cell_fingerprint(cell_plan, link.cell, starts_from)
+        if link.first:
+            upstream.setdefault(link.row, []).append(fingerprint)
+        out.append((link, runs_root() / run_name({"name": plan_name}, link.cell), fingerprint, starts_from))
+    return out
+
+
+def current_runs(plan_name: str, links: list[Link]) -> dict[Path, str]:
+    """Run directory -> the fingerprint of the run the plan makes there now; a report counts a run only when
+    ``is_current(run, current_runs(...)[run])``."""
+    return {where: fingerprint for _, where, fingerprint, _ in planned(plan_name, links)}
+
+
 def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input: bool = False) -> list[str]:
     """Run every link that is not done, in order; a row whose first run failed runs nothing more.  Returns the
     names of the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line); with
     ``stop_on_bad_input`` a run refused as bad input (exit 2, its one line printed) stops the chain too, raised as
     ``BadInput`` (nothing more to print)."""
-    failed, upstream = [], {}  # per row: the fingerprints of its first runs
-    for i, link in enumerate(links, 1):
-        where = runs_root() / run_name({"name": plan_name}, link.cell)
+    failed = []
+    for i, (link, where, fingerprint, starts_from) in enumerate(planned(plan_name, links), 1):
         if any(f == link.row for f, _ in failed):
             continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
         cell_plan = {"name": plan_name, "set": link.common, "test": link.fitted is None}
-        starts_from = [] if link.first else upstream.get(link.row, [])
-        fingerprint = cell_fingerprint(cell_plan, link.cell, starts_from)
-        if link.first:
-            upstream.setdefault(link.row, []).append(fingerprint)
         if link.fitted is None:
             done = is_done(where, fingerprint)
         else:
-            done = recorded_fingerprint(where) in (None, fingerprint) and link.fitted(where)
+            done = is_current(where, fingerprint) and link.fitted(where)
         if not done:
             start = time.monotonic()
             print(f"[{i}/{len(links)}] {link.cell['name']}: {link.cell['config']}", flush=True)
@@ -104,11 +120,6 @@ def summary(run: Path) -> dict:
 
 def summary_metrics(run: Path) -> dict:
     return summary(run).get("metrics", {})
-
-
-def made_from(run: Path) -> Optional[list[str]]:
-    """The fingerprints of the runs a task run started from (``cell.json``'s ``upstream``); None if unrecorded."""
-    return cell_record(run).get("upstream")
 
 
 def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: str, only: Optional[list[str]],

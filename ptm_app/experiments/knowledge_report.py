@@ -10,8 +10,8 @@ from that export.  A model without ``pretrain`` is fine-tuned from the tasks' co
 with those runs as its adapters.  Every run is a sweep cell (``sweep.run_cell``): run directory
 ``<plan>-<model>-<cell>``, resumed from ``last.ckpt`` when interrupted, skipped when it has test metrics and was
 made by the same recipe (``cell.json``: config, arguments and, for a task, the fingerprint of the pre-training or
-adapters it started from); a changed recipe runs again, and the table leaves out any number made from an earlier
-pre-training.  Pre-trainings are tested on ``last.ckpt``, the checkpoint their export is made from.
+adapters it started from); a changed recipe runs again, and the table leaves out any number made by an earlier
+recipe or from an earlier pre-training.  Pre-trainings are tested on ``last.ckpt``, the checkpoint their export is made from.
 
 The table is ``<runs>/<plan>/knowledge.md`` (+ ``.csv``, ``.json``) and ``knowledge_runs.json`` names the run
 directory and metric key behind every cell; a cell that does not apply to its row (link prediction without relation
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Optional
 
 from ptm_app.errors import check_renamed, read_yaml
-from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
+from ptm_app.experiments.chain import (Link, chain_command, current_runs, export_once, export_overrides, run_chain,
                                        summary_metrics)
 from ptm_app.experiments.stats import check_seeds, paired, summarize
-from ptm_app.experiments.sweep import overrides, recorded_fingerprint
+from ptm_app.experiments.sweep import is_current, overrides, recorded_fingerprint
 from ptm_app.errors import PtmError
 from ptm_app.paths import check_run_name, run_path, runs_root, write_json
 
@@ -148,18 +148,23 @@ def cells(plan: dict, model: dict, seed: Optional[int] = None) -> list[tuple[dic
     return out
 
 
-def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
-    """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
-    probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
-    models = [m for m in plan["models"] if not only or m["id"] in only]
-    links = []
+def links(plan: dict, models: list[dict]) -> list[Link]:
+    """Every (model, seed)'s chain in run order: its pre-training or adapters (the first runs), then its tasks."""
+    out = []
     for m in models:
         for seed in seeds_of(plan):
             for cell, common in cells(plan, m, seed):
                 pretrain = cell["name"].split("/")[1] == "pretrain"
-                links.append(Link(probe_key(m, seed), cell, common, first=pretrain or "/adapter_" in cell["name"],
-                                  after=export_once if pretrain else None))
-    failed = run_chain(plan["name"], links, "knowledge-report")
+                out.append(Link(probe_key(m, seed), cell, common, first=pretrain or "/adapter_" in cell["name"],
+                                after=export_once if pretrain else None))
+    return out
+
+
+def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
+    """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
+    probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
+    models = [m for m in plan["models"] if not only or m["id"] in only]
+    failed = run_chain(plan["name"], links(plan, models), "knowledge-report")
     probe_models(plan, [(m, seed) for m in models for seed in seeds_of(plan)
                         if m.get("pretrain") and cells(plan, m, seed)[0][0]["name"] not in failed])
     return failed
@@ -217,29 +222,33 @@ def probe_is_current(result: dict, settings: dict, pretrain: Optional[str]) -> b
 def columns_of(plan: dict) -> tuple[dict, dict, list[str]]:
     """The link-prediction and probe columns (column -> metric key) and every column of the table in order."""
     link = plan.get("link_prediction", "test")
-    links = {"link MRR": f"test/{link}/mrr", "link Hits@10": f"test/{link}/hits@10",
-             "link MRR, unseen entities": f"test/inductive/{link}/mrr"}  # transductive, then inductive
+    link_columns = {"link MRR": f"test/{link}/mrr", "link Hits@10": f"test/{link}/hits@10",
+                    "link MRR, unseen entities": f"test/inductive/{link}/mrr"}  # transductive, then inductive
     relation = probe_settings(plan)["relation"]
     probe_columns = {f"{relation} P@1": "p_at_1", f"{relation} MRR": "mrr"}  # the cloze over the vocabulary
-    return links, probe_columns, ["model", *links, *probe_columns, *[s["column"] for s in plan["tasks"].values()]]
+    tasks = [spec["column"] for spec in plan["tasks"].values()]
+    return link_columns, probe_columns, ["model", *link_columns, *probe_columns, *tasks]
 
 
-def seed_cells(plan: dict, model: dict, seed: Optional[int], probes: dict) -> tuple[dict, dict]:
+def seed_cells(plan: dict, model: dict, seed: Optional[int], probes: dict, current: dict[Path, str]
+               ) -> tuple[dict, dict]:
     """One chain's numbers (column -> value) and their sources (column -> run directory or probe, and metric key).
-    A probe or a task run made from an earlier pre-training (or adapters) than the chain's current one is left out:
-    stale."""
-    links, probe_columns, _ = columns_of(plan)
+    Only the runs the plan makes now count (``current``: ``chain.current_runs``); a run made by an earlier recipe or
+    from an earlier pre-training (or adapters), and a probe of an earlier pre-training, are left out: stale."""
+    link_columns, probe_columns, _ = columns_of(plan)
     values, where, settings = {}, {}, probe_settings(plan)
-    firsts = ["pretrain"] if model.get("pretrain") else [f"adapter_{a}" for a in model.get("adapters") or {}]
-    current = [recorded_fingerprint(run_dir(plan, model, cell, seed)) for cell in firsts]
+    firsts = [run_dir(plan, model, cell, seed) for cell in
+              (["pretrain"] if model.get("pretrain") else [f"adapter_{a}" for a in model.get("adapters") or {}])]
+    if not all(is_current(run, current[run]) for run in firsts):
+        return values, where  # what the chain starts from was remade by another recipe: nothing of it is current
     if model.get("pretrain"):
-        run = run_dir(plan, model, "pretrain", seed)
+        run = firsts[0]
         metrics = summary_metrics(run)
-        for column, key in links.items():
+        for column, key in link_columns.items():
             if key in metrics:
                 values[column], where[column] = metrics[key], {"run": str(run), "metric": key}
         probe = probes.get(probe_key(model, seed))
-        if probe is not None and probe_is_current(probe, settings, current[0]):
+        if probe is not None and probe_is_current(probe, settings, recorded_fingerprint(run)):
             scored = probe.get("facts_scored", probe["facts"] - probe.get("multi_token", 0))  # (older records)
             for column, key in probe_columns.items():
                 values[column] = probe[key]
@@ -251,7 +260,7 @@ def seed_cells(plan: dict, model: dict, seed: Optional[int], probes: dict) -> tu
             continue
         run = run_dir(plan, model, task, seed)
         key = f"test/{spec['metric']}"
-        value = summary_metrics(run).get(key) if made_from(run) in (None, current) else None
+        value = summary_metrics(run).get(key) if is_current(run, current[run]) else None
         if value is not None:
             values[spec["column"]], where[spec["column"]] = value, {"run": str(run), "metric": key}
     return values, where
@@ -263,15 +272,16 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
     have it, and its source holds each seed's value and source and the summary (``stats.summarize``)."""
     columns = columns_of(plan)[2]
     probes = json.loads(probe_file(plan).read_text()) if probe_file(plan).is_file() else {}
+    current = current_runs(plan["name"], links(plan, plan["models"]))
     rows, sources = [], {}
     for model in plan["models"]:
         label = model.get("label") or model["id"]
         if not plan.get("seeds"):
-            values, where = seed_cells(plan, model, None, probes)
+            values, where = seed_cells(plan, model, None, probes, current)
             rows.append({"model": label, **values})
             sources[label] = where
             continue
-        per_seed = {seed: seed_cells(plan, model, seed, probes) for seed in plan["seeds"]}
+        per_seed = {seed: seed_cells(plan, model, seed, probes, current) for seed in plan["seeds"]}
         row, where = {"model": label}, {}
         for column in columns[1:]:
             have = {seed: v[column] for seed, (v, _) in per_seed.items() if column in v}

@@ -158,7 +158,13 @@ def is_done(run_dir: Path, fingerprint: Optional[str] = None) -> bool:
     summary = run_dir / "summary.json"
     tested = summary.is_file() and any(k.startswith("test/")
                                        for k in json.loads(summary.read_text()).get("metrics", {}))
-    return tested and (fingerprint is None or recorded_fingerprint(run_dir) in (None, fingerprint))
+    return tested and (fingerprint is None or is_current(run_dir, fingerprint))
+
+
+def is_current(run_dir: Path, fingerprint: str) -> bool:
+    """The run was made by the recipe ``fingerprint`` names (or before sweeps recorded recipes: trusted); a
+    report leaves out any other."""
+    return recorded_fingerprint(run_dir) in (None, fingerprint)
 
 
 def config_files(cell: dict, where: str = "sweep cell") -> list[str]:
@@ -206,7 +212,7 @@ def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[
 
 def set_aside_if_stale(run_dir: Path, fingerprint: str) -> Optional[Path]:
     """Move a run directory made by another recipe to ``<run>.stale-N`` (kept, never deleted); returns where."""
-    if recorded_fingerprint(run_dir) in (None, fingerprint):
+    if is_current(run_dir, fingerprint):
         return None
     n = 1
     while run_dir.with_name(f"{run_dir.name}.stale-{n}").exists():
@@ -287,7 +293,15 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         return 0
     from ptm_app.experiments.report import write_report
 
-    runs = [str(runs_root() / run_name(plan, c)) for c in plan["cells"] if (runs_root() / run_name(plan, c)).is_dir()]
+    made = {c["name"]: runs_root() / run_name(plan, c) for c in plan["cells"]}
+    made = {name: run for name, run in made.items() if run.is_dir()}
+    stale = [c["name"] for c in plan["cells"]
+             if c["name"] in made and not is_current(made[c["name"]], cell_fingerprint(plan, c))]
+    if stale:
+        print(f"left out of the tables: {len(stale)} run(s) made by an earlier recipe of their cell "
+              f"({', '.join(stale[:5])}{', ...' if len(stale) > 5 else ''}); run those cells again to remake them")
+    current = {n: str(d) for n, d in made.items() if n not in stale}
+    runs = [*current.values()]
     if runs:
         stages = ("test/",) if plan.get("test") else ("val/",)
         md, _ = write_report(runs, runs_root() / plan["name"], by="data", stages=stages)
@@ -298,8 +312,8 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
 
             groups: dict[str, list[str]] = {}
             for c in plan["cells"]:
-                if (runs_root() / run_name(plan, c)).is_dir():
-                    groups.setdefault(c["base"], []).append(str(runs_root() / run_name(plan, c)))
+                if c["name"] in current:
+                    groups.setdefault(c["base"], []).append(current[c["name"]])
             seeds_md = write_seed_report(groups, runs_root() / f"{plan['name']}_seeds", stages, plan.get("baseline"))
             print(seeds_md.read_text(), end="")
             print(f"wrote {seeds_md}")

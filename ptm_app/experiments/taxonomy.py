@@ -31,9 +31,9 @@ from typing import Any, Optional
 
 from ptm_app.errors import read_yaml
 from ptm_app.errors import PtmError
-from ptm_app.experiments.chain import (Link, chain_command, export_once, export_overrides, made_from, run_chain,
+from ptm_app.experiments.chain import (Link, chain_command, current_runs, export_once, export_overrides, run_chain,
                                        summary, summary_metrics)
-from ptm_app.experiments.sweep import overrides, recorded_fingerprint
+from ptm_app.experiments.sweep import is_current, overrides
 from ptm_app.paths import check_run_name, run_path, runs_root, write_json
 
 PLAN_KEYS = {"name", "corpus", "pretrain_set", "task_set", "budgets", "pretrain_seeds", "finetune_seeds", "baseline",
@@ -239,10 +239,12 @@ def _mean(values: list[float]) -> Optional[float]:
 
 def collect(plan: dict) -> list[dict]:
     """Per objective × budget: the pre-trainings' measured facts and, per task, every run's test metric keyed by
-    ``p<pretrain seed>/f<finetune seed>`` (a run made from an earlier pre-training than the current one is left
-    out), with the run directories behind them."""
+    ``p<pretrain seed>/f<finetune seed>``, with the run directories behind them.  Only the runs the plan makes now
+    count (``chain.current_runs``): one made by an earlier recipe or ``task_set``, or from an earlier pre-training,
+    is left out until the plan runs it again."""
     from ptm_app.experiments.stats import summarize
 
+    current = current_runs(plan["name"], links(plan, plan["objectives"]))
     rows = []
     for objective in plan["objectives"]:
         for budget, flops in budgets_of(plan, objective).items():
@@ -251,12 +253,10 @@ def collect(plan: dict) -> list[dict]:
                                    "pretrain_runs": {}, "tasks": {}, "cannot_run": {}}
             facts: dict[str, list[float]] = {"train_flops": [], "train_tokens": [], "fit_seconds": [],
                                              "total_params": []}
-            current = {}
             for seed in plan["pretrain_seeds"]:
                 run = pretrain_run(plan, objective, budget, seed)
                 done = summary(run)
-                current[seed] = recorded_fingerprint(run)
-                if "fit_seconds" not in done:
+                if "fit_seconds" not in done or not is_current(run, current[run]):
                     continue
                 row["pretrain_runs"][f"p{seed}"] = str(run)
                 for key in facts:
@@ -275,7 +275,7 @@ def collect(plan: dict) -> list[dict]:
                     for ft_seed in plan["finetune_seeds"]:
                         run = task_run(plan, objective, budget, seed, task, ft_seed)
                         value = summary_metrics(run).get(f"test/{spec['metric']}")
-                        if value is not None and made_from(run) in (None, [current[seed]]):
+                        if value is not None and is_current(run, current[run]):
                             values[f"p{seed}/f{ft_seed}"], runs[f"p{seed}/f{ft_seed}"] = float(value), str(run)
                 entry: dict[str, Any] = {"values": values, "runs": runs, "expected": len(plan["pretrain_seeds"])
                                          * len(plan["finetune_seeds"])}

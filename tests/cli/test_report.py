@@ -102,6 +102,13 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     assert out.count("done, skipped") == 1 and "that run is kept as grid-tiny-bitfit.stale-1" in out
     assert json.loads(summary_path.read_text())["global_step"] == 3
     assert json.loads((runs / "grid-tiny-bitfit.stale-1" / "summary.json").read_text())["global_step"] == 2
+    # a cell changed but not run again (--only another) is left out of the tables, in one line, not shown as current
+    plan["cells"][0]["set"] = {"trainer.max_steps": 3}
+    path.write_text(yaml.safe_dump(plan))
+    assert run_main(["sweep", str(path), "--only", "tiny/bitfit"], runs) == 0
+    out = capsys.readouterr().out
+    assert "left out of the tables: 1 run(s) made by an earlier recipe of their cell (tiny/full)" in out
+    assert {r["run"] for r in csv.DictReader(open(runs / "grid.csv"))} == {"grid-tiny-bitfit"}
 
 
 def test_a_plan_with_seeds_runs_each_cell_per_seed_and_reports_intervals(tiny_corpus, tmp_path, capsys):

@@ -86,39 +86,44 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
     assert readme.read_text() == f"# Taxonomy\n\n<!-- taxonomy_quick:start -->\n{table}\n<!-- taxonomy_quick:end -->\n"
 
 
-def write_run(runs: Path, name: str, summary: dict, upstream=None, fingerprint=None) -> None:
+def write_run(runs: Path, name: str, summary: dict, fingerprint: str) -> None:
     run = runs / name
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps(summary))
-    record = {k: v for k, v in (("upstream", upstream), ("fingerprint", fingerprint)) if v is not None}
-    if record:
-        (run / "cell.json").write_text(json.dumps(record))
+    (run / "cell.json").write_text(json.dumps({"fingerprint": fingerprint}))
 
 
 def test_report_arithmetic_on_hand_written_runs(runs_dir, monkeypatch):
     """Three seeds each: ELECTRA 0.1 above MLM on every pair (significant), MLM 0.2 above the floor; ELECTRA's long
     budget overspent by 10 %: the check says NO and names it; a fine-tuning made from an earlier pre-training is
-    left out; the figure has one line per pre-trained objective through its two budgets and the floor dashed."""
-    from ptm_app.experiments.taxonomy import collect, draw, flops_checks, load_taxonomy_plan, markdown
+    left out, and so is one made by an earlier task_set; the figure has one line per pre-trained objective through
+    its two budgets and the floor dashed."""
+    from ptm_app.experiments.chain import current_runs
+    from ptm_app.experiments.taxonomy import collect, draw, flops_checks, links, load_taxonomy_plan, markdown
 
     monkeypatch.chdir(ROOT)
     plan = load_taxonomy_plan(QUICK)
     plan["pretrain_seeds"], plan["finetune_seeds"] = [1, 2, 3], [1]
+    current = current_runs(plan["name"], links(plan, plan["objectives"]))
+    earlier = {**plan, "task_set": {**plan["task_set"], "trainer.max_steps": 60}}  # an earlier fine-tuning budget
+    before = current_runs(plan["name"], links(earlier, plan["objectives"]))
     base = {"mlm": 0.5, "electra": 0.6, "none": 0.3}
     for oid, budgets in (("mlm", ("short", "long")), ("electra", ("short", "long")), ("none", ("init",))):
         for budget in budgets:
             for seed in (1, 2, 3):
                 spent = {"short": 8.0e8, "long": 1.6e9 * (1.1 if oid == "electra" else 1.0), "init": 1.0e7}[budget]
-                write_run(runs_dir, f"taxonomy_quick-{oid}-{budget}-p{seed}-pretrain",
-                          {"fit_seconds": 2.0, "train_flops": spent, "train_tokens": 100.0, "total_params": 7,
-                           "global_step": 3}, fingerprint=f"{oid}{budget}{seed}")
+                pre = f"taxonomy_quick-{oid}-{budget}-p{seed}-pretrain"
+                write_run(runs_dir, pre, {"fit_seconds": 2.0, "train_flops": spent, "train_tokens": 100.0,
+                                          "total_params": 7, "global_step": 3}, current[runs_dir / pre])
                 value = base[oid] + 0.01 * seed + (0.05 if budget == "long" else 0.0)
-                stale = oid == "mlm" and budget == "short" and seed == 3
-                write_run(runs_dir, f"taxonomy_quick-{oid}-{budget}-p{seed}-tweets-f1", {"metrics": {"test/acc": value}},
-                          upstream=["old" if stale else f"{oid}{budget}{seed}"])
+                task = runs_dir / f"taxonomy_quick-{oid}-{budget}-p{seed}-tweets-f1"
+                made_by = {("mlm", "short", 3): "0123456789abcdef",  # from an earlier pre-training
+                           ("mlm", "short", 2): before[task]}.get((oid, budget, seed), current[task])
+                write_run(runs_dir, task.name, {"metrics": {"test/acc": value}}, made_by)
+    assert before[task] != current[task]
     rows = collect(plan)
     by = {(r["id"], r["budget"]): r for r in rows}
-    assert by[("mlm", "short")]["tasks"]["tweets"]["values"] == {"p1/f1": 0.51, "p2/f1": 0.52}  # p3: stale
+    assert by[("mlm", "short")]["tasks"]["tweets"]["values"] == {"p1/f1": 0.51}  # p2, p3: stale
     electra = by[("electra", "long")]["paired"]["baseline"]["tweets"]
     assert electra["diff"] == pytest.approx(0.1) and electra["significant"] and electra["pairs"] == ["p1/f1", "p2/f1",
                                                                                                        "p3/f1"]
@@ -129,7 +134,7 @@ def test_report_arithmetic_on_hand_written_runs(runs_dir, monkeypatch):
     assert checks["long"]["spread"] == pytest.approx(0.1) and checks["long"]["outliers"] == ["RTD (ELECTRA, joint)"]
     text = markdown(plan, rows, list(checks.values()))
     assert "within 5 %: NO (RTD (ELECTRA, joint) spent more)" in text
-    assert "- MLM (token), short: tweets has 2 of 3 runs" in text
+    assert "- MLM (token), short: tweets has 1 of 3 runs" in text
     assert "| RTD (ELECTRA, joint) | long | +0.1000 [+0.1000, +0.1000] p=0.25 * |" in text
     fig = draw(plan, rows)
     ax = fig.axes[0]

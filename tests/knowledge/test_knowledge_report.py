@@ -243,25 +243,36 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     assert readme.read_text() == f"# Results\n\n<!-- kb_tiny:start -->\n{table}\n<!-- kb_tiny:end -->\n\nafter\n"
 
 
-def test_numbers_from_an_earlier_pretraining_are_left_out(runs_dir, monkeypatch):
-    """Every run records what made it (cell.json); a task run or a probe made from another pre-training than the
-    row's current one (its recipe changed and it ran again) is stale and shows nothing."""
-    from ptm_app.experiments.knowledge_report import collect, load_knowledge_plan
+def test_numbers_from_an_earlier_recipe_or_pretraining_are_left_out(runs_dir, monkeypatch):
+    """Every run records what made it (cell.json); only the run the plan makes now counts.  A task run made from
+    another pre-training than the row's current one, one made by an earlier task_set, and a probe of an earlier
+    pre-training are stale and show nothing; once the pre-training itself is stale, its row shows nothing at all."""
+    from ptm_app.experiments.chain import current_runs
+    from ptm_app.experiments.knowledge_report import collect, links, load_knowledge_plan
 
     monkeypatch.chdir(ROOT)
     plan = load_knowledge_plan(PLAN)
+    current = current_runs(plan["name"], links(plan, plan["models"]))
     pretrain = runs_dir / "knowledge_brown-mlm-pretrain"
     write_summary(pretrain, {"test/loss": 5.1})
-    (pretrain / "cell.json").write_text(json.dumps({"fingerprint": "new"}))
-    for task, made_from in (("wordnet_supersense", ["new"]), ("wordnet_pairs", ["old"])):
-        write_summary(runs_dir / f"knowledge_brown-mlm-{task}", {"test/acc": 0.5, "test/f1": 0.25})
-        (runs_dir / f"knowledge_brown-mlm-{task}" / "cell.json").write_text(json.dumps({"upstream": made_from}))
+    (pretrain / "cell.json").write_text(json.dumps({"fingerprint": current[pretrain]}))
+    old_task_set = {**plan, "task_set": {**plan["task_set"], "trainer.max_steps": 60}}
+    before = current_runs(plan["name"], links(old_task_set, plan["models"]))
+    for task, made_by in (("wordnet_supersense", current), ("wordnet_pairs", "made from another pre-training"),
+                          ("brown_pos", before)):
+        run = runs_dir / f"knowledge_brown-mlm-{task}"
+        write_summary(run, {"test/acc": 0.5, "test/f1": 0.25})
+        fingerprint = made_by[run] if isinstance(made_by, dict) else "0123456789abcdef"
+        (run / "cell.json").write_text(json.dumps({"fingerprint": fingerprint}))
+    assert before[runs_dir / "knowledge_brown-mlm-brown_pos"] != current[runs_dir / "knowledge_brown-mlm-brown_pos"]
     (runs_dir / "knowledge_brown").mkdir()
     (runs_dir / "knowledge_brown" / "probe.json").write_text(json.dumps(
         {"mlm": {"p_at_1": 0.125, "facts": 500, "export": "e", "pretrain": "old", "relation": "hypernym", "seed": 0,
                  "held_out": True}}))  # the plan's settings, of the old pre-training
     row = collect(plan)[0][0]
     assert row == {"model": "BERT-small MLM", "wordnet_supersense acc": 0.5}
+    (pretrain / "cell.json").write_text(json.dumps({"fingerprint": "0123456789abcdef"}))  # its recipe changed
+    assert collect(plan)[0][0] == {"model": "BERT-small MLM"}
 
 
 def seeded_plan(**extra) -> dict:
