@@ -225,7 +225,7 @@ def multimodal(plan: str, collect_only: bool = False, readme: Optional[str] = No
     """
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.tables import write_table
-    from ptm_app.experiments.sweep import load_plan, run_cell, run_name
+    from ptm_app.experiments.sweep import cell_fingerprint, is_current, load_plan, run_cell, run_name
     from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
 
     plan_path, plan = plan, load_plan(plan)
@@ -235,10 +235,16 @@ def multimodal(plan: str, collect_only: bool = False, readme: Optional[str] = No
     failed = []
     if not collect_only:
         failed = [c["name"] for c in plan["cells"] if run_cell(plan, c)]
-    runs = [runs_root() / run_name(plan, c) for c in plan["cells"]]
-    done = [r for r in runs if (r / "checkpoints" / "last.ckpt").is_file()]
+    made = [(c, runs_root() / run_name(plan, c)) for c in plan["cells"]]
+    made = [(c, r) for c, r in made if (r / "checkpoints" / "last.ckpt").is_file()]
+    stale = [c["name"] for c, r in made if not is_current(r, cell_fingerprint(plan, c))]
+    if stale:
+        print(f"left out: {len(stale)} run(s) made by an earlier recipe of their cell ({', '.join(stale)}); "
+              f"run the plan without --collect_only to remake them")
+    done = [r for c, r in made if c["name"] not in stale]
     if not done:
-        raise PtmError(f"{plan_path}: none of its runs has a checkpoint yet; run it without --collect_only")
+        raise PtmError(f"{plan_path}: none of its runs has a checkpoint made by its current recipe yet; run it "
+                       f"without --collect_only")
     rows = [row for run in done for row in evaluate_run(run)]
     table = summarise(rows)
     out = runs_root() / plan["name"]

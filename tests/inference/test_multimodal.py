@@ -103,7 +103,9 @@ def test_bad_pictures_and_text_models_are_one_line(trained, tmp_path, capsys):
     assert "longer than the text tower's max_length" in capsys.readouterr().err
 
 
-def test_the_report_evaluates_trained_and_random_init_rows_with_chance(trained, tmp_path, monkeypatch):
+def test_the_report_evaluates_trained_and_random_init_rows_with_chance(trained, tmp_path, monkeypatch, capsys):
+    """... and a run made by an earlier recipe of its cell is left out, in one line."""
+    from ptm_app.errors import PtmError
     from ptm_app.experiments.multimodal_report import multimodal
 
     run, _, config = trained
@@ -124,6 +126,12 @@ def test_the_report_evaluates_trained_and_random_init_rows_with_chance(trained, 
     text = readme.read_text()
     assert "old" not in text and "| chance |" in text and "same model, random init" in text
     assert (tmp_path / "fig.png").stat().st_size > 1000
+    plan.write_text(yaml.safe_dump({"name": "mm", "set": {"trainer.max_steps": 3},  # the cell's recipe changed
+                                    "cells": [{"name": "s1", "config": str(config), "set": {"seed_everything": 1}}]}))
+    capsys.readouterr()
+    with pytest.raises(PtmError, match="none of its runs has a checkpoint made by its current recipe"):
+        multimodal(str(plan), collect_only=True)
+    assert "left out: 1 run(s) made by an earlier recipe of their cell (s1)" in capsys.readouterr().out
 
 
 def test_a_locked_text_tower_is_memoised_exactly_and_gets_no_gradient():
