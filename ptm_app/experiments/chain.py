@@ -35,15 +35,20 @@ class Link:
     fitted: Optional[Callable[[Path], bool]] = None
 
 
+def cell_plan(plan_name: str, link: Link) -> dict:
+    """The one-cell sweep plan a link runs as: the plan's name, its kind's common overrides, and whether it is
+    tested (a first run only fitted is not)."""
+    return {"name": plan_name, "set": link.common, "test": link.fitted is None}
+
+
 def planned(plan_name: str, links: list[Link]) -> list[tuple[Link, Path, str, list[str]]]:
     """Each link with its run directory, the fingerprint of the run the plan makes there now (``cell_fingerprint``:
     its recipe, its kind's common overrides and, for a run that starts from its row's first runs, their
     fingerprints), and those first runs' fingerprints (none for a first run)."""
     out, upstream = [], {}  # per row: the fingerprints of its first runs
     for link in links:
-        cell_plan = {"name": plan_name, "set": link.common, "test": link.fitted is None}
         starts_from = [] if link.first else list(upstream.get(link.row, []))
-        fingerprint = cell_fingerprint(cell_plan, link.cell, starts_from)
+        fingerprint = cell_fingerprint(cell_plan(plan_name, link), link.cell, starts_from)
         if link.first:
             upstream.setdefault(link.row, []).append(fingerprint)
         out.append((link, runs_root() / run_name({"name": plan_name}, link.cell), fingerprint, starts_from))
@@ -65,7 +70,6 @@ def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input
     for i, (link, where, fingerprint, starts_from) in enumerate(planned(plan_name, links), 1):
         if any(f == link.row for f, _ in failed):
             continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
-        cell_plan = {"name": plan_name, "set": link.common, "test": link.fitted is None}
         if link.fitted is None:
             done = is_done(where, fingerprint)
         else:
@@ -73,7 +77,7 @@ def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input
         if not done:
             start = time.monotonic()
             print(f"[{i}/{len(links)}] {link.cell['name']}: {link.cell['config']}", flush=True)
-            code = run_cell(cell_plan, link.cell, upstream=starts_from)
+            code = run_cell(cell_plan(plan_name, link), link.cell, upstream=starts_from)
             print(f"[{i}/{len(links)}] {link.cell['name']}: exit {code} after {time.monotonic() - start:.0f} s",
                   flush=True)
             if code == 143:

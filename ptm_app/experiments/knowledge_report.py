@@ -11,7 +11,8 @@ with those runs as its adapters.  Every run is a sweep cell (``sweep.run_cell``)
 ``<plan>-<model>-<cell>``, resumed from ``last.ckpt`` when interrupted, skipped when it has test metrics and was
 made by the same recipe (``cell.json``: config, arguments and, for a task, the fingerprint of the pre-training or
 adapters it started from); a changed recipe runs again, and the table leaves out any number made by an earlier
-recipe or from an earlier pre-training.  Pre-trainings are tested on ``last.ckpt``, the checkpoint their export is made from.
+recipe or from an earlier pre-training.  Pre-trainings are tested on ``last.ckpt``, the checkpoint their export is
+made from.
 
 The table is ``<runs>/<plan>/knowledge.md`` (+ ``.csv``, ``.json``) and ``knowledge_runs.json`` names the run
 directory and metric key behind every cell; a cell that does not apply to its row (link prediction without relation
