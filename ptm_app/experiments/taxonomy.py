@@ -17,11 +17,11 @@ changed pre-training reruns the fine-tunings that start from it.
 
 The report (``<runs>/<plan>/taxonomy.md`` + ``.json`` + ``.png``) has per objective × budget the measured training
 FLOPs, wall time, tokens seen and parameter count (means over the pre-training seeds, from ``summary.json``) and per
-task the mean ± std [95 % t interval] over every (pre-training seed, fine-tuning seed) run (``stats.summarize``);
-then the paired differences against plain MLM (same budget) and against the floor, paired on the seeds
-(``stats.paired``; ``*`` where the interval excludes 0); a check line per budget that the rows' FLOPs agree within
-5 %; a line for each task a row cannot run and why; and the figure: downstream score against pre-training FLOPs, one
-line per objective.
+task the mean ± std [95 % t interval] over the pre-training seeds, each the mean of its fine-tuning runs
+(``stats.summarize``); then the paired differences against plain MLM (same budget) and against the floor, paired
+on the pre-training seeds the same way (``stats.paired``; ``*`` where the interval excludes 0); a check line per
+budget that the rows' FLOPs agree within 5 %; a line for each task a row cannot run and why; and the figure:
+downstream score against pre-training FLOPs, one line per objective.
 """
 from __future__ import annotations
 
@@ -279,8 +279,8 @@ def collect(plan: dict) -> list[dict]:
                             values[f"p{seed}/f{ft_seed}"], runs[f"p{seed}/f{ft_seed}"] = float(value), str(run)
                 entry: dict[str, Any] = {"values": values, "runs": runs, "expected": len(plan["pretrain_seeds"])
                                          * len(plan["finetune_seeds"])}
-                if values:
-                    s = summarize(list(values.values()))
+                if values:  # over the pre-training seeds, each the mean of its fine-tunings (by_pretraining_seed)
+                    s = summarize(by_pretraining_seed(values, values)[1])
                     entry.update({"mean": s.mean, "std": s.std, "interval": list(s.interval) if s.interval else None,
                                   "n": s.n})
                 row["tasks"][task] = entry
@@ -289,9 +289,23 @@ def collect(plan: dict) -> list[dict]:
     return rows
 
 
+def by_pretraining_seed(mine: dict[str, float], theirs: dict[str, float]) -> tuple[list[str], list[float],
+                                                                                 list[float]]:
+    """The pre-training seeds both rows have runs of (``p<N>``), and per seed each row's mean over the fine-tuning
+    seeds both have.  The pre-training seed is the unit a paired test may count: the fine-tunings of one
+    pre-trained model share it, so their differences are not independent draws."""
+    groups: dict[str, list[str]] = {}
+    for key in set(mine) & set(theirs):
+        groups.setdefault(key.split("/")[0], []).append(key)
+    seeds = sorted(groups, key=lambda p: int(p[1:]))
+    return (seeds, [sum(mine[k] for k in groups[p]) / len(groups[p]) for p in seeds],
+            [sum(theirs[k] for k in groups[p]) / len(groups[p]) for p in seeds])
+
+
 def compare(plan: dict, rows: list[dict]) -> None:
-    """Each row's paired differences per task against plain MLM at its budget and against the floor, on the
-    (pre-training seed, fine-tuning seed) pairs both have (``stats.paired``)."""
+    """Each row's paired differences per task against plain MLM at its budget and against the floor, paired on the
+    pre-training seeds both have, each seed's value the mean over its fine-tuning seeds (``by_pretraining_seed``,
+    ``stats.paired``): at least two pre-training seeds, or no comparison."""
     from ptm_app.experiments.stats import paired
 
     floor = next(r for r in rows if r["floor"])
@@ -303,13 +317,14 @@ def compare(plan: dict, rows: list[dict]) -> None:
                 continue
             for task in plan["tasks"]:
                 mine, theirs = row["tasks"].get(task, {}).get("values", {}), other["tasks"].get(task, {}).get("values", {})
-                keys = sorted(set(mine) & set(theirs))
-                if len(keys) < 2:
+                seeds, a, b = by_pretraining_seed(mine, theirs)
+                if len(seeds) < 2:
                     continue
-                p = paired([mine[k] for k in keys], [theirs[k] for k in keys])
+                p = paired(a, b)
                 row["paired"].setdefault(against, {})[task] = {
                     "n": p.n, "diff": p.diff.mean, "interval": list(p.diff.interval), "p_t": p.p_t,
-                    "p_perm": p.p_perm, "significant": p.significant, "pairs": keys}
+                    "p_perm": p.p_perm, "significant": p.significant, "pairs": seeds,
+                    "runs": len(set(mine) & set(theirs))}
 
 
 def flops_checks(plan: dict, rows: list[dict]) -> list[dict]:
@@ -339,7 +354,9 @@ def _cell(entry: dict) -> str:
     if not entry.get("values"):
         return ""
     s = Summary(entry["n"], entry["mean"], entry["std"], tuple(entry["interval"]) if entry["interval"] else None)
-    return s.text().replace("seeds)", "runs)").replace("1 seed:", "1 run:")
+    runs = len(entry["values"])
+    return s.text().replace(" seeds)", f" pre-training seeds, {runs} runs)").replace(
+        "(1 seed:", f"(1 pre-training seed, {runs} run{'s' if runs > 1 else ''}:")
 
 
 def _diff(entry: Optional[dict]) -> str:
@@ -366,8 +383,9 @@ def markdown(plan: dict, rows: list[dict], checks: list[dict]) -> str:
     base = next(o.get("label") or o["id"] for o in plan["objectives"] if o["id"] == plan["baseline"])
     floor = next(o.get("label") or o["id"] for o in plan["objectives"] if o.get("floor"))
     text = [f"### Objective taxonomy ({plan['name']}): test metrics at equal pre-training FLOPs\n",
-            f"Mean ± std [95 % t interval] over the (pre-training seed, fine-tuning seed) runs: "
-            f"{len(plan['pretrain_seeds'])} × {len(plan['finetune_seeds'])} per cell; train FLOPs, wall time, tokens "
+            f"Mean ± std [95 % t interval] over the pre-training seeds, each seed's value the mean over its "
+            f"fine-tuning seeds ({len(plan['pretrain_seeds'])} × {len(plan['finetune_seeds'])} runs per cell): the "
+            f"fine-tunings of one pre-trained model are not independent draws; train FLOPs, wall time, tokens "
             f"and parameters (of the pre-training module) are means over the pre-training seeds, from each run's "
             f"summary.json.\n", table(main, columns)]
     for against, name in (("baseline", base), ("floor", floor)):
@@ -378,8 +396,9 @@ def markdown(plan: dict, rows: list[dict], checks: list[dict]) -> str:
                                     **{spec["column"]: _diff(r["paired"][against].get(task))
                                        for task, spec in plan["tasks"].items()}})
         if paired_rows:
-            text += [f"\n#### Paired difference: objective − {name} (same budget for {name}; pairs of seeds; "
-                     f"95 % t interval, exact sign-flip p; * the interval excludes 0)\n",
+            text += [f"\n#### Paired difference: objective − {name} (same budget for {name}; paired on the "
+                     f"pre-training seeds, each the mean over its fine-tuning seeds; 95 % t interval over the "
+                     f"pre-training seeds, exact sign-flip p; * the interval excludes 0)\n",
                      table(paired_rows, ["objective", "budget", *[s["column"] for s in plan["tasks"].values()]])]
     text.append("")
     for c in checks:

@@ -60,7 +60,8 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
         assert entry["values"] == {"p1/f1": metrics[0], "p2/f1": metrics[1]}
         s = summarize(metrics)
         assert (entry["mean"], entry["std"], entry["interval"]) == (s.mean, s.std, list(s.interval))
-        assert f"{s.mean:.4f} ± {s.std:.4f} [{s.interval[0]:.4f}, {s.interval[1]:.4f}] (2 runs)" in out
+        assert (f"{s.mean:.4f} ± {s.std:.4f} [{s.interval[0]:.4f}, {s.interval[1]:.4f}] (2 pre-training seeds, "
+                f"2 runs)") in out
         assert row["train_flops"] == pytest.approx(sum(flops) / 2)
     assert rows[("electra", "short")]["total_params"] > rows[("mlm", "short")]["total_params"]  # its generator
     check = report["flops_checks"][0]
@@ -125,8 +126,7 @@ def test_report_arithmetic_on_hand_written_runs(runs_dir, monkeypatch):
     by = {(r["id"], r["budget"]): r for r in rows}
     assert by[("mlm", "short")]["tasks"]["tweets"]["values"] == {"p1/f1": 0.51}  # p2, p3: stale
     electra = by[("electra", "long")]["paired"]["baseline"]["tweets"]
-    assert electra["diff"] == pytest.approx(0.1) and electra["significant"] and electra["pairs"] == ["p1/f1", "p2/f1",
-                                                                                                       "p3/f1"]
+    assert electra["diff"] == pytest.approx(0.1) and electra["significant"] and electra["pairs"] == ["p1", "p2", "p3"]
     assert by[("mlm", "long")]["paired"]["floor"]["tweets"]["diff"] == pytest.approx(0.25)
     assert "baseline" not in by[("mlm", "long")]["paired"]  # MLM is not compared with itself
     checks = {c["budget"]: c for c in flops_checks(plan, rows)}
@@ -144,6 +144,37 @@ def test_report_arithmetic_on_hand_written_runs(runs_dir, monkeypatch):
     assert list(lines["RTD (ELECTRA, joint)"].get_ydata()) == pytest.approx([0.62, 0.67])
     floor = [line for line in ax.get_lines() if line.get_label() == "no pre-training"]
     assert floor[0].get_linestyle() == "--" and floor[0].get_ydata()[0] == pytest.approx(0.32)
+
+
+def test_the_pre_training_seed_is_the_unit_of_the_intervals_and_the_paired_tests():
+    """2 pre-training × 2 fine-tuning seeds: a cell is the mean ± std [t interval] of the two pre-training seeds'
+    means (not of the four runs as if independent), the paired test pairs those means (n = 2), and one pre-training
+    seed gives an observation and no paired test."""
+    from ptm_app.experiments.stats import paired, summarize
+    from ptm_app.experiments.taxonomy import _cell, by_pretraining_seed, compare
+
+    mlm = {"p1/f1": 0.50, "p1/f2": 0.54, "p2/f1": 0.60, "p2/f2": 0.62}
+    other = {"p1/f1": 0.70, "p1/f2": 0.70, "p2/f1": 0.66, "p2/f2": 0.70, "p3/f1": 0.9}  # p3: MLM has none
+    assert by_pretraining_seed(mlm, other) == (["p1", "p2"], pytest.approx([0.52, 0.61]), pytest.approx([0.70, 0.68]))
+    s = summarize([0.52, 0.61])
+    entry = {"values": mlm, "n": s.n, "mean": s.mean, "std": s.std, "interval": list(s.interval)}
+    assert _cell(entry) == f"0.5650 ± {s.std:.4f} [{s.interval[0]:.4f}, {s.interval[1]:.4f}] (2 pre-training seeds, 4 runs)"
+    assert s.interval[1] - s.interval[0] > 1.0  # t(1 df) = 12.7 over 2 means; the 4 runs as if independent: ±0.087
+    one = summarize([0.52])
+    assert _cell({"values": {"p1/f1": 0.5, "p1/f2": 0.54}, "n": 1, "mean": one.mean, "std": 0.0, "interval": None}) \
+        == "0.5200 (1 pre-training seed, 2 runs: an observation)"
+
+    def row(oid, values, floor=False):
+        return {"id": oid, "objective": oid, "budget": "init" if floor else "short", "floor": floor,
+                "tasks": {"t": {"values": values}}}
+
+    rows = [row("mlm", mlm), row("x", other), row("none", {"p1/f1": 0.3, "p1/f2": 0.3}, floor=True)]
+    compare({"baseline": "mlm", "tasks": {"t": {}}}, rows)
+    got = rows[1]["paired"]["baseline"]["t"]
+    want = paired([0.70, 0.68], [0.52, 0.61])
+    assert got["n"] == 2 and got["pairs"] == ["p1", "p2"] and got["runs"] == 4
+    assert got["diff"] == pytest.approx(want.diff.mean) and got["interval"] == pytest.approx(list(want.diff.interval))
+    assert "floor" not in rows[1]["paired"]  # the floor has one pre-training seed: no test
 
 
 def test_the_shipped_plans_load_and_say_which_tasks_a_row_cannot_run(monkeypatch):
