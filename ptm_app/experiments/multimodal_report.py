@@ -225,7 +225,7 @@ def multimodal(plan: str, collect_only: bool = False, readme: Optional[str] = No
     """
     from ptm_app.analysis.figures import save_png
     from ptm_app.analysis.tables import write_table
-    from ptm_app.experiments.sweep import cell_fingerprint, is_current, load_plan, run_cell, run_name
+    from ptm_app.experiments.sweep import current_cells, load_plan, run_cell
     from ptm_app.paths import require_markers, runs_root, write_between_markers, write_json
 
     plan_path, plan = plan, load_plan(plan)
@@ -235,13 +235,11 @@ def multimodal(plan: str, collect_only: bool = False, readme: Optional[str] = No
     failed = []
     if not collect_only:
         failed = [c["name"] for c in plan["cells"] if run_cell(plan, c)]
-    made = [(c, runs_root() / run_name(plan, c)) for c in plan["cells"]]
-    made = [(c, r) for c, r in made if (r / "checkpoints" / "last.ckpt").is_file()]
-    stale = [c["name"] for c, r in made if not is_current(r, cell_fingerprint(plan, c))]
+    current, stale = current_cells(plan)
     if stale:
         print(f"left out: {len(stale)} run(s) made by an earlier recipe of their cell ({', '.join(stale)}); "
               f"run the plan without --collect_only to remake them")
-    done = [r for c, r in made if c["name"] not in stale]
+    done = [r for r in current.values() if (r / "checkpoints" / "last.ckpt").is_file()]
     if not done:
         raise PtmError(f"{plan_path}: none of its runs has a checkpoint made by its current recipe yet; run it "
                        f"without --collect_only")

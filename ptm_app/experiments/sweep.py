@@ -210,6 +210,15 @@ def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[
     write_json(run_dir / CELL_FILE, {"fingerprint": fingerprint, "cell": cell, "upstream": list(upstream)})
 
 
+def current_cells(plan: dict) -> tuple[dict[str, Path], list[str]]:
+    """Of the plan's cells that have a run directory: cell name -> run directory for those made by their cell's
+    current recipe (``is_current``), and the names of the others (stale: a report leaves them out)."""
+    made = {c["name"]: (c, runs_root() / run_name(plan, c)) for c in plan["cells"]}
+    made = {name: (c, run) for name, (c, run) in made.items() if run.is_dir()}
+    stale = [name for name, (c, run) in made.items() if not is_current(run, cell_fingerprint(plan, c))]
+    return {name: run for name, (_, run) in made.items() if name not in stale}, stale
+
+
 def set_aside_if_stale(run_dir: Path, fingerprint: str) -> Optional[Path]:
     """Move a run directory made by another recipe to ``<run>.stale-N`` (kept, never deleted); returns where."""
     if is_current(run_dir, fingerprint):
@@ -293,14 +302,11 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         return 0
     from ptm_app.experiments.report import write_report
 
-    made = {c["name"]: runs_root() / run_name(plan, c) for c in plan["cells"]}
-    made = {name: run for name, run in made.items() if run.is_dir()}
-    stale = [c["name"] for c in plan["cells"]
-             if c["name"] in made and not is_current(made[c["name"]], cell_fingerprint(plan, c))]
+    made, stale = current_cells(plan)
     if stale:
         print(f"left out of the tables: {len(stale)} run(s) made by an earlier recipe of their cell "
               f"({', '.join(stale[:5])}{', ...' if len(stale) > 5 else ''}); run those cells again to remake them")
-    current = {n: str(d) for n, d in made.items() if n not in stale}
+    current = {n: str(d) for n, d in made.items()}
     runs = [*current.values()]
     if runs:
         stages = ("test/",) if plan.get("test") else ("val/",)
