@@ -4,8 +4,9 @@ style of Qiu et al. 2020's Table 3 (§4.5), measured here and never typed by han
 Every row is a trained model named in the config: a run directory, ``.ckpt``, export, ``prune`` or ``quantize``
 directory (``inference.loading``), and for an early-exit run an exit rule (``entropy:S`` / ``patience:t``), with
 which it is timed and scored through ``EarlyExitModule.exit_forward``, the forward that really stops.  A row whose
-model is missing is one line naming its ``make`` command (``make_missing: true`` runs those commands first, in the
-rows' order: ``make compress``).  For each row, all in one process:
+model is missing, or was made by an earlier recipe than its make steps give now (each made model records the recipe
+that made it, its upstream models' included: ``recipe_fingerprints``), is one line naming its ``make`` command
+(``make_missing: true`` runs those commands first, in the rows' order: ``make compress``).  For each row, all in one process:
 
 * parameters (int8 weights counted as weights) and non-zero parameters, the weights' size on disk (the int8
   safetensors file of a quantized directory, else the safetensors of the model and any off-ramps);
@@ -228,20 +229,126 @@ def resumable(argv: list[str]) -> Optional[list[str]]:
     return [*argv, "--ckpt_path", "last"] if (run / "checkpoints" / "last.ckpt").is_file() else argv
 
 
-def run_make(row: CompressionRow) -> None:
+def step_output(argv: list[str]) -> Optional[Path]:
+    """Where a make step writes, resolved: a ``fit``'s run directory, another command's ``--output_dir``; None for
+    a step that writes neither."""
+    if argv[0] == "fit":
+        return absolute(fit_run_dir(argv))
+    flags = dict(zip(argv[1::2], argv[2::2])) if len(argv) % 2 else {}
+    return absolute(Path(flags["--output_dir"])) if "--output_dir" in flags else None
+
+
+def absolute(path: Path) -> Path:
+    """``path`` made absolute and normal, links not followed: two run names linked to one directory stay two
+    outputs."""
+    import os
+
+    return Path(os.path.abspath(path.expanduser()))
+
+
+def split_configs(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A step's ``--config`` files, and its other words (command first)."""
+    configs, rest, i = [], [argv[0]], 1
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        if flag == "--config":
+            if not eq:
+                value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 1
+            configs.append(value)
+        else:
+            rest.append(argv[i])
+        i += 1
+    return configs, rest
+
+
+def strings_in(value) -> list[str]:
+    """Every string in a parsed config (a teacher's path, a checkpoint to start from, ...)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings_in(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+def recipe_fingerprints(rows: list[CompressionRow]) -> dict[Path, str]:
+    """Each make step's output -> the fingerprint of the recipe that makes it: the command, its configs' settings
+    (parsed: comments and layout do not count), its other options, and the fingerprints of the other steps' outputs
+    it reads (a ``quantize``'s ``--ckpt_path``, a distillation config's ``teacher``), hashed.  So a changed
+    teacher recipe makes its students stale too, and a changed fit the int8 made from it (as ``sweep``'s chains)."""
+    import hashlib
+    import json
+
+    import yaml
+
+    steps: dict[Path, list[str]] = {}
+    for row in rows:
+        for argv in make_steps(row) if row.make else []:
+            out = step_output(argv)
+            if out is not None and steps.setdefault(out, argv) != argv:
+                raise PtmError(f"row {row.name!r} makes {out} with 'python main.py {shlex.join(argv)}', another row "
+                               f"with 'python main.py {shlex.join(steps[out])}'; give each its own run_name or "
+                               f"output_dir")
+    parsed = {out: split_configs(argv) for out, argv in steps.items()}
+    settings = {out: [yaml.safe_load(Path(c).read_text(encoding="utf-8")) if Path(c).is_file() else c
+                      for c in configs] for out, (configs, _) in parsed.items()}
+    found: dict[Path, str] = {}
+
+    def fingerprint(out: Path, seen: tuple[Path, ...] = ()) -> str:
+        if out in seen:
+            raise PtmError(f"the rows' make steps read each other's outputs in a circle ({out}); a step can only "
+                           f"read what an earlier one makes")
+        if out not in found:
+            rest = parsed[out][1]
+            reads = {names_output(s, set(steps)) for s in [*rest[1:], *strings_in(settings[out])]} - {None, out}
+            recipe = {"args": rest, "configs": settings[out],
+                      "upstream": sorted(fingerprint(o, (*seen, out)) for o in reads)}
+            found[out] = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+        return found[out]
+
+    return {out: fingerprint(out) for out in steps}
+
+
+def current_model(row: CompressionRow, fingerprints: dict[Path, str]) -> Optional[str]:
+    """``locate(row)``, or None when the model there was made by another recipe than the rows' make steps give now
+    (``sweep.is_current`` on the ``cell.json`` that ``run_make`` wrote; a model made before is trusted)."""
+    from ptm_app.experiments.sweep import is_current
+
+    found = locate(row)
+    out = names_output(row.model, set(fingerprints)) if found is not None else None
+    return None if out is not None and not is_current(Path(found), fingerprints[out]) else found
+
+
+def run_make(row: CompressionRow, fingerprints: dict[Path, str]) -> None:
     """Run the row's ``make`` commands, each as ``python -m ptm_app ...`` in a child process (its console shows
     through; its memory is freed before the next row); a finished fit is not run again and a stopped one resumes
-    (``resumable``); a failing command stops the report."""
+    (``resumable``); a failing command stops the report.  An output made by an earlier recipe
+    (``recipe_fingerprints``) is kept as ``<name>.stale-N`` and made afresh; each output records its recipe
+    (``<output>/cell.json``)."""
     import subprocess
     import sys
 
+    from ptm_app.experiments.sweep import record_cell, set_aside_if_stale
+
     for step in make_steps(row):
+        out = step_output(step)
+        made = fingerprints.get(out) if out is not None else None
+        if made is not None:
+            moved = set_aside_if_stale(out, made)
+            if moved is not None:
+                print(f"row {row.name!r}: its recipe changed since {out.name} was made; that is kept as "
+                      f"{moved.name} and made afresh", flush=True)
+            if step[0] == "fit":  # before it runs: a stopped fit of this recipe resumes
+                record_cell(out, made, {"row": row.name, "make": step}, remedy="move it away")
         argv = resumable(step)
         if argv is None:
             continue
         if subprocess.run([sys.executable, "-m", "ptm_app", *argv]).returncode != 0:
             raise PtmError(f"row {row.name!r}: 'python main.py {shlex.join(argv)}' failed (its error is above); "
                            f"fix it and run the report again")
+        if made is not None and step[0] != "fit":
+            record_cell(out, made, {"row": row.name, "make": step})
 
 
 def make_text(row: CompressionRow) -> str:
@@ -253,7 +360,9 @@ def missing_line(rows: list[CompressionRow]) -> str:
     first = rows[0]
     more = f" ({len(rows) - 1} more rows are missing too)" if len(rows) > 1 else ""
     how = f"make it with: {make_text(first)}" if first.make else "give the path of a trained model"
-    return (f"compression row {first.name!r}: {first.model} not found (nor under {runs_root()}); {how}{more}; "
+    what = ("was made by an earlier recipe than its make steps give now" if locate(first) is not None
+            else f"not found (nor under {runs_root()})")
+    return (f"compression row {first.name!r}: {first.model} {what}; {how}{more}; "
             f"or set make_missing: true to run every missing row's commands")
 
 
@@ -387,16 +496,14 @@ def draw(rows: list[dict]):
 
 def seeded_outputs(rows: list[CompressionRow]) -> set[Path]:
     """The models the rows' ``make`` steps train (a ``fit``'s run directory) and what is made from one of them (a
-    ``quantize`` or ``prune`` whose ``--ckpt_path`` is one: its ``--output_dir``), resolved: what ``seeds`` remakes
-    once per seed.  Anything else (the teacher, an int8 of the teacher) is one model whatever the seed."""
+    ``quantize`` or ``prune`` whose ``--ckpt_path`` is one: its ``--output_dir``; ``step_output``): what ``seeds``
+    remakes once per seed.  Anything else (the teacher, an int8 of the teacher) is one model whatever the seed."""
     out: set[Path] = set()
     for row in rows:
         for argv in make_steps(row):
             flags = dict(zip(argv[1::2], argv[2::2])) if len(argv) % 2 else {}
-            if argv[0] == "fit":
-                out.add(fit_run_dir(argv).resolve())
-            elif "--output_dir" in flags and names_output(flags.get("--ckpt_path", ""), out):
-                out.add(Path(flags["--output_dir"]).resolve())
+            if step_output(argv) is not None and (argv[0] == "fit" or names_output(flags.get("--ckpt_path", ""), out)):
+                out.add(step_output(argv))
     return out
 
 
@@ -424,14 +531,15 @@ def with_seed(row: CompressionRow, seed: int, outputs: set[Path]) -> Compression
     return replace(row, model=tag(row.model), make=" && ".join(f"python main.py {shlex.join(a)}" for a in steps))
 
 
-def names_output(ref: str, outputs: set[Path]) -> bool:
-    """``ref`` (a row's model or a step's path) is one of ``outputs`` wherever ``locate`` would look for it: as
-    given, or under the runs directory (by its path or its last name: ``teacher.resolve_teacher``)."""
+def names_output(ref: str, outputs: set[Path]) -> Optional[Path]:
+    """The one of ``outputs`` that ``ref`` (a row's model or a step's path) names wherever ``locate`` would look for
+    it: as given, or under the runs directory (by its path or its last name: ``teacher.resolve_teacher``); else
+    None."""
     if not ref:
-        return False
+        return None
     path = Path(ref).expanduser()
     candidates = [path] if path.is_absolute() else [path, runs_root() / path, runs_root() / path.name]
-    return any(c.resolve() in outputs for c in candidates)
+    return next((absolute(c) for c in candidates if absolute(c) in outputs), None)
 
 
 def measure(made: list[CompressionRow], records: list[dict], labels: list[str], metric: str, max_length: int,
@@ -562,10 +670,12 @@ def compress_report(teacher: CompressionRow, rows: list[CompressionRow], source:
         if row.make:
             make_steps(row)  # a malformed command is refused before anything runs
     to_make = list({(r.model, str(r.make)): r for made in by_seed.values() for r in made}.values())
+    fingerprints = recipe_fingerprints(to_make)
     for row in to_make:
-        if make_missing and locate(row) is None and row.make:
-            run_make(row)
-    missing = list({(r.name, r.model): r for made in by_seed.values() for r in made if locate(r) is None}.values())
+        if make_missing and current_model(row, fingerprints) is None and row.make:
+            run_make(row, fingerprints)
+    missing = list({(r.name, r.model): r for made in by_seed.values() for r in made
+                    if current_model(r, fingerprints) is None}.values())
     if missing:
         raise PtmError(missing_line(missing))
     records = eval_records(source, split, 0)

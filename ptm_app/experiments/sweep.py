@@ -199,14 +199,15 @@ def recorded_fingerprint(run_dir: Path) -> Optional[str]:
     return cell_record(run_dir).get("fingerprint")
 
 
-def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[str] = ()) -> None:
+def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[str] = (),
+                remedy: str = "delete it, or rerun with --force,") -> None:
     """Write ``<run>/cell.json`` unless it is there.  A finished directory from before fingerprints is adopted as it
-    is, said in one line (its recipe cannot be checked: delete it, or use ``--force``, if its config changed since)."""
+    is, said in one line (its recipe cannot be checked: ``remedy`` if its config changed since)."""
     if (run_dir / CELL_FILE).is_file():
         return
     if (run_dir / "summary.json").is_file():
-        print(f"{run_dir.name}: made before sweeps recorded their recipe; kept as it is (delete it, or rerun with "
-              f"--force, if its config or arguments changed since)", flush=True)
+        print(f"{run_dir.name}: made before its recipe was recorded; kept as it is ({remedy} if its config or "
+              f"arguments changed since)", flush=True)
     write_json(run_dir / CELL_FILE, {"fingerprint": fingerprint, "cell": cell, "upstream": list(upstream)})
 
 

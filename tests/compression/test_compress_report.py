@@ -436,3 +436,76 @@ def test_make_skips_finished_fits_and_resumes_stopped_ones(tmp_path, monkeypatch
     assert resumable(fresh) == fresh
     quantize = ["quantize", "--ckpt_path", "checkpoints/minilm_qat_bbc", "--output_dir", "x"]
     assert resumable(quantize) == quantize
+
+
+def chain_rows(tmp: Path, lr: float = 0.1, comment: str = "") -> list:
+    """A teacher fit, a student distilled from it (its config names the teacher's run), and the student's int8."""
+    from ptm_app.experiments.compression_report import CompressionRow
+
+    (tmp / "teacher.yaml").write_text(f"{comment}\noptimizer: {{lr: {lr}}}\n")
+    (tmp / "student.yaml").write_text("model: {init_args: {teacher: checkpoints/teacher}}\n")
+    return [CompressionRow(name="teacher", model="teacher", make=[{"fit": {"config": str(tmp / "teacher.yaml")}}]),
+            CompressionRow(name="student", model="student", make=[{"fit": {"config": str(tmp / "student.yaml")}}]),
+            CompressionRow(name="int8", model=str(tmp / "int8"),
+                           make=[{"quantize": {"ckpt_path": "checkpoints/student", "output_dir": str(tmp / "int8")}}])]
+
+
+def test_a_models_recipe_fingerprint_covers_its_upstream_models(tmp_path, monkeypatch):
+    """The teacher's changed setting makes its student and the student's int8 stale too (the student's config names
+    the teacher, the quantize step the student); a comment changes nothing; the student's own change leaves the
+    teacher alone.  Two rows making one output two ways is one line."""
+    from ptm_app.errors import PtmError
+    from ptm_app.experiments.compression_report import CompressionRow, recipe_fingerprints
+
+    monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.chdir(tmp_path)
+    runs, int8 = (tmp_path / "checkpoints").resolve(), (tmp_path / "int8").resolve()
+    names = [runs / "teacher", runs / "student", int8]
+    first = recipe_fingerprints(chain_rows(tmp_path))
+    assert sorted(first) == sorted(names)
+    assert recipe_fingerprints(chain_rows(tmp_path, comment="# a note")) == first
+    changed = recipe_fingerprints(chain_rows(tmp_path, lr=0.2))
+    assert all(changed[n] != first[n] for n in names)
+    rows = chain_rows(tmp_path)
+    (tmp_path / "student.yaml").write_text("model: {init_args: {teacher: checkpoints/teacher, alpha: 0.5}}\n")
+    student = recipe_fingerprints(rows)
+    assert [student[n] == first[n] for n in names] == [True, False, False]
+    twice = [*rows, CompressionRow(name="again", model="teacher",
+                                   make=[{"fit": {"config": str(tmp_path / "student.yaml"), "run_name": "teacher"}}])]
+    with pytest.raises(PtmError, match="'again' makes .*teacher with .*give each its own run_name or output_dir"):
+        recipe_fingerprints(twice)
+
+
+def test_make_remakes_a_model_made_by_an_earlier_recipe_and_keeps_the_old_one(tmp_path, monkeypatch):
+    """A finished fit whose recorded recipe differs from the row's now is not current (the report's missing line
+    says so); make_missing sets it aside as <run>.stale-1 (kept) and fits afresh, not resuming it, and records the
+    new recipe; a current finished fit is skipped, and a run made before recipes were recorded is trusted."""
+    import subprocess
+
+    from ptm_app.experiments.compression_report import current_model, missing_line, recipe_fingerprints, run_make
+    from ptm_app.experiments.sweep import recorded_fingerprint
+
+    monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.chdir(tmp_path)
+    teacher_row = chain_rows(tmp_path)[0]
+    run = (tmp_path / "checkpoints" / "teacher").resolve()
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (run / "summary.json").write_text("{}")
+    old = recipe_fingerprints(chain_rows(tmp_path))
+    assert current_model(teacher_row, old) == str(run)  # no cell.json yet: made before recipes were recorded
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append(argv[3:]) or
+                        subprocess.CompletedProcess(argv, 0))
+    run_make(teacher_row, old)  # finished: adopted (its cell.json written), not run
+    assert calls == [] and recorded_fingerprint(run) == old[run]
+    assert current_model(teacher_row, old) == str(run)
+    rows = chain_rows(tmp_path, lr=0.2)
+    new = recipe_fingerprints(rows)
+    assert current_model(rows[0], new) is None
+    assert "'teacher': teacher was made by an earlier recipe than its make steps give now" in missing_line(rows[:1])
+    run_make(rows[0], new)
+    assert calls == [["fit", "--config", str(tmp_path / "teacher.yaml")]]  # afresh: no --ckpt_path last
+    stale = run.with_name("teacher.stale-1")
+    assert (stale / "summary.json").is_file() and recorded_fingerprint(stale) == old[run]
+    assert recorded_fingerprint(run) == new[run] and not (run / "summary.json").exists()
