@@ -52,9 +52,16 @@ def show(mds: Sequence[Path], readme: Optional[str], out: Path, figure: Optional
     if readme:
         write_between_markers(readme, out.name, text)
         if figure is not None:
-            with atomic_file(figures_dir(Path(readme)) / f"{out.name}.png", "wb") as fh:
-                fh.write(figure.read_bytes())
+            copy_figure(figure, readme, out.name)
     print(text, end="")
+
+
+def copy_figure(figure: Path, readme: str, name: str) -> Path:
+    """Copy ``figure`` to ``NAME.png`` in the page's figures folder (``figures_dir``), atomically; returns where."""
+    where = figures_dir(Path(readme)) / f"{name}.png"
+    with atomic_file(where, "wb") as fh:
+        fh.write(figure.read_bytes())
+    return where
 
 
 def figures_dir(page: Path) -> Path:

@@ -170,11 +170,17 @@ def write_seed_report(groups: dict[str, list[str]], output: str | Path,
 
 
 def publish(md: Path, readme: Optional[str], name: str, also: str, command: str, failed: list[str]) -> int:
-    """Print a report's table, put it into ``readme`` between ``<!-- name:start/end -->`` (when given), say what was
-    written (``md`` and ``also``), and end in one line naming the runs that failed (the report commands' ending)."""
+    """Print a report's table, put it into ``readme`` between ``<!-- name:start/end -->`` (when given) with its
+    figure (``md``'s ``.png``, if the report drew one) copied to ``name.png`` in the page's figures folder, say what
+    was written (``md`` and ``also``), and end in one line naming the runs that failed (the report commands'
+    ending)."""
+    from ptm_app.analysis.tables import copy_figure
+
     print(md.read_text(encoding="utf-8"), end="")
     if readme:
         write_between_markers(readme, name, md.read_text(encoding="utf-8"))
+        if md.with_suffix(".png").is_file():
+            copy_figure(md.with_suffix(".png"), readme, name)
     print(f"wrote {md} {also}")
     if failed:
         raise PtmError(f"{command}: {len(failed)} run(s) failed: {', '.join(failed)}; see their output above")

@@ -424,8 +424,11 @@ def draw(plan: dict, rows: list[dict]):
     per objective through its budgets (Clark et al. 2020, Figure 1); the floor is a dashed horizontal line."""
     from ptm_app.analysis.figures import new_figure
 
+    import matplotlib
+
     tasks = list(plan["tasks"])
     fig, axes = new_figure(len(tasks), width=4.6, height=3.4, columns=3)
+    colours, markers = matplotlib.colormaps["tab20"], "os^Dvp<>h*"  # 14 objectives: no colour twice
     for ax, task in zip(axes, tasks):
         for i, objective in enumerate(plan["objectives"]):
             points = sorted((r["train_flops"], r["tasks"][task]) for r in rows
@@ -440,13 +443,17 @@ def draw(plan: dict, rows: list[dict]):
             x, y = [p[0] for p in points], [p[1]["mean"] for p in points]
             err = [[p[1]["mean"] - (p[1]["interval"] or [p[1]["mean"]] * 2)[0] for p in points],
                    [(p[1]["interval"] or [p[1]["mean"]] * 2)[1] - p[1]["mean"] for p in points]]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=2, color=f"C{i % 10}", label=label)
+            ax.errorbar(x, y, yerr=err, marker=markers[i % len(markers)], capsize=2, color=colours(i % 20),
+                        label=label)
         ax.set_xscale("log")
         ax.set_xlabel("pre-training FLOPs")
         ax.set_title(plan["tasks"][task]["column"], fontsize="small")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="x-small")
-    fig.tight_layout()
+    legend = {}  # every objective once (a task a row cannot run leaves it out of that panel), below the panels
+    for ax in axes:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(5, len(legend)), fontsize="small")
+    fig.tight_layout(rect=(0, 0.04 * (1 + (len(legend) - 1) // 5), 1, 1))
     return fig
 
 

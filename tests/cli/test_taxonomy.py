@@ -85,6 +85,8 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
     assert run_main(["taxonomy-report", str(path), "--collect_only"], runs_dir) == 0
     table = (runs_dir / "taxonomy_quick" / "taxonomy.md").read_text().rstrip()
     assert readme.read_text() == f"# Taxonomy\n\n<!-- taxonomy_quick:start -->\n{table}\n<!-- taxonomy_quick:end -->\n"
+    figure = (runs_dir / "taxonomy_quick" / "taxonomy.png").read_bytes()  # the page's figure, beside it
+    assert (tmp_path / "figures" / "taxonomy_quick.png").read_bytes() == figure
 
 
 def write_run(runs: Path, name: str, summary: dict, fingerprint: str) -> None:
