@@ -264,7 +264,8 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
 
     Args:
         plan: the sweep plan (YAML), e.g. configs/sweeps/adapt_minilm.yaml.
-        only: cell name globs to run (default: all).
+        only: cell name globs to run (default: all); with ``seeds``, a cell's name selects all its seeds
+            (``squad/full``) and ``<name>/seed<N>`` one of them.
         force: rerun cells that already have test metrics.
         list: list the cells and their state, run nothing.
         readme: also put the tables into this file (e.g. docs/results/adaptation.md), between the lines
@@ -276,7 +277,8 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
     path, plan = plan, load_plan(plan)
     if readme:
         require_markers(readme, plan["name"])
-    cells = [c for c in plan["cells"] if not only or any(fnmatch.fnmatch(c["name"], g) for g in only)]
+    cells = [c for c in plan["cells"] if not only or any(fnmatch.fnmatch(c["name"], g)
+                                                         or fnmatch.fnmatch(c.get("base", ""), g) for g in only)]
     if not cells:
         raise PtmError(f"--only {' '.join(only)} matches no cell of {path}")
     failed = []

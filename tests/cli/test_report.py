@@ -295,6 +295,23 @@ def test_the_benchmark_plan_pairs_each_lora_cell_with_full_fine_tuning_of_its_ta
         assert (cell["set"].get("trainer.max_steps") == 250) == cell["name"].startswith("squad")
 
 
+def test_only_names_a_cell_with_or_without_its_seed(tmp_path, monkeypatch, capsys):
+    """``--only squad/full`` selects the cell's three seeded runs, ``--only squad/full/seed2`` one of them, and a
+    name that is no cell is one line."""
+    from ptm_app.main import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path))
+    listed = {}
+    for only in ("squad/full", "squad/full/seed2", "squad*/lora"):
+        assert main(["sweep", "configs/sweeps/benchmarks_minilm.yaml", "--list", "true", "--only", only]) == 0
+        listed[only] = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "/seed" in line]
+    assert listed == {"squad/full": [f"squad/full/seed{s}" for s in (1, 2, 3)], "squad/full/seed2": ["squad/full/seed2"],
+                      "squad*/lora": [f"{t}/lora/seed{s}" for t in ("squad", "squad2") for s in (1, 2, 3)]}
+    assert main(["sweep", "configs/sweeps/benchmarks_minilm.yaml", "--list", "true", "--only", "squad/nope"]) == 2
+    assert "--only squad/nope matches no cell" in capsys.readouterr().err
+
+
 def test_the_optimiser_plan_spends_the_same_sequences_on_both_cells(monkeypatch):
     """configs/sweeps/optim_lamb_brown.yaml: LAMB's cell is the recipe plus the LAMB overlay (8 accumulated batches)
     and takes 1/8 of AdamW's steps, so both see the same sequences; 3 seeds, paired against AdamW."""
