@@ -234,8 +234,14 @@ def step_output(argv: list[str]) -> Optional[Path]:
     a step that writes neither."""
     if argv[0] == "fit":
         return absolute(fit_run_dir(argv))
-    flags = dict(zip(argv[1::2], argv[2::2])) if len(argv) % 2 else {}
+    flags = step_flags(argv)
     return absolute(Path(flags["--output_dir"])) if "--output_dir" in flags else None
+
+
+def step_flags(argv: list[str]) -> dict[str, str]:
+    """A make step's ``--flag value`` pairs after its command (``make_steps`` writes them so); {} when the words do
+    not pair up."""
+    return dict(zip(argv[1::2], argv[2::2])) if len(argv) % 2 else {}
 
 
 def absolute(path: Path) -> Path:
@@ -277,10 +283,9 @@ def recipe_fingerprints(rows: list[CompressionRow]) -> dict[Path, str]:
     (parsed: comments and layout do not count), its other options, and the fingerprints of the other steps' outputs
     it reads (a ``quantize``'s ``--ckpt_path``, a distillation config's ``teacher``), hashed.  So a changed
     teacher recipe makes its students stale too, and a changed fit the int8 made from it (as ``sweep``'s chains)."""
-    import hashlib
-    import json
-
     import yaml
+
+    from ptm_app.experiments.sweep import recipe_digest
 
     steps: dict[Path, list[str]] = {}
     for row in rows:
@@ -304,7 +309,7 @@ def recipe_fingerprints(rows: list[CompressionRow]) -> dict[Path, str]:
             reads = {names_output(s, set(steps)) for s in [*rest[1:], *strings_in(settings[out])]} - {None, out}
             recipe = {"args": rest, "configs": settings[out],
                       "upstream": sorted(fingerprint(o, (*seen, out)) for o in reads)}
-            found[out] = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+            found[out] = recipe_digest(recipe)
         return found[out]
 
     return {out: fingerprint(out) for out in steps}
@@ -501,9 +506,9 @@ def seeded_outputs(rows: list[CompressionRow]) -> set[Path]:
     out: set[Path] = set()
     for row in rows:
         for argv in make_steps(row):
-            flags = dict(zip(argv[1::2], argv[2::2])) if len(argv) % 2 else {}
-            if step_output(argv) is not None and (argv[0] == "fit" or names_output(flags.get("--ckpt_path", ""), out)):
-                out.add(step_output(argv))
+            made = step_output(argv)
+            if made is not None and (argv[0] == "fit" or names_output(step_flags(argv).get("--ckpt_path", ""), out)):
+                out.add(made)
     return out
 
 
@@ -521,7 +526,7 @@ def with_seed(row: CompressionRow, seed: int, outputs: set[Path]) -> Compression
     steps = []
     for argv in make_steps(row):
         if argv[0] == "fit":
-            flags = dict(zip(argv[1::2], argv[2::2]))
+            flags = step_flags(argv)
             kept = [w for flag, value in flags.items() if flag not in ("--run_name", "--seed_everything")
                     for w in (flag, tag(value))]
             argv = ["fit", *kept, "--seed_everything", str(seed), "--run_name", f"{fit_run_dir(argv).name}-seed{seed}"]

@@ -185,6 +185,12 @@ def cell_fingerprint(plan: dict, cell: dict, upstream: Sequence[str] = ()) -> st
     recipe = {"config": settings[0] if isinstance(cell["config"], str) else settings,  # one file: as before
               "args": [*override_args(plan.get("set") or {}), *override_args(cell.get("set") or {})],
               "fit": cell.get("fit", True), "test_ckpt": cell.get("test_ckpt"), "upstream": list(upstream)}
+    return recipe_digest(recipe)
+
+
+def recipe_digest(recipe: dict) -> str:
+    """A recipe (JSON-able settings) hashed to the 16 hex digits a run's ``cell.json`` records; key order does not
+    count.  ``cell_fingerprint`` and ``compression_report.recipe_fingerprints`` both use it."""
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
