@@ -46,7 +46,7 @@ test: data
 # The adaptation results table (docs/results/adaptation.md): every style x task cell of the plan, fit + test, then the table.
 # Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
 results: data
-	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md
+	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md --records docs/results/records/adapt_minilm
 
 # The tables and figures of docs/analyse.md: every configs/analysis recipe as shipped, into
 # checkpoints/<recipe>/, each writing its tables between its markers there and its picture to docs/figures/.
@@ -94,12 +94,12 @@ taxonomy: data
 # The real benchmarks (docs/results/benchmarks.md): WNUT-16, OpenMoji, SQuAD v1.1 and its derived unanswerable set,
 # full fine-tuning and LoRA, 3 seeds each; the SQuAD cells take hours each on 2 CPU cores.  Not part of `make test`.
 benchmarks: data
-	$(PY) main.py sweep configs/sweeps/benchmarks_minilm.yaml --readme docs/results/benchmarks.md
+	$(PY) main.py sweep configs/sweeps/benchmarks_minilm.yaml --readme docs/results/benchmarks.md --records docs/results/records/benchmarks_minilm
 
 # AdamW against LAMB at 8x the batch, the same tokens, 3 seeds each, paired (docs/results/optimisers.md); minutes
 # on 2 CPU cores.  Not part of `make test`.
 optimisers: data
-	$(PY) main.py sweep configs/sweeps/optim_lamb_brown.yaml --readme docs/results/optimisers.md
+	$(PY) main.py sweep configs/sweeps/optim_lamb_brown.yaml --readme docs/results/optimisers.md --records docs/results/records/optim_lamb_brown
 
 taxonomy-quick: data
 	$(PY) main.py taxonomy-report configs/sweeps/taxonomy_quick.yaml

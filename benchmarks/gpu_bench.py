@@ -94,7 +94,7 @@ class GpuBench:
 
         from ptm_app.backbones.build import build_backbone
         from ptm_app.training.precision import auto_precision
-        from ptm_app.training.throughput import _device_name, peak_flops, precision_dtype, training_flops_per_token
+        from ptm_app.training.throughput import device_name, peak_flops, precision_dtype, training_flops_per_token
 
         s = self.s
         data = mlm_blocks(self.work, s.seq_len, max(s.batch_sizes), s.seed)
@@ -103,13 +103,13 @@ class GpuBench:
         precision = auto_precision("gpu" if self.device == "cuda" else "cpu")
         device = torch.device(self.device)
         dtype = precision_dtype(precision)
-        self.say(f"measuring the {dtype} matmul peak of {_device_name(device)}")
+        self.say(f"measuring the {dtype} matmul peak of {device_name(device)}")
         peak = peak_flops(device, dtype, tuple(s.peak_sizes) or None)
         if self.device == "cuda":
             torch.cuda.empty_cache()
         return {"backbone": backbone, **data, "params": sum(p.numel() for p in model.parameters()),
                 "flops_per_token": training_flops_per_token(model, s.seq_len), "precision": precision,
-                "dtype": str(dtype).removeprefix("torch."), "peak": peak, "device_name": _device_name(device)}
+                "dtype": str(dtype).removeprefix("torch."), "peak": peak, "device_name": device_name(device)}
 
     def steps_for(self, batch_size: int, shared: dict) -> int:
         full_batches = shared["num_blocks"] // batch_size

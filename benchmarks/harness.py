@@ -330,9 +330,9 @@ def machine() -> dict:
     import transformers
 
     from ptm_app.training.precision import cpu_has_native_bf16
-    from ptm_app.training.throughput import _device_name
+    from ptm_app.training.throughput import device_name
 
-    return {"cpu": _device_name(torch.device("cpu")), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": device_name(torch.device("cpu")), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cpu_bf16": cpu_has_native_bf16(), "python": platform.python_version(), "torch": torch.__version__,
             "lightning": lightning.__version__, "transformers": transformers.__version__}
 

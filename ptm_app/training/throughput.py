@@ -53,7 +53,7 @@ def precision_dtype(precision) -> torch.dtype:
     return torch.float32
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model name with its family/model/stepping (one marketing name, e.g. "AMD EPYC",
     covers generations whose peaks differ by 2x)."""
     if device.type == "cuda":
@@ -137,7 +137,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] 
     """
     sizes = tuple(sizes or probe_sizes(device))
     threads = torch.get_num_threads() if device.type == "cpu" else 0
-    key = f"{device.type}|{_device_name(device)}|{dtype}|threads={threads}|{PROBE_METHOD}|{','.join(map(str, sizes))}"
+    key = f"{device.type}|{device_name(device)}|{dtype}|threads={threads}|{PROBE_METHOD}|{','.join(map(str, sizes))}"
     if device.type == "cuda":
         key += f"|products={CUDA_PRODUCTS}"
     path = cache_root() / "flops_peak.json"

@@ -108,7 +108,7 @@ def test_an_implausible_cached_peak_is_measured_again():
     path = throughput.cache_root() / "flops_peak.json"
     cache = json.loads(path.read_text())
     key = next(k for k in cache if k.endswith("|192") and "float32" in k)
-    assert f"threads={torch.get_num_threads()}" in key and throughput._device_name(cpu) in key
+    assert f"threads={torch.get_num_threads()}" in key and throughput.device_name(cpu) in key
     for bad in (1e6, -1.0, float("nan")):  # far below what one matmul achieves; not a peak at all
         cache[key] = bad
         path.write_text(json.dumps(cache))
@@ -139,7 +139,7 @@ def test_a_gpu_peak_is_probed_with_large_products_and_cached_per_gpu_name(monkey
 
     probed = []
     names = {"name": "NVIDIA H200"}
-    monkeypatch.setattr(throughput, "_device_name", lambda device: names["name"])
+    monkeypatch.setattr(throughput, "device_name", lambda device: names["name"])
     monkeypatch.setattr(throughput, "matmul_flops",
                         lambda device, dtype, size, repeats: probed.append((device.type, dtype, size)) or 7e14)
     cuda = torch.device("cuda")
