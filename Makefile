@@ -82,14 +82,14 @@ compress: data
 # MiniLM with and without K-Adapter; resumable (finished runs are skipped).  Many hours on 2 CPU cores (KEPLER's
 # link prediction embeds every WordNet synset); not part of `make test`.  Writes checkpoints/knowledge_brown/.
 knowledge: data
-	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme docs/results/knowledge.md
+	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme docs/results/knowledge.md --records docs/results/records/knowledge_brown
 
 # The objective taxonomy (docs/taxonomy.md, docs/results/taxonomy.md): 14 objectives and the no-pre-training floor at
 # two equal training-FLOPs budgets, 3 pre-training x 3 fine-tuning seeds, five tasks and a frozen POS probe.
 # Estimated (not measured) at 5 to 7 hours on 2 quiet CPU cores; resumable cell by cell.  Not part of `make test`.
 # taxonomy-quick: the same machinery on tiny models on Brown (not timed; its numbers check the machinery only).
 taxonomy: data
-	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md
+	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md --records docs/results/records/taxonomy
 
 # The real benchmarks (docs/results/benchmarks.md): WNUT-16, OpenMoji, SQuAD v1.1 and its derived unanswerable set,
 # full fine-tuning and LoRA, 3 seeds each; the SQuAD cells take hours each on 2 CPU cores.  Not part of `make test`.

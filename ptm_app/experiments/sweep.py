@@ -256,24 +256,31 @@ def keep_record(records: Path, run_dir: Path) -> bool:
     return True
 
 
+def restore_record(records: Path, run_dir: Path, fingerprint: str) -> bool:
+    """Remake ``run_dir`` (its ``summary.json`` and ``cell.json`` only) from its record in ``records`` when the
+    directory is gone and the record is of the recipe ``fingerprint`` names; returns whether it did."""
+    path = record_file(records, run_dir)
+    if run_dir.exists() or not path.is_file():
+        return False
+    record = read_record(path)
+    if record["fingerprint"] != fingerprint:
+        return False
+    run_dir.mkdir(parents=True)
+    write_json(run_dir / "summary.json", record["summary"])
+    write_json(run_dir / CELL_FILE, {k: v for k, v in record.items() if k != "summary"})
+    return True
+
+
+def is_restored(run_dir: Path) -> bool:
+    """The run directory was remade from a record (``restore_record``): results only, no checkpoint or export."""
+    return "recorded" in cell_record(run_dir) and not (run_dir / "checkpoints").exists()
+
+
 def restore_records(plan: dict, records: Path) -> list[str]:
-    """Remake the run directory (its ``summary.json`` and ``cell.json`` only) of every cell of ``plan`` that has
-    none and has a record of its current recipe in ``records``; returns those cells' names.  A record of another
+    """``restore_record`` for every cell of ``plan``; returns the names of the cells remade.  A record of another
     recipe is left alone: its cell runs, and the new record replaces it."""
-    restored = []
-    for cell in plan["cells"]:
-        run_dir = runs_root() / run_name(plan, cell)
-        path = record_file(records, run_dir)
-        if run_dir.exists() or not path.is_file():
-            continue
-        record = read_record(path)
-        if record["fingerprint"] != cell_fingerprint(plan, cell):
-            continue
-        run_dir.mkdir(parents=True)
-        write_json(run_dir / "summary.json", record["summary"])
-        write_json(run_dir / CELL_FILE, {k: v for k, v in record.items() if k != "summary"})
-        restored.append(cell["name"])
-    return restored
+    return [cell["name"] for cell in plan["cells"]
+            if restore_record(records, runs_root() / run_name(plan, cell), cell_fingerprint(plan, cell))]
 
 
 def current_cells(plan: dict) -> tuple[dict[str, Path], list[str]]:
@@ -306,6 +313,8 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
             *override_args(cell.get("set") or {}), "--run_name", name]
     fingerprint, run_dir = cell_fingerprint(plan, cell, upstream), runs_root() / name
     moved = set_aside_if_stale(run_dir, fingerprint)
+    if moved is None and "recorded" in cell_record(run_dir):  # remade from a record, run again (--force): a new run
+        (run_dir / CELL_FILE).unlink()
     if moved is not None:
         print(f"{cell['name']}: its config or arguments changed since {run_dir.name} ran; that run is kept as "
               f"{moved.name} and the cell runs afresh", flush=True)
