@@ -44,7 +44,8 @@ test: data
 	$(PYTEST)
 
 # The adaptation results table (docs/results/adaptation.md): every style x task cell of the plan, fit + test, then the table.
-# Resumable: cells with test metrics are skipped.  About 2 hours on 2 CPU cores.
+# 3 seeds per cell.  Resumable: cells with test metrics (or a current record) are skipped.  About 2-3 hours per seed
+# on 2 CPU cores.
 results: data
 	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md --records docs/results/records/adapt_minilm
 

@@ -311,6 +311,8 @@ def test_overrides_as_a_mapping_equal_the_old_argv_lists(tmp_path):
 
 
 def test_the_shipped_sweep_plan_is_mappings(monkeypatch):
+    """configs/sweeps/adapt_minilm.yaml: overrides as mappings, 3 seeds per cell, and every style of a task paired
+    with full fine-tuning of that task."""
     from ptm_app.experiments.sweep import load_plan
 
     root = Path(__file__).resolve().parents[2]
@@ -319,9 +321,13 @@ def test_the_shipped_sweep_plan_is_mappings(monkeypatch):
     monkeypatch.chdir(root)
     plan = load_plan("configs/sweeps/adapt_minilm.yaml")
     assert plan["set"]["trainer.max_steps"] == 250 and plan["set"]["trainer.check_val_every_n_epoch"] is None
-    lora = next(c for c in plan["cells"] if c["name"] == "brown_pos/lora")
+    lora = next(c for c in plan["cells"] if c["name"] == "brown_pos/lora/seed2")
     assert lora["set"]["model.init_args.delta"]["target_modules"] == ["query", "value"]
-    assert lora["set"]["model.init_args.optim.lr"] == 1e-3
+    assert lora["set"]["model.init_args.optim.lr"] == 1e-3 and lora["set"]["seed_everything"] == 2
+    bases = {c["base"] for c in plan["cells"]}
+    assert len(plan["cells"]) == 3 * len(bases) == 114
+    assert plan["baseline"] == {b: b.split("/")[0] + "/full" for b in bases
+                                if b.split("/")[0] in ("tweets", "bbc", "brown_pos", "wordnet_qa") and b.split("/")[1] != "full"}
 
 
 def test_the_benchmark_plan_pairs_each_lora_cell_with_full_fine_tuning_of_its_task(monkeypatch):
