@@ -44,10 +44,10 @@ test: data
 	$(PYTEST)
 
 # The adaptation results table (docs/results/adaptation.md): every style x task cell of the plan, fit + test, then the table.
-# 3 seeds per cell.  Resumable: cells with test metrics (or a current record) are skipped.  About 2-3 hours per seed
+# 3 seeds per cell.  Resumable: cells with test metrics (or a current ledger entry) are skipped.  About 2-3 hours per seed
 # on 2 CPU cores.
 results: data
-	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md --records docs/results/records/adapt_minilm
+	$(PY) main.py sweep configs/sweeps/adapt_minilm.yaml --readme docs/results/adaptation.md --ledger docs/results/ledger/adapt_minilm
 
 # The tables and figures of docs/analyse.md: every configs/analysis recipe as shipped, into
 # checkpoints/<recipe>/, each writing its tables between its markers there and its picture to docs/figures/.
@@ -83,24 +83,24 @@ compress: data
 # MiniLM with and without K-Adapter; resumable (finished runs are skipped).  Many hours on 2 CPU cores (KEPLER's
 # link prediction embeds every WordNet synset); not part of `make test`.  Writes checkpoints/knowledge_brown/.
 knowledge: data
-	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme docs/results/knowledge.md --records docs/results/records/knowledge_brown
+	$(PY) main.py knowledge-report configs/sweeps/knowledge_brown.yaml --readme docs/results/knowledge.md --ledger docs/results/ledger/knowledge_brown
 
 # The objective taxonomy (docs/taxonomy.md, docs/results/taxonomy.md): 14 objectives and the no-pre-training floor at
 # two equal training-FLOPs budgets, 3 pre-training x 3 fine-tuning seeds, five tasks and a frozen POS probe.
 # Estimated (not measured) at 5 to 7 hours on 2 quiet CPU cores; resumable cell by cell.  Not part of `make test`.
 # taxonomy-quick: the same machinery on tiny models on Brown (not timed; its numbers check the machinery only).
 taxonomy: data
-	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md --records docs/results/records/taxonomy
+	$(PY) main.py taxonomy-report configs/sweeps/taxonomy.yaml --readme docs/results/taxonomy.md --ledger docs/results/ledger/taxonomy
 
 # The real benchmarks (docs/results/benchmarks.md): WNUT-16, OpenMoji, SQuAD v1.1 and its derived unanswerable set,
 # full fine-tuning and LoRA, 3 seeds each; the SQuAD cells take hours each on 2 CPU cores.  Not part of `make test`.
 benchmarks: data
-	$(PY) main.py sweep configs/sweeps/benchmarks_minilm.yaml --readme docs/results/benchmarks.md --records docs/results/records/benchmarks_minilm
+	$(PY) main.py sweep configs/sweeps/benchmarks_minilm.yaml --readme docs/results/benchmarks.md --ledger docs/results/ledger/benchmarks_minilm
 
 # AdamW against LAMB at 8x the batch, the same tokens, 3 seeds each, paired (docs/results/optimisers.md); minutes
 # on 2 CPU cores.  Not part of `make test`.
 optimisers: data
-	$(PY) main.py sweep configs/sweeps/optim_lamb_brown.yaml --readme docs/results/optimisers.md --records docs/results/records/optim_lamb_brown
+	$(PY) main.py sweep configs/sweeps/optim_lamb_brown.yaml --readme docs/results/optimisers.md --ledger docs/results/ledger/optim_lamb_brown
 
 taxonomy-quick: data
 	$(PY) main.py taxonomy-report configs/sweeps/taxonomy_quick.yaml

@@ -5,9 +5,9 @@ Every run is a sweep cell (``sweep.run_cell``): resumed from ``last.ckpt`` when 
 metrics and was made by the same recipe.  A run that starts from a first run has that run's fingerprint in its own
 (``cell.json``'s ``upstream``), so a changed pre-training reruns its fine-tunings.  A report counts a run only when
 it is the one the plan makes now (``current_runs``): a run made by an earlier recipe, an earlier ``task_set`` or from
-an earlier pre-training is left out until the plan runs it again.  With ``--records DIR`` each finished run's results
-are kept in DIR (``sweep.keep_record``) and a run whose directory is gone counts as done when its record is current
-(``restore_chain``); a first run is remade so only when nothing left to run starts from its weights.
+an earlier pre-training is left out until the plan runs it again.  With ``--ledger DIR`` each finished run's results
+are kept in DIR (``sweep.write_entry``) and a run whose directory is gone counts as done when its ledger entry is
+current (``restore_chain``); a first run is remade so only when nothing left to run starts from its weights.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ptm_app.errors import PtmError
-from ptm_app.experiments.sweep import (cell_fingerprint, is_current, is_done, is_restored, keep_record, record_cell,
-                                      restore_record, run_cell, run_name)
+from ptm_app.experiments.sweep import (cell_fingerprint, is_current, is_done, is_restored, write_entry, record_cell,
+                                      restore_entry, run_cell, run_name)
 from ptm_app.paths import require_markers, runs_root, write_json
 
 
@@ -71,34 +71,33 @@ def link_done(link: Link, where: Path, fingerprint: str) -> bool:
     return is_current(where, fingerprint) and link.fitted(where)
 
 
-def restore_chain(plan_name: str, links: list[Link], records: Path,
+def restore_chain(plan_name: str, links: list[Link], ledger: Path,
                   first_ok: Callable[[Link, str], bool] = lambda link, fingerprint: True) -> list[str]:
-    """Remake from ``records`` (``sweep.restore_record``: results only) the runs whose directory is gone and whose
-    record is current: every later run, and a first run only when every later run of its row is then done (records
-    keep no weights, and nothing will start from it) and ``first_ok(link, its fingerprint)`` (e.g. its probe is
-    recorded too).
-    Returns the cells' names."""
+    """Remake from ``ledger`` (``sweep.restore_entry``: results only) the runs whose directory is gone and whose
+    entry is current: every later run, and a first run only when every later run of its row is then done (the
+    ledger keeps no weights, and nothing will start from it) and ``first_ok(link, its fingerprint)`` (e.g. its
+    probe is in the ledger too).  Returns the cells' names."""
     items = planned(plan_name, links)
     restored = [link.cell["name"] for link, where, fingerprint, _ in items
-                if not link.first and restore_record(records, where, fingerprint)]
+                if not link.first and restore_entry(ledger, where, fingerprint)]
     for link, where, fingerprint, _ in items:
         later = [(other, w, f) for other, w, f, _ in items if other.row == link.row and not other.first]
         if (link.first and all(link_done(*item) for item in later) and first_ok(link, fingerprint)
-                and restore_record(records, where, fingerprint)):
+                and restore_entry(ledger, where, fingerprint)):
             restored.append(link.cell["name"])
     return restored
 
 
-def keep_chain_records(plan_name: str, links: list[Link], records: Path) -> int:
-    """``sweep.keep_record`` of every finished current run of the chain; returns how many it wrote."""
-    return sum(keep_record(records, where) for link, where, fingerprint, _ in planned(plan_name, links)
+def write_chain_entries(plan_name: str, links: list[Link], ledger: Path) -> int:
+    """``sweep.write_entry`` of every finished current run of the chain; returns how many it wrote."""
+    return sum(write_entry(ledger, where) for link, where, fingerprint, _ in planned(plan_name, links)
                if link_done(link, where, fingerprint))
 
 
 def merge_json(source: Path, target: Path, overwrite: bool) -> bool:
     """Add to ``target`` (a JSON object) the entries of ``source`` it lacks (``overwrite``: and those it holds
     otherwise); returns whether it wrote.  Kept derived results (a plan's ``probe.json``: one entry per model and
-    seed, each naming the run it was made from) move so between a runs directory and its records."""
+    seed, each naming the run it was made from) move so between a runs directory and a ledger."""
     import json
 
     if not source.is_file():
@@ -136,7 +135,7 @@ def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input
                 continue
         else:
             record_cell(where, fingerprint, link.cell, starts_from)  # a run from before fingerprints: adopted
-        if link.after is not None and not is_restored(where):  # a run remade from its record has no weights
+        if link.after is not None and not is_restored(where):  # a run remade from its ledger entry has no weights
             link.after(where)
     return [name for _, name in failed]
 
@@ -174,53 +173,53 @@ def summary_metrics(run: Path) -> dict:
 
 
 @dataclass(frozen=True)
-class ChainRecords:
-    """How a chain report keeps its results in a records folder (``--records``): every link of its plan, the
-    derived files it keeps beside the runs' records (JSON objects under ``runs_root()/<plan name>/``, merged both
-    ways: ``merge_json``), and which first runs may be remade from their records (``restore_chain``'s
+class ChainLedger:
+    """How a chain report keeps its results in a ledger (``--ledger``): every link of its plan, the derived files
+    it keeps beside the runs' entries (JSON objects under ``runs_root()/<plan name>/``, merged both ways:
+    ``merge_json``), and which first runs may be remade from their entries (``restore_chain``'s
     ``first_ok``)."""
 
     links: Callable[[dict], list[Link]]
     files: tuple[str, ...] = ()
     first_ok: Callable[[dict, Link, str], bool] = lambda plan, link, fingerprint: True
 
-    def restore(self, plan: dict, records: Path) -> list[str]:
+    def restore(self, plan: dict, ledger: Path) -> list[str]:
         for name in self.files:
-            merge_json(records / name, runs_root() / plan["name"] / name, overwrite=False)
-        return restore_chain(plan["name"], self.links(plan), records,
+            merge_json(ledger / name, runs_root() / plan["name"] / name, overwrite=False)
+        return restore_chain(plan["name"], self.links(plan), ledger,
                              lambda link, fingerprint: self.first_ok(plan, link, fingerprint))
 
-    def keep(self, plan: dict, records: Path) -> int:
-        kept = keep_chain_records(plan["name"], self.links(plan), records)
-        return kept + sum(merge_json(runs_root() / plan["name"] / name, records / name, overwrite=True)
+    def keep(self, plan: dict, ledger: Path) -> int:
+        kept = write_chain_entries(plan["name"], self.links(plan), ledger)
+        return kept + sum(merge_json(runs_root() / plan["name"] / name, ledger / name, overwrite=True)
                           for name in self.files)
 
 
 def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: str, only: Optional[list[str]],
                   readme: Optional[str], collect_only: bool, run: Callable[[dict, Optional[list[str]]], list[str]],
-                  write: Callable[[dict], Path], also: str, records: Optional[str] = None,
-                  how: Optional[ChainRecords] = None) -> int:
+                  write: Callable[[dict], Path], also: str, ledger: Optional[str] = None,
+                  how: Optional[ChainLedger] = None) -> int:
     """A chain report command: check ``--readme``'s markers and ``--only``'s ids (of ``rows``, each a ``kind``) before
-    anything runs, remake what ``records`` holds (``how``), ``run`` the plan (unless ``collect_only``), keep the
-    finished runs' records, ``write`` the report, print it and put it into the readme; the failed runs are one line
+    anything runs, remake what ``ledger`` holds (``how``), ``run`` the plan (unless ``collect_only``), keep the
+    finished runs' entries, ``write`` the report, print it and put it into the readme; the failed runs are one line
     at the end (a run refused as bad input has said its line: exit 2)."""
     if readme:
         require_markers(readme, plan["name"])
     unknown = sorted(set(only or []) - set(rows))
     if unknown:
         raise PtmError(f"--only {' '.join(unknown)}: no such {kind} in {path} ({', '.join(rows)})")
-    if records and how is not None:
-        restored = how.restore(plan, Path(records))
+    if ledger and how is not None:
+        restored = how.restore(plan, Path(ledger))
         if restored:
-            print(f"{len(restored)} run(s) done before, restored from {records} (results only, no weights): "
+            print(f"{len(restored)} run(s) done before, restored from {ledger} (results only, no weights): "
                   f"{', '.join(restored[:5])}{', ...' if len(restored) > 5 else ''}", flush=True)
     try:
         failed = [] if collect_only else run(plan, only)
     except BadInput:
         return 2
     finally:
-        if records and how is not None and how.keep(plan, Path(records)):
-            print(f"kept the finished runs' results in {records}", flush=True)
+        if ledger and how is not None and how.keep(plan, Path(ledger)):
+            print(f"kept the finished runs' results in {ledger}", flush=True)
     from ptm_app.experiments.report import publish
 
     return publish(write(plan), readme, plan["name"], also, command, failed)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from ptm_app.errors import check_renamed, read_yaml
-from ptm_app.experiments.chain import (ChainRecords, Link, chain_command, current_runs, export_once, export_overrides,
+from ptm_app.experiments.chain import (ChainLedger, Link, chain_command, current_runs, export_once, export_overrides,
                                        run_chain, summary_metrics)
 from ptm_app.experiments.stats import check_seeds, paired, summarize
 from ptm_app.experiments.sweep import is_current, overrides, recorded_fingerprint
@@ -376,7 +376,7 @@ def write_knowledge_report(plan: dict) -> Path:
 
 
 def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[str]] = None,
-                     readme: Optional[str] = None, records: Optional[str] = None) -> int:
+                     readme: Optional[str] = None, ledger: Optional[str] = None) -> int:
     """Knowledge-enhanced PTMs side by side: pre-train, export, probe, fine-tune (resumable), then the table.
 
     Args:
@@ -385,21 +385,21 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
         only: model ids to run (the table has every row).
         readme: also put the table into this file (e.g. README.md), between the lines <!-- <plan name>:start -->
             and <!-- <plan name>:end -->.
-        records: keep each finished run's results and the probe results in this folder (e.g.
-            docs/results/records/knowledge_brown), and count a run whose directory is gone as done when its record is
-            current (``chain.restore_chain``; a pre-training only with its probe recorded too).
+        ledger: keep each finished run's results and the probe results in this folder (e.g.
+            docs/results/ledger/knowledge_brown), and count a run whose directory is gone as done when its ledger entry
+            is current (``chain.restore_chain``; a pre-training only with its probe in the ledger too).
     """
     path, plan = plan, load_knowledge_plan(plan)
     return chain_command("knowledge-report", path, plan, [m["id"] for m in plan["models"]], "model", only, readme,
                          collect_only, run_plan, write_knowledge_report,
-                         f"(+ .csv, .json, .png) and {runs_root() / plan['name'] / 'knowledge_runs.json'}", records,
-                         ChainRecords(lambda p: links(p, p["models"]), files=(PROBE_FILE,),
-                                      first_ok=probe_recorded))
+                         f"(+ .csv, .json, .png) and {runs_root() / plan['name'] / 'knowledge_runs.json'}", ledger,
+                         ChainLedger(lambda p: links(p, p["models"]), files=(PROBE_FILE,),
+                                      first_ok=probe_in_ledger))
 
 
-def probe_recorded(plan: dict, link: Link, fingerprint: str) -> bool:
-    """A pre-training may be remade from its record only when its probe result (of that pre-training, with the
-    plan's settings) is kept too: the probe reads the export, which records do not keep.  Adapters: always."""
+def probe_in_ledger(plan: dict, link: Link, fingerprint: str) -> bool:
+    """A pre-training may be remade from its ledger entry only when its probe result (of that pre-training, with the
+    plan's settings) is kept too: the probe reads the export, which the ledger does not keep.  Adapters: always."""
     if not link.cell["name"].split("/")[1] == "pretrain":
         return True
     probes = json.loads(probe_file(plan).read_text()) if probe_file(plan).is_file() else {}

@@ -15,9 +15,9 @@ A cell whose run directory already has test metrics is skipped and an interrupte
 Each run directory records what made it (``cell.json``: a hash of the config's settings, the arguments and the
 cells it starts from); a cell whose config or arguments changed since is not skipped or resumed but run afresh,
 its old directory kept beside it as ``<run>.stale-N``.  The table is ``<runs>/<name>.md`` and ``.csv``, built from
-the runs' ``summary.json`` files.  ``--records DIR`` keeps each finished cell's results (``<run>.json``: its
+the runs' ``summary.json`` files.  ``--ledger DIR`` keeps each finished cell's results (``<run>.json``: its
 ``summary.json``, its recipe's fingerprint and the machine it ran on; no weights) in DIR, and a cell whose run
-directory is gone but whose record is of its current recipe counts as done: a grid longer than one machine's
+directory is gone but whose ledger entry is of its current recipe counts as done: a grid longer than one machine's
 life (a scratch disk, a lent node) is finished in parts, and its tables stay whole.
 """
 from __future__ import annotations
@@ -220,67 +220,67 @@ def record_cell(run_dir: Path, fingerprint: str, cell: dict, upstream: Sequence[
     write_json(run_dir / CELL_FILE, {"fingerprint": fingerprint, "cell": cell, "upstream": list(upstream)})
 
 
-def record_file(records: Path, run_dir: Path) -> Path:
-    return Path(records) / f"{run_dir.name}.json"
+def entry_file(ledger: Path, run_dir: Path) -> Path:
+    return Path(ledger) / f"{run_dir.name}.json"
 
 
-def read_record(path: Path) -> dict:
-    """A record that ``keep_record`` wrote (JSON: data, nothing in it is run); one line if it is not one."""
+def read_entry(path: Path) -> dict:
+    """A ledger entry that ``write_entry`` wrote (JSON: data, nothing in it is run); one line if it is not one."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        entry = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise PtmError(f"{path}: not a readable results record ({err}); delete it to run its cell again") from None
-    if not isinstance(record, dict) or not {"fingerprint", "summary"} <= set(record):
-        raise PtmError(f"{path}: a results record has 'fingerprint' and 'summary'; delete it to run its cell again")
-    return record
+        raise PtmError(f"{path}: not a readable ledger entry ({err}); delete it to run its cell again") from None
+    if not isinstance(entry, dict) or not {"fingerprint", "summary"} <= set(entry):
+        raise PtmError(f"{path}: a ledger entry has 'fingerprint' and 'summary'; delete it to run its cell again")
+    return entry
 
 
-def keep_record(records: Path, run_dir: Path) -> bool:
+def write_entry(ledger: Path, run_dir: Path) -> bool:
     """Copy a finished run's results (``summary.json`` and ``cell.json``, never weights) to
-    ``records/<run>.json``, with the machine it ran on (``throughput.device_name``) and the day; a record already
+    ``ledger/<run>.json``, with the machine it ran on (``throughput.device_name``) and the day; an entry already
     there with the same fingerprint and summary is left as it is (it names the machine that made it).  Returns
     whether it wrote."""
     import torch
 
     from ptm_app.training.throughput import device_name
 
-    path, summary = record_file(records, run_dir), json.loads((run_dir / "summary.json").read_text())
+    path, summary = entry_file(ledger, run_dir), json.loads((run_dir / "summary.json").read_text())
     cell = cell_record(run_dir)
     if path.is_file():
-        old = read_record(path)
+        old = read_entry(path)
         if old["fingerprint"] == cell.get("fingerprint") and old["summary"] == summary:
             return False
     machine = cell.get("machine") or device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     write_json(path, {**cell, "summary": summary, "machine": machine,
-                      "recorded": cell.get("recorded") or time.strftime("%Y-%m-%d", time.gmtime())})
+                      "entered": cell.get("entered") or time.strftime("%Y-%m-%d", time.gmtime())})
     return True
 
 
-def restore_record(records: Path, run_dir: Path, fingerprint: str) -> bool:
-    """Remake ``run_dir`` (its ``summary.json`` and ``cell.json`` only) from its record in ``records`` when the
-    directory is gone and the record is of the recipe ``fingerprint`` names; returns whether it did."""
-    path = record_file(records, run_dir)
+def restore_entry(ledger: Path, run_dir: Path, fingerprint: str) -> bool:
+    """Remake ``run_dir`` (its ``summary.json`` and ``cell.json`` only) from its entry in ``ledger`` when the
+    directory is gone and the entry is of the recipe ``fingerprint`` names; returns whether it did."""
+    path = entry_file(ledger, run_dir)
     if run_dir.exists() or not path.is_file():
         return False
-    record = read_record(path)
-    if record["fingerprint"] != fingerprint:
+    entry = read_entry(path)
+    if entry["fingerprint"] != fingerprint:
         return False
     run_dir.mkdir(parents=True)
-    write_json(run_dir / "summary.json", record["summary"])
-    write_json(run_dir / CELL_FILE, {k: v for k, v in record.items() if k != "summary"})
+    write_json(run_dir / "summary.json", entry["summary"])
+    write_json(run_dir / CELL_FILE, {k: v for k, v in entry.items() if k != "summary"})
     return True
 
 
 def is_restored(run_dir: Path) -> bool:
-    """The run directory was remade from a record (``restore_record``): results only, no checkpoint or export."""
-    return "recorded" in cell_record(run_dir) and not (run_dir / "checkpoints").exists()
+    """The run directory was remade from its ledger entry (``restore_entry``): results only, no checkpoint or export."""
+    return "entered" in cell_record(run_dir) and not (run_dir / "checkpoints").exists()
 
 
-def restore_records(plan: dict, records: Path) -> list[str]:
-    """``restore_record`` for every cell of ``plan``; returns the names of the cells remade.  A record of another
-    recipe is left alone: its cell runs, and the new record replaces it."""
+def restore_entries(plan: dict, ledger: Path) -> list[str]:
+    """``restore_entry`` for every cell of ``plan``; returns the names of the cells remade.  An entry of another
+    recipe is left alone: its cell runs, and its new entry replaces it."""
     return [cell["name"] for cell in plan["cells"]
-            if restore_record(records, runs_root() / run_name(plan, cell), cell_fingerprint(plan, cell))]
+            if restore_entry(ledger, runs_root() / run_name(plan, cell), cell_fingerprint(plan, cell))]
 
 
 def current_cells(plan: dict) -> tuple[dict[str, Path], list[str]]:
@@ -313,7 +313,7 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
             *override_args(cell.get("set") or {}), "--run_name", name]
     fingerprint, run_dir = cell_fingerprint(plan, cell, upstream), runs_root() / name
     moved = set_aside_if_stale(run_dir, fingerprint)
-    if moved is None and "recorded" in cell_record(run_dir):  # remade from a record, run again (--force): a new run
+    if moved is None and "entered" in cell_record(run_dir):  # remade from its ledger entry, run again (--force): a new run
         (run_dir / CELL_FILE).unlink()
     if moved is not None:
         print(f"{cell['name']}: its config or arguments changed since {run_dir.name} ran; that run is kept as "
@@ -333,7 +333,7 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
 
 
 def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list: bool = False,
-          readme: Optional[str] = None, records: Optional[str] = None) -> int:
+          readme: Optional[str] = None, ledger: Optional[str] = None) -> int:
     """Run a grid of configs (fit + test), one run directory per cell, then its results table.
 
     Args:
@@ -344,8 +344,8 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         list: list the cells and their state, run nothing.
         readme: also put the tables into this file (e.g. docs/results/adaptation.md), between the lines
             ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, NAME the plan's name.
-        records: keep each finished cell's results in this folder (e.g. docs/results/records/adapt_minilm), and
-            count a cell whose run directory is gone as done when its record is of its current recipe.
+        ledger: keep each finished cell's results in this folder (e.g. docs/results/ledger/adapt_minilm), and
+            count a cell whose run directory is gone as done when its ledger entry is of its current recipe.
     """
     from ptm_app.paths import require_markers, write_between_markers
 
@@ -357,10 +357,10 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
                                                          or fnmatch.fnmatch(c.get("base", ""), g) for g in only)]
     if not cells:
         raise PtmError(f"--only {' '.join(only)} matches no cell of {path}")
-    if records and not listing:
-        restored = restore_records(plan, Path(records))
+    if ledger and not listing:
+        restored = restore_entries(plan, Path(ledger))
         if restored:
-            print(f"{len(restored)} cell(s) done before, restored from {records} (results only, no weights): "
+            print(f"{len(restored)} cell(s) done before, restored from {ledger} (results only, no weights): "
                   f"{', '.join(restored[:5])}{', ...' if len(restored) > 5 else ''}", flush=True)
     failed = []
     for i, cell in enumerate(cells, 1):
@@ -369,9 +369,9 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         done = is_done(run_dir, fingerprint)
         if listing:
             stale = recorded_fingerprint(run_dir) not in (None, fingerprint)
-            kept = (records and not run_dir.exists() and record_file(Path(records), run_dir).is_file()
-                    and read_record(record_file(Path(records), run_dir))["fingerprint"] == fingerprint)
-            state = "done" if done else "stale" if stale else "recorded" if kept else "todo"
+            kept = (ledger and not run_dir.exists() and entry_file(Path(ledger), run_dir).is_file()
+                    and read_entry(entry_file(Path(ledger), run_dir))["fingerprint"] == fingerprint)
+            state = "done" if done else "stale" if stale else "ledger" if kept else "todo"
             print(f"{cell['name']:40s} {state}  {run_dir}")
             continue
         if done and not force:
@@ -385,8 +385,8 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
             return 143
         if code:
             failed.append(cell["name"])
-        elif records and is_done(run_dir, fingerprint):
-            keep_record(Path(records), run_dir)
+        elif ledger and is_done(run_dir, fingerprint):
+            write_entry(Path(ledger), run_dir)
     if listing:
         return 0
     from ptm_app.experiments.report import write_report
@@ -396,10 +396,10 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         print(f"left out of the tables: {len(stale)} run(s) made by an earlier recipe of their cell "
               f"({', '.join(stale[:5])}{', ...' if len(stale) > 5 else ''}); run those cells again to remake them")
     current = {n: str(d) for n, d in made.items()}
-    if records:  # cells finished before --records was given, too
-        kept = [n for n, d in made.items() if is_done(d) and keep_record(Path(records), d)]
+    if ledger:  # cells finished before --ledger was given, too
+        kept = [n for n, d in made.items() if is_done(d) and write_entry(Path(ledger), d)]
         if kept:
-            print(f"kept the results of {len(kept)} cell(s) in {records}")
+            print(f"kept the results of {len(kept)} cell(s) in {ledger}")
     runs = [*current.values()]
     if runs:
         stages = ("test/",) if plan.get("test") else ("val/",)

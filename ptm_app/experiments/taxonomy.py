@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from ptm_app.errors import read_yaml
 from ptm_app.errors import PtmError
-from ptm_app.experiments.chain import (ChainRecords, Link, chain_command, current_runs, export_once, export_overrides,
+from ptm_app.experiments.chain import (ChainLedger, Link, chain_command, current_runs, export_once, export_overrides,
                                        run_chain, summary, summary_metrics)
 from ptm_app.experiments.sweep import is_current, overrides
 from ptm_app.paths import check_run_name, run_path, runs_root, write_json
@@ -475,7 +475,7 @@ def write_taxonomy_report(plan: dict) -> Path:
 
 
 def taxonomy_report(plan: str, collect_only: bool = False, only: Optional[list[str]] = None,
-                    readme: Optional[str] = None, records: Optional[str] = None) -> int:
+                    readme: Optional[str] = None, ledger: Optional[str] = None) -> int:
     """Pre-training objectives at equal FLOPs, over seeds: pre-train, export, fine-tune (resumable), then the table.
 
     Args:
@@ -485,10 +485,10 @@ def taxonomy_report(plan: str, collect_only: bool = False, only: Optional[list[s
         only: objective ids to run (the table has every row).
         readme: also put the table into this file (e.g. docs/results/taxonomy.md), between the lines
             <!-- <plan name>:start --> and <!-- <plan name>:end -->.
-        records: keep each finished run's results in this folder (e.g. docs/results/records/taxonomy), and count a
-            run whose directory is gone as done when its record is current (``chain.restore_chain``).
+        ledger: keep each finished run's results in this folder (e.g. docs/results/ledger/taxonomy), and count a
+            run whose directory is gone as done when its ledger entry is current (``chain.restore_chain``).
     """
     path, plan = plan, load_taxonomy_plan(plan)
     return chain_command("taxonomy-report", path, plan, [o["id"] for o in plan["objectives"]], "objective", only,
-                         readme, collect_only, run_plan, write_taxonomy_report, "(+ .json, .png)", records,
-                         ChainRecords(lambda p: links(p, p["objectives"])))
+                         readme, collect_only, run_plan, write_taxonomy_report, "(+ .json, .png)", ledger,
+                         ChainLedger(lambda p: links(p, p["objectives"])))

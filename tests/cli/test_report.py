@@ -111,8 +111,8 @@ def test_sweep_runs_every_cell_once_and_writes_the_table(tiny_corpus, tmp_path, 
     assert {r["run"] for r in csv.DictReader(open(runs / "grid.csv"))} == {"grid-tiny-bitfit"}
 
 
-def test_records_keep_a_sweeps_results_when_its_run_directories_are_gone(tiny_corpus, tmp_path, capsys):
-    """``--records``: a finished cell's results (no weights) outlive its run directory; the cell counts as done
+def test_a_ledger_keeps_a_sweeps_results_when_its_run_directories_are_gone(tiny_corpus, tmp_path, capsys):
+    """``--ledger``: a finished cell's results (no weights) outlive its run directory; the cell counts as done
     and stays in the table while its recipe is unchanged, and runs again once it changes."""
     import shutil
 
@@ -120,39 +120,39 @@ def test_records_keep_a_sweeps_results_when_its_run_directories_are_gone(tiny_co
     plan = {"name": "grid", "set": {"trainer.max_steps": 2},
             "cells": [{"name": "tiny/full", "config": str(config)},
                       {"name": "tiny/bitfit", "config": str(config), "set": {"model.init_args.delta": {"method": "bitfit"}}}]}
-    path, runs, records = tmp_path / "plan.yaml", tmp_path / "runs", tmp_path / "records"
+    path, runs, ledger = tmp_path / "plan.yaml", tmp_path / "runs", tmp_path / "ledger"
     path.write_text(yaml.safe_dump(plan))
-    assert run_main(["sweep", str(path), "--records", str(records)], runs) == 0
-    record = json.loads((records / "grid-tiny-full.json").read_text())
+    assert run_main(["sweep", str(path), "--ledger", str(ledger)], runs) == 0
+    entry = json.loads((ledger / "grid-tiny-full.json").read_text())
     summary = json.loads((runs / "grid-tiny-full" / "summary.json").read_text())
-    assert record["summary"] == summary and record["fingerprint"] == json.loads(
+    assert entry["summary"] == summary and entry["fingerprint"] == json.loads(
         (runs / "grid-tiny-full" / "cell.json").read_text())["fingerprint"]
-    assert record["machine"] and len(record["recorded"]) == 10 and sorted(p.name for p in records.iterdir()) == [
+    assert entry["machine"] and len(entry["entered"]) == 10 and sorted(p.name for p in ledger.iterdir()) == [
         "grid-tiny-bitfit.json", "grid-tiny-full.json"]
     before = {r["run"]: r for r in csv.DictReader(open(runs / "grid.csv"))}
-    shutil.rmtree(runs)  # the machine is gone; the records are what is left
+    shutil.rmtree(runs)  # the machine is gone; the ledger is what is left
     capsys.readouterr()
-    assert run_main(["sweep", str(path), "--records", str(records), "--list"], runs) == 0
-    assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == ["recorded", "recorded"]
-    assert run_main(["sweep", str(path), "--records", str(records)], runs) == 0
+    assert run_main(["sweep", str(path), "--ledger", str(ledger), "--list"], runs) == 0
+    assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == ["ledger", "ledger"]
+    assert run_main(["sweep", str(path), "--ledger", str(ledger)], runs) == 0
     out = capsys.readouterr().out
     assert "2 cell(s) done before, restored from" in out and out.count("done, skipped") == 2
     assert {r["run"]: r for r in csv.DictReader(open(runs / "grid.csv"))} == before  # the same table, no refit
     assert not (runs / "grid-tiny-full" / "checkpoints").exists()
-    # a changed cell's record is not used: the cell runs, and its new record replaces the old one
+    # a changed cell's entry is not used: the cell runs, and its new entry replaces the old one
     plan["cells"][1]["set"]["trainer.max_steps"] = 3
     path.write_text(yaml.safe_dump(plan))
     shutil.rmtree(runs)
-    assert run_main(["sweep", str(path), "--records", str(records)], runs) == 0
+    assert run_main(["sweep", str(path), "--ledger", str(ledger)], runs) == 0
     out = capsys.readouterr().out
     assert "1 cell(s) done before, restored from" in out and out.count("done, skipped") == 1
-    assert json.loads((records / "grid-tiny-bitfit.json").read_text())["summary"]["global_step"] == 3
-    # a record that is not one is one line naming it
-    (records / "grid-tiny-full.json").write_text("{not json")
+    assert json.loads((ledger / "grid-tiny-bitfit.json").read_text())["summary"]["global_step"] == 3
+    # an entry that is not one is one line naming it
+    (ledger / "grid-tiny-full.json").write_text("{not json")
     shutil.rmtree(runs)
-    assert run_main(["sweep", str(path), "--records", str(records)], runs) == 2
+    assert run_main(["sweep", str(path), "--ledger", str(ledger)], runs) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "grid-tiny-full.json: not a readable results record" in err[0], err
+    assert len(err) == 1 and "grid-tiny-full.json: not a readable ledger entry" in err[0], err
 
 
 def test_a_plan_with_seeds_runs_each_cell_per_seed_and_reports_intervals(tiny_corpus, tmp_path, capsys):

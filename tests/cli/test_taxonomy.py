@@ -87,15 +87,15 @@ def test_quick_plan_end_to_end(tmp_path, runs_dir, tiny_corpus, monkeypatch, cap
     assert readme.read_text() == f"# Taxonomy\n\n<!-- taxonomy_quick:start -->\n{table}\n<!-- taxonomy_quick:end -->\n"
     figure = (runs_dir / "taxonomy_quick" / "taxonomy.png").read_bytes()  # the page's figure, beside it
     assert (tmp_path / "figures" / "taxonomy_quick.png").read_bytes() == figure
-    # --records keeps every finished run's results (no weights); with the run directories gone, the same table
+    # --ledger keeps every finished run's results (no weights); with the run directories gone, the same table
     import shutil
 
-    records = tmp_path / "records"
-    assert run_main(["taxonomy-report", str(path), "--collect_only", "--records", str(records)], runs_dir) == 0
-    assert len(list(records.glob("taxonomy_quick-*.json"))) == 12
+    ledger = tmp_path / "ledger"
+    assert run_main(["taxonomy-report", str(path), "--collect_only", "--ledger", str(ledger)], runs_dir) == 0
+    assert len(list(ledger.glob("taxonomy_quick-*.json"))) == 12
     shutil.rmtree(runs_dir)
     capsys.readouterr()
-    assert run_main(["taxonomy-report", str(path), "--records", str(records)], runs_dir) == 0
+    assert run_main(["taxonomy-report", str(path), "--ledger", str(ledger)], runs_dir) == 0
     printed = capsys.readouterr().out
     assert "12 run(s) done before, restored from" in printed and " exit " not in printed  # nothing ran
     assert (runs_dir / "taxonomy_quick" / "taxonomy.md").read_text().rstrip() == table

@@ -217,8 +217,8 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
                        {"id": "sensebert", "label": "SenseBERT", "pretrain": "configs/knowledge/sensebert_mlm_supersense_brown.yaml"}]}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
-    records = tmp_path / "records"
-    assert run_main(["knowledge-report", str(path), "--records", str(records)], runs_dir) == 0
+    ledger = tmp_path / "ledger"
+    assert run_main(["knowledge-report", str(path), "--ledger", str(ledger)], runs_dir) == 0
     out = runs_dir / "kb_tiny"
     rows = json.loads((out / "knowledge.json").read_text())
     assert [r["model"] for r in rows] == ["MLM", "SenseBERT"]
@@ -244,24 +244,24 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     assert "exit" not in printed and "| SenseBERT |" in printed  # every cell was done: only the table
     table = (out / "knowledge.md").read_text().rstrip()
     assert readme.read_text() == f"# Results\n\n<!-- kb_tiny:start -->\n{table}\n<!-- kb_tiny:end -->\n\nafter\n"
-    # --records: the results outlive the run directories.  A chain whose every run is recorded is remade from them
-    # (nothing runs); one with a fine-tuning not recorded runs its pre-training again, since records keep no weights
+    # --ledger: the results outlive the run directories.  A chain whose every run is in the ledger is remade from
+    # it (nothing runs); one with a fine-tuning not in it runs its pre-training again: the ledger keeps no weights
     import shutil
 
-    assert sorted(p.name for p in records.iterdir()) == [f"kb_tiny-{m}-{c}.json" for m in ("mlm", "sensebert")
+    assert sorted(p.name for p in ledger.iterdir()) == [f"kb_tiny-{m}-{c}.json" for m in ("mlm", "sensebert")
                                                          for c in ("pretrain", "wordnet_supersense")] + ["probe.json"]
-    assert json.loads((records / "probe.json").read_text()) == probes
+    assert json.loads((ledger / "probe.json").read_text()) == probes
     mlm_row = next(line for line in table.splitlines() if line.startswith("| MLM |"))
     shutil.rmtree(runs_dir)
-    (records / "kb_tiny-sensebert-wordnet_supersense.json").unlink()
-    assert run_main(["knowledge-report", str(path), "--records", str(records)], runs_dir) == 0
+    (ledger / "kb_tiny-sensebert-wordnet_supersense.json").unlink()
+    assert run_main(["knowledge-report", str(path), "--ledger", str(ledger)], runs_dir) == 0
     printed = capsys.readouterr().out
     ran = [line.split("] ")[1].split(":")[0] for line in printed.splitlines() if " exit " in line]
     assert ran == ["sensebert/pretrain", "sensebert/wordnet_supersense"], printed
     assert "2 run(s) done before, restored from" in printed and "mlm/pretrain" in printed
-    assert not (runs_dir / "kb_tiny-mlm-pretrain" / "export").exists()  # remade from its record: no weights
-    assert mlm_row in (out / "knowledge.md").read_text()  # the same numbers, from the records
-    assert (records / "kb_tiny-sensebert-wordnet_supersense.json").is_file()  # kept again
+    assert not (runs_dir / "kb_tiny-mlm-pretrain" / "export").exists()  # remade from its ledger entry: no weights
+    assert mlm_row in (out / "knowledge.md").read_text()  # the same numbers, from the ledger
+    assert (ledger / "kb_tiny-sensebert-wordnet_supersense.json").is_file()  # kept again
 
 
 def test_numbers_from_an_earlier_recipe_or_pretraining_are_left_out(runs_dir, monkeypatch):
