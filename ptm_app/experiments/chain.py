@@ -12,14 +12,15 @@ current (``restore_chain``); a first run is remade so only when nothing left to 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from ptm_app.errors import PtmError
-from ptm_app.experiments.sweep import (cell_fingerprint, is_current, is_done, is_restored, write_entry, record_cell,
-                                      restore_entry, run_cell, run_name)
+from ptm_app.experiments.sweep import (cell_fingerprint, forget_remade, is_current, is_done, is_restored, record_cell,
+                                      restore_entry, run_cell, run_name, write_entry)
 from ptm_app.paths import require_markers, runs_root, write_json
 
 
@@ -98,12 +99,9 @@ def merge_json(source: Path, target: Path, overwrite: bool) -> bool:
     """Add to ``target`` (a JSON object) the entries of ``source`` it lacks (``overwrite``: and those it holds
     otherwise); returns whether it wrote.  Kept derived results (a plan's ``probe.json``: one entry per model and
     seed, each naming the run it was made from) move so between a runs directory and a ledger."""
-    import json
-
     if not source.is_file():
         return False
-    new = json.loads(source.read_text())
-    old = json.loads(target.read_text()) if target.is_file() else {}
+    new, old = read_object(source), read_object(target) if target.is_file() else {}
     merged = {**old, **new} if overwrite else {**new, **old}
     if merged == old:
         return False
@@ -111,13 +109,28 @@ def merge_json(source: Path, target: Path, overwrite: bool) -> bool:
     return True
 
 
+def read_object(path: Path) -> dict:
+    """A JSON object file (a kept derived result); one line if it is not one."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise PtmError(f"{path}: not readable JSON ({err}); move it away to make it again") from None
+    if not isinstance(value, dict):
+        raise PtmError(f"{path}: holds a JSON {type(value).__name__}, not an object; move it away to make it again")
+    return value
+
+
 def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input: bool = False) -> list[str]:
     """Run every link that is not done, in order; a row whose first run failed runs nothing more.  Returns the
     names of the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line); with
     ``stop_on_bad_input`` a run refused as bad input (exit 2, its one line printed) stops the chain too, raised as
     ``BadInput`` (nothing more to print)."""
-    failed = []
-    for i, (link, where, fingerprint, starts_from) in enumerate(planned(plan_name, links), 1):
+    failed, items = [], planned(plan_name, links)
+    for link, where, fingerprint, _ in items:  # a first run remade from the ledger whose weights are needed again
+        if link.first and is_restored(where) and not all(
+                link_done(other, w, f) for other, w, f, _ in items if other.row == link.row and not other.first):
+            forget_remade(where)
+    for i, (link, where, fingerprint, starts_from) in enumerate(items, 1):
         if any(f == link.row for f, _ in failed):
             continue  # an earlier run of this row failed (its pre-training, an adapter): nothing to start from
         if not link_done(link, where, fingerprint):
@@ -217,9 +230,12 @@ def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: st
         failed = [] if collect_only else run(plan, only)
     except BadInput:
         return 2
-    finally:
-        if ledger and how is not None and how.keep(plan, Path(ledger)):
-            print(f"kept the finished runs' results in {ledger}", flush=True)
+    finally:  # after a SIGTERM too; a ledger that cannot be written says so without hiding why the run stopped
+        try:
+            if ledger and how is not None and how.keep(plan, Path(ledger)):
+                print(f"kept the finished runs' results in {ledger}", flush=True)
+        except PtmError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
     from ptm_app.experiments.report import publish
 
     return publish(write(plan), readme, plan["name"], also, command, failed)

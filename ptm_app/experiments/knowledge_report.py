@@ -202,6 +202,9 @@ def probe_models(plan: dict, models: list[tuple[dict, Optional[int]]]) -> None:
     valid, sample = valid_objects(facts), sample_facts(pool, settings["facts"], settings["seed"])
     for model, seed in models:
         export = run_dir(plan, model, "pretrain", seed) / "export"
+        if not (export / "config.json").is_file():
+            raise PtmError(f"{export}: no export to probe (its pre-training was remade from a ledger entry, which "
+                           f"keeps no weights); remove {export.parent} to pre-train it again")
         lm = load_language_model(str(export))
         scored, skipped = score_relation(lm, sample, valid, 16)
         relation = sample[0].relation

@@ -41,6 +41,7 @@ CELL_KEYS = {"name", "config", "set", "fit", "test_ckpt"}
 PLAN_KEYS = {"name", "set", "test", "cells", "seeds", "baseline"}
 OLD_KEYS = {"common": "set", "args": "set"}  # plans from before overrides were mappings: lists of argv words
 CELL_FILE = "cell.json"
+REMADE = "remade_from_ledger"  # cell.json's mark on a run directory remade from a ledger entry (no weights)
 EXAMPLE = "{model.init_args.optim.lr: 1.0e-4, trainer.max_steps: 250}"
 
 
@@ -183,18 +184,31 @@ def config_files(cell: dict, where: str = "sweep cell") -> list[str]:
 def cell_fingerprint(plan: dict, cell: dict, upstream: Sequence[str] = ()) -> str:
     """What makes a cell's run: its config's settings (parsed: comments and layout do not count), the plan's and
     the cell's arguments, whether it fits and which checkpoint it tests, and the fingerprints of the cells it starts
-    from (``upstream``: a pre-training whose export it fine-tunes), hashed."""
+    from (``upstream``: a pre-training whose export it fine-tunes), hashed.  The runs folder's own path (an export
+    a fine-tuning starts from is under it) counts as ``$RUNS``, so one recipe has one fingerprint on every machine
+    and a ledger's entries match there; a run recorded under the earlier, path-bearing form is upgraded in place."""
     settings = [yaml.safe_load(Path(f).read_text(encoding="utf-8")) for f in config_files(cell)]
     recipe = {"config": settings[0] if isinstance(cell["config"], str) else settings,  # one file: as before
               "args": [*override_args(plan.get("set") or {}), *override_args(cell.get("set") or {})],
               "fit": cell.get("fit", True), "test_ckpt": cell.get("test_ckpt"), "upstream": list(upstream)}
-    return recipe_digest(recipe)
+    fingerprint = recipe_digest(recipe, runs=str(runs_root()))
+    path_bearing = recipe_digest(recipe)
+    if path_bearing != fingerprint and "name" in plan:  # the recipe names the runs folder: upgrade a run made before
+        run_dir = runs_root() / run_name(plan, cell)
+        record = cell_record(run_dir)
+        if record.get("fingerprint") == path_bearing:
+            write_json(run_dir / CELL_FILE, {**record, "fingerprint": fingerprint})
+    return fingerprint
 
 
-def recipe_digest(recipe: dict) -> str:
+def recipe_digest(recipe: dict, runs: Optional[str] = None) -> str:
     """A recipe (JSON-able settings) hashed to the 16 hex digits a run's ``cell.json`` records; key order does not
-    count.  ``cell_fingerprint`` and ``compression_report.recipe_fingerprints`` both use it."""
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    count, and with ``runs`` (the runs folder's path) neither does where the runs folder is.  ``cell_fingerprint``
+    and ``compression_report.recipe_fingerprints`` both use it."""
+    text = json.dumps(recipe, sort_keys=True)
+    if runs:
+        text = text.replace(json.dumps(runs)[1:-1], "$RUNS")
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cell_record(run_dir: Path) -> dict:
@@ -230,29 +244,34 @@ def read_entry(path: Path) -> dict:
         entry = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise PtmError(f"{path}: not a readable ledger entry ({err}); delete it to run its cell again") from None
-    if not isinstance(entry, dict) or not {"fingerprint", "summary"} <= set(entry):
-        raise PtmError(f"{path}: a ledger entry has 'fingerprint' and 'summary'; delete it to run its cell again")
+    if not isinstance(entry, dict) or not {"fingerprint", "summary"} <= set(entry) or not isinstance(
+            entry["summary"], dict) or not isinstance(entry["fingerprint"], str):
+        raise PtmError(f"{path}: a ledger entry has 'fingerprint' (a string) and 'summary' (a mapping); delete it "
+                       f"to run its cell again")
     return entry
 
 
 def write_entry(ledger: Path, run_dir: Path) -> bool:
     """Copy a finished run's results (``summary.json`` and ``cell.json``, never weights) to
     ``ledger/<run>.json``, with the machine it ran on (``throughput.device_name``) and the day; an entry already
-    there with the same fingerprint and summary is left as it is (it names the machine that made it).  Returns
-    whether it wrote."""
+    there with the same fingerprint and summary is left as it is (it names the machine that made it); a run
+    without a recorded recipe, or remade from an entry (``is_restored``: a copy, perhaps older than the ledger's),
+    gets none.  Returns whether it wrote."""
     import torch
 
     from ptm_app.training.throughput import device_name
 
     path, summary = entry_file(ledger, run_dir), json.loads((run_dir / "summary.json").read_text())
     cell = cell_record(run_dir)
+    if not cell.get("fingerprint") or is_restored(run_dir):  # no recipe to check it against; or a copy of an entry
+        return False
     if path.is_file():
         old = read_entry(path)
         if old["fingerprint"] == cell.get("fingerprint") and old["summary"] == summary:
             return False
-    machine = cell.get("machine") or device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    machine = summary.get("machine") or device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     write_json(path, {**cell, "summary": summary, "machine": machine,
-                      "entered": cell.get("entered") or time.strftime("%Y-%m-%d", time.gmtime())})
+                      "entered": time.strftime("%Y-%m-%d", time.gmtime())})
     return True
 
 
@@ -265,15 +284,28 @@ def restore_entry(ledger: Path, run_dir: Path, fingerprint: str) -> bool:
     entry = read_entry(path)
     if entry["fingerprint"] != fingerprint:
         return False
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True)  # cell.json first: a directory with a summary and no mark would pass for a real run
+    write_json(run_dir / CELL_FILE, {**{k: v for k, v in entry.items() if k != "summary"}, REMADE: True})
     write_json(run_dir / "summary.json", entry["summary"])
-    write_json(run_dir / CELL_FILE, {k: v for k, v in entry.items() if k != "summary"})
     return True
 
 
 def is_restored(run_dir: Path) -> bool:
     """The run directory was remade from its ledger entry (``restore_entry``): results only, no checkpoint or export."""
-    return "entered" in cell_record(run_dir) and not (run_dir / "checkpoints").exists()
+    return bool(cell_record(run_dir).get(REMADE))
+
+
+def forget_remade(run_dir: Path) -> None:
+    """Remove a remade run directory (``is_restored``: its ``cell.json`` and ``summary.json``, which its ledger
+    entry still holds), so its cell runs for real; a directory holding anything else is left and refused."""
+    made = {run_dir / CELL_FILE, run_dir / "summary.json"}
+    other = [p for p in run_dir.iterdir() if p not in made]
+    if other:
+        raise PtmError(f"{run_dir}: remade from a ledger entry but holds {other[0].name} too; move it away to run "
+                       f"its cell again")
+    for p in made:
+        p.unlink(missing_ok=True)
+    run_dir.rmdir()
 
 
 def restore_entries(plan: dict, ledger: Path) -> list[str]:
@@ -313,8 +345,8 @@ def run_cell(plan: dict, cell: dict, fresh: bool = False, upstream: Sequence[str
             *override_args(cell.get("set") or {}), "--run_name", name]
     fingerprint, run_dir = cell_fingerprint(plan, cell, upstream), runs_root() / name
     moved = set_aside_if_stale(run_dir, fingerprint)
-    if moved is None and "entered" in cell_record(run_dir):  # remade from its ledger entry, run again (--force): a new run
-        (run_dir / CELL_FILE).unlink()
+    if moved is None and is_restored(run_dir):  # remade from its ledger entry, run again (--force): a new run
+        forget_remade(run_dir)
     if moved is not None:
         print(f"{cell['name']}: its config or arguments changed since {run_dir.name} ran; that run is kept as "
               f"{moved.name} and the cell runs afresh", flush=True)

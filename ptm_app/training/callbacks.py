@@ -287,7 +287,10 @@ class RunSummary(Callback):
         self._start = time.monotonic()
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self._write(trainer, pl_module, fit_seconds=round(self.fit_seconds(), 1), global_step=trainer.global_step)
+        from ptm_app.training.throughput import device_name
+
+        self._write(trainer, pl_module, fit_seconds=round(self.fit_seconds(), 1), global_step=trainer.global_step,
+                    machine=device_name(pl_module.device))  # what fit_seconds were measured on (a ledger keeps it)
         self._start, self._before = 0.0, 0.0
 
     def on_test_end(self, trainer, pl_module) -> None:

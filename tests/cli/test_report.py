@@ -139,6 +139,10 @@ def test_a_ledger_keeps_a_sweeps_results_when_its_run_directories_are_gone(tiny_
     assert "2 cell(s) done before, restored from" in out and out.count("done, skipped") == 2
     assert {r["run"]: r for r in csv.DictReader(open(runs / "grid.csv"))} == before  # the same table, no refit
     assert not (runs / "grid-tiny-full" / "checkpoints").exists()
+    from ptm_app.experiments.sweep import is_restored, write_entry
+
+    assert is_restored(runs / "grid-tiny-full") and not write_entry(ledger, runs / "grid-tiny-full")  # a copy
+    assert entry["machine"] == entry["summary"]["machine"]  # the machine its fit ran on
     # a changed cell's entry is not used: the cell runs, and its new entry replaces the old one
     plan["cells"][1]["set"]["trainer.max_steps"] = 3
     path.write_text(yaml.safe_dump(plan))
@@ -275,6 +279,33 @@ def test_a_cells_fingerprint_ignores_comments_but_not_settings(tmp_path):
     config.write_text("trainer: {max_steps: 3}\n")
     assert cell_fingerprint(plan, cell) != before
     assert cell_fingerprint(plan, cell, ["upstream"]) != cell_fingerprint(plan, cell)
+
+
+def test_a_fingerprint_is_the_same_wherever_the_runs_folder_is(tmp_path, monkeypatch):
+    """A cell starting from an export under the runs folder has one fingerprint whatever that folder's path (so a
+    ledger's entries match on another machine); a run recorded under the earlier, path-bearing fingerprint is
+    upgraded in place rather than made stale."""
+    from ptm_app.experiments.sweep import cell_fingerprint, recipe_digest, override_args
+
+    config = tmp_path / "c.yaml"
+    config.write_text("trainer: {max_steps: 3}\n")
+    prints = []
+    for where in ("a", "b"):
+        runs = tmp_path / where / "checkpoints"
+        monkeypatch.setenv("PTM_RUNS_DIR", str(runs))
+        cell = {"name": "t/full", "config": str(config),
+                "set": {"model.init_args.backbone": str(runs / "p-pretrain" / "export"),
+                        "data.init_args.tokenizer": json.dumps({"pretrained": str(runs / "p-pretrain" / "export")})}}
+        prints.append(cell_fingerprint({"name": "g"}, cell, ["0123456789abcdef"]))
+    assert prints[0] == prints[1]
+    old = recipe_digest({"config": {"trainer": {"max_steps": 3}}, "args": override_args(cell["set"]), "fit": True,
+                         "test_ckpt": None, "upstream": ["0123456789abcdef"]})
+    assert old != prints[1]
+    run = runs / "g-t-full"
+    run.mkdir(parents=True)
+    (run / "cell.json").write_text(json.dumps({"fingerprint": old, "cell": cell}))
+    assert cell_fingerprint({"name": "g"}, cell, ["0123456789abcdef"]) == prints[1]
+    assert json.loads((run / "cell.json").read_text())["fingerprint"] == prints[1]
 
 
 def test_overrides_as_a_mapping_equal_the_old_argv_lists(tmp_path):

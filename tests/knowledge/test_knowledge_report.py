@@ -262,6 +262,14 @@ def test_knowledge_report_end_to_end_at_tiny_size(tmp_path, runs_dir, monkeypatc
     assert not (runs_dir / "kb_tiny-mlm-pretrain" / "export").exists()  # remade from its ledger entry: no weights
     assert mlm_row in (out / "knowledge.md").read_text()  # the same numbers, from the ledger
     assert (ledger / "kb_tiny-sensebert-wordnet_supersense.json").is_file()  # kept again
+    # a remade pre-training whose weights are needed again (a fine-tuning neither done nor in the ledger) runs again
+    shutil.rmtree(runs_dir / "kb_tiny-mlm-wordnet_supersense")
+    (ledger / "kb_tiny-mlm-wordnet_supersense.json").unlink()
+    assert run_main(["knowledge-report", str(path), "--ledger", str(ledger)], runs_dir) == 0
+    printed = capsys.readouterr().out
+    assert [line.split("] ")[1].split(":")[0] for line in printed.splitlines() if " exit " in line] == [
+        "mlm/pretrain", "mlm/wordnet_supersense"], printed
+    assert (runs_dir / "kb_tiny-mlm-pretrain" / "export" / "config.json").is_file()
 
 
 def test_numbers_from_an_earlier_recipe_or_pretraining_are_left_out(runs_dir, monkeypatch):
