@@ -275,14 +275,18 @@ def write_entry(ledger: Path, run_dir: Path) -> bool:
     return True
 
 
+def current_entry(ledger: Path, run_dir: Path, fingerprint: str) -> Optional[dict]:
+    """The ledger's entry for ``run_dir`` when it is of the recipe ``fingerprint`` names; else None."""
+    path = entry_file(ledger, run_dir)
+    entry = read_entry(path) if path.is_file() else None
+    return entry if entry is not None and entry["fingerprint"] == fingerprint else None
+
+
 def restore_entry(ledger: Path, run_dir: Path, fingerprint: str) -> bool:
     """Remake ``run_dir`` (its ``summary.json`` and ``cell.json`` only) from its entry in ``ledger`` when the
     directory is gone and the entry is of the recipe ``fingerprint`` names; returns whether it did."""
-    path = entry_file(ledger, run_dir)
-    if run_dir.exists() or not path.is_file():
-        return False
-    entry = read_entry(path)
-    if entry["fingerprint"] != fingerprint:
+    entry = None if run_dir.exists() else current_entry(ledger, run_dir, fingerprint)
+    if entry is None:
         return False
     run_dir.mkdir(parents=True)  # cell.json first: a directory with a summary and no mark would pass for a real run
     write_json(run_dir / CELL_FILE, {**{k: v for k, v in entry.items() if k != "summary"}, REMADE: True})
@@ -401,8 +405,7 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
         done = is_done(run_dir, fingerprint)
         if listing:
             stale = recorded_fingerprint(run_dir) not in (None, fingerprint)
-            kept = (ledger and not run_dir.exists() and entry_file(Path(ledger), run_dir).is_file()
-                    and read_entry(entry_file(Path(ledger), run_dir))["fingerprint"] == fingerprint)
+            kept = ledger and not run_dir.exists() and current_entry(Path(ledger), run_dir, fingerprint)
             state = "done" if done else "stale" if stale else "ledger" if kept else "todo"
             print(f"{cell['name']:40s} {state}  {run_dir}")
             continue
