@@ -7,7 +7,7 @@ CONSTRAINTS := constraints-cpu.txt
 STAMP := $(VENV)/.installed
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
-# DeepSpeed JIT-builds its CPU comm op once (~60 s); keep it with the venv's torch
+# DeepSpeed JIT-builds its CPU comm op on first use (~60 s): setup builds it, kept with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
 .PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick optimisers benchmarks multimodal multilingual translation bench gpu-check clean-runs
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q -c $(CONSTRAINTS) torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,deepspeed,onnx,serve,data,hub]"
 	$(PIP) install -q -c $(CONSTRAINTS) --no-deps litdata==0.2.76
+	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.accelerator import get_accelerator as a; \
+	  a().create_op_builder('ShareMemCommBuilder').load()" > $(VENV)/deepspeed_ops.log 2>&1 \
+	  || { tail -20 $(VENV)/deepspeed_ops.log; exit 1; }
 	touch $(STAMP)
 
 setup: $(STAMP)
