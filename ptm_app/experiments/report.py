@@ -154,7 +154,9 @@ def write_seed_report(groups: dict[str, list[str]], output: str | Path,
                       f"p; * the interval excludes 0):", "",
                   "| cell | baseline | pairs | " + " | ".join(metrics) + " |", "|---|---|---|" + "---|" * len(metrics)]
         for name, base in against.items():
-            rows = summaries.get(name, [])
+            if name not in summaries:  # a cell not run yet has no row in either table
+                continue
+            rows = summaries[name]
             cells, pairs = [], 0
             for m in metrics:
                 mine, theirs = by_seed(rows, m), by_seed(summaries.get(base, []), m)

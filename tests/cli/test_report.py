@@ -466,3 +466,22 @@ def test_report_over_seeds_gives_each_cell_mean_std_and_interval(tiny_corpus, tm
     assert run_main(["report", str(runs / "*"), "--output", str(out), "--over_seeds", "true"], runs) == 2
     assert capsys.readouterr().err.strip() == ("error: runs x-seed1 and x-seed9 both ran seed 1: they are not seeds of "
                                                "one cell; rename one or leave it out of the report")
+
+
+def test_seed_report_leaves_out_the_pairs_of_a_cell_not_run_yet(tmp_path):
+    """A baseline mapping names every LoRA cell; one not run yet gets no row (was an empty row with 0 pairs), and a
+    cell that ran keeps its paired difference."""
+    from ptm_app.experiments.report import write_seed_report
+    from ptm_app.experiments.stats import paired
+
+    losses = {("full", 1): 0.50, ("full", 2): 0.40, ("lora", 1): 0.70, ("lora", 2): 0.65}
+    for (cell, seed), loss in losses.items():
+        run = tmp_path / f"p-{cell}-seed{seed}"
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"seed": seed, "metrics": {"test/loss": loss}}))
+    groups = {cell: [str(tmp_path / f"p-{cell}-seed{s}") for s in (1, 2)] for cell in ("full", "lora")}
+    md = write_seed_report(groups, tmp_path / "p_seeds", baseline={"lora": "full", "later/lora": "later/full"})
+    lines = md.read_text().splitlines()
+    assert not any(line.startswith("| later/lora |") for line in lines)
+    row = next(line for line in lines if line.startswith("| lora | full | 2 |"))
+    assert row.endswith(f"| {paired([0.70, 0.65], [0.50, 0.40]).text()} |")
