@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 # DeepSpeed JIT-builds its CPU comm op on first use (~60 s): setup builds it, kept with the venv's torch
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup data demo test test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick optimisers benchmarks multimodal multilingual translation bench gpu-check clean-runs
+.PHONY: setup data demo test test-durations test-slow test-all results analysis compress knowledge taxonomy taxonomy-quick optimisers benchmarks multimodal multilingual translation bench gpu-check clean-runs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,7 +41,8 @@ demo: setup
 
 # Two pytest workers (pytest-xdist), one test file each at a time, one thread each: about 9-10 minutes on 2 cores
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+# Files are handed out longest first (tests/file_seconds.json, rewritten by make test-durations), not by test count
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: data
 	$(PYTEST)
@@ -153,6 +154,11 @@ bench: data $(BENCH_STAMP)
 # memory overlay and export -> fine-tune -> predict, 3 steps each with accelerator gpu, precision auto; one line each.
 gpu-check: data
 	$(PY) -m benchmarks.gpu_check
+
+# The default suite with every test's time, then tests/file_seconds.json (the order make test hands files out in)
+test-durations: data
+	$(PYTEST) --durations=0 > checkpoints/test_durations.log 2>&1 || (tail -40 checkpoints/test_durations.log; exit 1)
+	$(PY) -m tests.file_seconds checkpoints/test_durations.log
 
 test-slow: data
 	$(PYTEST) -m slow

@@ -142,6 +142,22 @@ def pytest_configure(config):
         torch.set_num_threads(threads)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The longest test files first (``tests/file_seconds.json``; unlisted files after, in collection order), each
+    file's tests in their own order: see ``tests.file_seconds``."""
+    from tests.file_seconds import read_table
+
+    seconds = read_table()
+    rank = {}
+    for item in items:
+        rank.setdefault(item.nodeid.split("::")[0], len(rank))
+    def order(item):
+        name = item.nodeid.split("::")[0]
+        return name not in seconds, -seconds.get(name, 0.0), rank[name]
+
+    items.sort(key=order)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module of tiny models (threads only add contention on 2 shared cores);

@@ -150,7 +150,11 @@ def test_a_gpu_peak_is_probed_with_large_products_and_cached_per_gpu_name(monkey
     key = next(k for k in cache if k.startswith("cuda|"))
     assert "NVIDIA H200" in key and "bfloat16" in key and "4096,8192" in key and "threads=0" in key
     probed.clear()
+    assert peak_flops(cuda, torch.bfloat16) == 7e14 and probed == []  # measured in this process: trusted
+    monkeypatch.setattr(throughput, "_CHECKED_THIS_PROCESS", set())  # another process, the same cache file
     assert peak_flops(cuda, torch.bfloat16) == 7e14 and probed == [("cuda", torch.bfloat16, 4096)]  # cached: one check
+    probed.clear()
+    assert peak_flops(cuda, torch.bfloat16) == 7e14 and probed == []  # checked once per process
     names["name"] = "NVIDIA H100 80GB HBM3"
     probed.clear()
     peak_flops(cuda, torch.bfloat16)
