@@ -95,14 +95,23 @@ def write_chain_entries(plan_name: str, links: list[Link], ledger: Path) -> int:
                if link_done(link, where, fingerprint))
 
 
-def merge_json(source: Path, target: Path, overwrite: bool) -> bool:
+def merge_json(source: Path, target: Path, overwrite: bool,
+               current: Optional[Callable[[str, object], bool]] = None) -> bool:
     """Add to ``target`` (a JSON object) the entries of ``source`` it lacks (``overwrite``: and those it holds
     otherwise); returns whether it wrote.  Kept derived results (a plan's ``probe.json``: one entry per model and
-    seed, each naming the run it was made from) move so between a runs directory and a ledger."""
+    seed, each naming the run it was made from) move so between a runs directory and a ledger.  With ``current``
+    (key, entry -> made from the run the plan makes now?), an entry both hold is the current one of the two
+    whichever way it moves (a stale local probe never hides the ledger's current one, nor replaces it)."""
     if not source.is_file():
         return False
     new, old = read_object(source), read_object(target) if target.is_file() else {}
-    merged = {**old, **new} if overwrite else {**new, **old}
+    merged = dict(old)
+    for key, entry in new.items():
+        take = key not in old or overwrite
+        if key in old and current is not None and current(key, entry) != current(key, old[key]):
+            take = current(key, entry)
+        if take:
+            merged[key] = entry
     if merged == old:
         return False
     write_json(target, merged)
@@ -195,17 +204,21 @@ class ChainLedger:
     links: Callable[[dict], list[Link]]
     files: tuple[str, ...] = ()
     first_ok: Callable[[dict, Link, str], bool] = lambda plan, link, fingerprint: True
+    current_entry: Optional[Callable[[dict, str, object], bool]] = None  # (plan, key, entry) of a kept file
 
     def restore(self, plan: dict, ledger: Path) -> list[str]:
         for name in self.files:
-            merge_json(ledger / name, runs_root() / plan["name"] / name, overwrite=False)
+            merge_json(ledger / name, runs_root() / plan["name"] / name, overwrite=False, current=self._current(plan))
         return restore_chain(plan["name"], self.links(plan), ledger,
                              lambda link, fingerprint: self.first_ok(plan, link, fingerprint))
 
     def keep(self, plan: dict, ledger: Path) -> int:
         kept = write_chain_entries(plan["name"], self.links(plan), ledger)
-        return kept + sum(merge_json(runs_root() / plan["name"] / name, ledger / name, overwrite=True)
-                          for name in self.files)
+        return kept + sum(merge_json(runs_root() / plan["name"] / name, ledger / name, overwrite=True,
+                                     current=self._current(plan)) for name in self.files)
+
+    def _current(self, plan: dict) -> Optional[Callable[[str, object], bool]]:
+        return None if self.current_entry is None else lambda key, entry: self.current_entry(plan, key, entry)
 
 
 def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: str, only: Optional[list[str]],

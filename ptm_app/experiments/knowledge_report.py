@@ -33,7 +33,7 @@ from typing import Optional
 
 from ptm_app.errors import check_renamed, read_yaml
 from ptm_app.experiments.chain import (ChainLedger, Link, chain_command, current_runs, export_once, export_overrides,
-                                       run_chain, summary_metrics)
+                                       planned, run_chain, summary_metrics)
 from ptm_app.experiments.stats import check_seeds, paired, summarize
 from ptm_app.experiments.sweep import is_current, overrides, recorded_fingerprint
 from ptm_app.errors import PtmError
@@ -397,7 +397,15 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
                          collect_only, run_plan, write_knowledge_report,
                          f"(+ .csv, .json, .png) and {runs_root() / plan['name'] / 'knowledge_runs.json'}", ledger,
                          ChainLedger(lambda p: links(p, p["models"]), files=(PROBE_FILE,),
-                                      first_ok=probe_in_ledger))
+                                      first_ok=probe_in_ledger, current_entry=probe_of_current_pretraining))
+
+
+def probe_of_current_pretraining(plan: dict, key: str, entry: object) -> bool:
+    """A kept probe result (``probe.json``'s ``key``: model/seed) is of the pre-training the plan makes now, with
+    the plan's probe settings: of two copies (the runs directory's, the ledger's) this one is kept."""
+    made_now = {link.row: fingerprint for link, _, fingerprint, _ in planned(plan["name"], links(plan, plan["models"]))
+                if link.first and link.cell["name"].split("/")[1] == "pretrain"}
+    return isinstance(entry, dict) and key in made_now and probe_is_current(entry, probe_settings(plan), made_now[key])
 
 
 def probe_in_ledger(plan: dict, link: Link, fingerprint: str) -> bool:

@@ -71,7 +71,7 @@ class PtmCLI(LightningCLI):
         # the classes configs name by their short names (class_path: TaskDataModule): jsonargparse resolves a short
         # name among the subclasses of the model / data / callback types, which this registry makes present
         self.classes = config_classes()
-        argv = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:]
+        argv = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:] if args is None else []  # a dict: all
         self._requested = argv[0] if argv and argv[0] in LIGHTNING_COMMANDS else None
         self.run_lock = run_lock or RunLock()
         self.console_log = console_log  # copy the console to <run>/logs/console.log (closed by run_lightning)

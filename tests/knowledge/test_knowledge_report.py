@@ -304,6 +304,47 @@ def test_numbers_from_an_earlier_recipe_or_pretraining_are_left_out(runs_dir, mo
     assert collect(plan)[0][0] == {"model": "BERT-small MLM"}
 
 
+def test_a_stale_probe_never_hides_nor_replaces_the_current_one(runs_dir, tmp_path, monkeypatch):
+    """probe.json moves both ways between the runs directory and the ledger: of two copies of one model's entry,
+    the one of the pre-training the plan makes now wins either way (before, the local copy won on restore: a stale
+    local probe hid the ledger's current one, and its pre-training was trained again to probe it)."""
+    from ptm_app.experiments.chain import ChainLedger, current_runs
+    from ptm_app.experiments.knowledge_report import (PROBE_FILE, links, load_knowledge_plan,
+                                                      probe_of_current_pretraining, probe_settings)
+
+    monkeypatch.chdir(ROOT)
+    plan = {k: v for k, v in load_knowledge_plan(PLAN).items() if k not in ("seeds", "baseline")}
+    made_now = current_runs(plan["name"], links(plan, plan["models"]))[runs_dir / "knowledge_brown-mlm-pretrain"]
+    settings = probe_settings(plan)
+    current = {"p_at_1": 0.25, "pretrain": made_now, **settings}
+    stale = {"p_at_1": 0.125, "pretrain": "0123456789abcdef", **settings}
+    other_settings = {**current, "facts": settings["facts"] + 1}
+    assert probe_of_current_pretraining(plan, "mlm", current)
+    assert not any(probe_of_current_pretraining(plan, key, entry) for key, entry in
+                   (("mlm", stale), ("mlm", other_settings), ("no_such_model", current), ("mlm", [1])))
+    how = ChainLedger(lambda p: links(p, p["models"]), files=(PROBE_FILE,), current_entry=probe_of_current_pretraining)
+    local, ledger = runs_dir / plan["name"] / PROBE_FILE, tmp_path / "ledger"
+    local.parent.mkdir(parents=True)
+    ledger.mkdir()
+
+    def probes(local_probes: dict, ledger_probes: dict) -> None:
+        local.write_text(json.dumps(local_probes))
+        (ledger / PROBE_FILE).write_text(json.dumps(ledger_probes))
+
+    probes({"mlm": stale, "sensebert": stale}, {"mlm": current, "sensebert": stale, "libert": stale})
+    how.restore(plan, ledger)  # ledger -> runs: the current entry replaces the stale one; two stale: the local kept
+    assert json.loads(local.read_text()) == {"mlm": current, "sensebert": stale, "libert": stale}
+    probes({"mlm": current}, {"mlm": stale})
+    how.restore(plan, ledger)
+    assert json.loads(local.read_text()) == {"mlm": current}
+    probes({"mlm": stale, "libert": stale}, {"mlm": current})
+    how.keep(plan, ledger)  # runs -> ledger: a stale local entry never replaces the ledger's current one
+    assert json.loads((ledger / PROBE_FILE).read_text()) == {"mlm": current, "libert": stale}
+    probes({"mlm": {**current, "p_at_1": 0.5}}, {"mlm": current})
+    how.keep(plan, ledger)  # both current: the run directory's, as before
+    assert json.loads((ledger / PROBE_FILE).read_text())["mlm"]["p_at_1"] == 0.5
+
+
 def seeded_plan(**extra) -> dict:
     from ptm_app.experiments.knowledge_report import load_knowledge_plan
 
