@@ -204,7 +204,7 @@ class ChainLedger:
     links: Callable[[dict], list[Link]]
     files: tuple[str, ...] = ()
     first_ok: Callable[[dict, Link, str], bool] = lambda plan, link, fingerprint: True
-    current_entry: Optional[Callable[[dict, str, object], bool]] = None  # (plan, key, entry) of a kept file
+    current_entry: Optional[Callable[[dict], Callable[[str, object], bool]]] = None  # plan -> (key, entry) -> current?
 
     def restore(self, plan: dict, ledger: Path) -> list[str]:
         for name in self.files:
@@ -218,7 +218,7 @@ class ChainLedger:
                                      current=self._current(plan)) for name in self.files)
 
     def _current(self, plan: dict) -> Optional[Callable[[str, object], bool]]:
-        return None if self.current_entry is None else lambda key, entry: self.current_entry(plan, key, entry)
+        return None if self.current_entry is None else self.current_entry(plan)
 
 
 def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: str, only: Optional[list[str]],

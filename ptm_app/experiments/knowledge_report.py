@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ptm_app.errors import check_renamed, read_yaml
 from ptm_app.experiments.chain import (ChainLedger, Link, chain_command, current_runs, export_once, export_overrides,
@@ -400,12 +400,15 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
                                       first_ok=probe_in_ledger, current_entry=probe_of_current_pretraining))
 
 
-def probe_of_current_pretraining(plan: dict, key: str, entry: object) -> bool:
-    """A kept probe result (``probe.json``'s ``key``: model/seed) is of the pre-training the plan makes now, with
-    the plan's probe settings: of two copies (the runs directory's, the ledger's) this one is kept."""
+def probe_of_current_pretraining(plan: dict) -> Callable[[str, object], bool]:
+    """Whether a kept probe result (``probe.json``'s ``key``: model/seed) is of the pre-training the plan makes now,
+    with the plan's probe settings: of two copies (the runs directory's, the ledger's) that one is kept.  The plan's
+    fingerprints are computed once, here, not per entry."""
     made_now = {link.row: fingerprint for link, _, fingerprint, _ in planned(plan["name"], links(plan, plan["models"]))
                 if link.first and link.cell["name"].split("/")[1] == "pretrain"}
-    return isinstance(entry, dict) and key in made_now and probe_is_current(entry, probe_settings(plan), made_now[key])
+    settings = probe_settings(plan)
+    return lambda key, entry: (isinstance(entry, dict) and key in made_now
+                               and probe_is_current(entry, settings, made_now[key]))
 
 
 def probe_in_ledger(plan: dict, link: Link, fingerprint: str) -> bool:

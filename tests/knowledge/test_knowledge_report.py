@@ -319,8 +319,9 @@ def test_a_stale_probe_never_hides_nor_replaces_the_current_one(runs_dir, tmp_pa
     current = {"p_at_1": 0.25, "pretrain": made_now, **settings}
     stale = {"p_at_1": 0.125, "pretrain": "0123456789abcdef", **settings}
     other_settings = {**current, "facts": settings["facts"] + 1}
-    assert probe_of_current_pretraining(plan, "mlm", current)
-    assert not any(probe_of_current_pretraining(plan, key, entry) for key, entry in
+    is_current = probe_of_current_pretraining(plan)
+    assert is_current("mlm", current)
+    assert not any(is_current(key, entry) for key, entry in
                    (("mlm", stale), ("mlm", other_settings), ("no_such_model", current), ("mlm", [1])))
     how = ChainLedger(lambda p: links(p, p["models"]), files=(PROBE_FILE,), current_entry=probe_of_current_pretraining)
     local, ledger = runs_dir / plan["name"] / PROBE_FILE, tmp_path / "ledger"
