@@ -39,7 +39,7 @@ demo: setup
 	$(PY) main.py fit --config configs/demo/demo_mlm_full_bbc.yaml
 	$(PY) main.py test --config configs/demo/demo_mlm_full_bbc.yaml --ckpt_path best
 
-# Two pytest workers (pytest-xdist), one test file each at a time, one thread each: about 9-10 minutes on 2 cores
+# Two pytest workers (pytest-xdist), one test file each at a time, one thread each: 12-17 minutes on 2 cores (README, Tests)
 TEST_WORKERS ?= 2
 # Files are handed out longest first (tests/file_seconds.json, rewritten by make test-durations), not by test count
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
@@ -136,7 +136,7 @@ multilingual: data
 # fine-tuning from it and from random init, 2 seeds each, predicted on the held-out books and scored by sacreBLEU
 # (about 1.5 hours on 2 busy CPU cores).  Writes checkpoints/translation_bible*/.  Not part of `make test`.
 translation: data
-	$(PY) main.py translation-report configs/sweeps/translation_bible.yaml --readme docs/results/translation.md
+	$(PY) main.py translation-report configs/sweeps/translation_bible.yaml --readme docs/results/translation.md --ledger docs/results/ledger/translation_bible
 
 # Side by side against the transformers Trainer and a bare PyTorch loop: MLM pre-training, fine-tuning and resume
 # cost, in subprocesses, alternating, 3 repeats (about 17 minutes on 2 cores; run it on a quiet machine).

@@ -14,6 +14,12 @@ The table scores every row's predictions with sacreBLEU (``task_kinds.metrics.sa
 and chrF2): per seed the corpus score and its 95 % bootstrap interval over test verses (sacreBLEU's
 ``n_bootstrap``, Koehn 2004), per row the mean over seeds and a 95 % Student-t interval across seeds
 (``seed_mean_interval``; with one seed there is none: one seed is an observation).
+
+With ``--ledger DIR`` every current fine-tuning's scores are kept in ``DIR/scores.json`` (one entry per cell: the
+run's recipe fingerprint, the bootstrap count and the scores; no weights, no predictions), and a cell whose entry is
+current counts as done when its run directory is gone: it is not run again (nor the pre-training, when nothing left
+to run starts from it) and the table takes its scores from the entry, so a plan longer than one machine's life is
+finished in parts, as ``sweep --ledger`` does.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from ptm_app.experiments.sweep import (cell_fingerprint, cell_record, override_a
 from ptm_app.paths import check_run_name, require_markers, runs_root, write_json
 
 PLAN_KEYS = {"name", "pretrain", "set", "seeds", "rows", "bootstrap"}
+SCORES_FILE = "scores.json"  # a ledger's kept scores: cell name -> its recipe fingerprint, bootstrap count, scores
 ROW_KEYS = {"id", "label", "config", "pretrained"}
 
 
@@ -98,12 +105,66 @@ def fit_plan(plan: dict) -> dict:
     return {"name": plan["name"], "set": {}, "test": False}
 
 
-def run_translation_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
-    """Pre-train, export, fine-tune every row and seed, predict the test split; the failed cells' names."""
+def planned_fingerprints(plan: dict) -> dict[str, str]:
+    """Fine-tuning cell name -> the fingerprint of the run the plan makes there now (from the pre-training it makes
+    now): what a kept score must have been made by to count."""
+    sweep, pre = fit_plan(plan), pretrain_cell(plan)
+    export, upstream = runs_root() / run_name(sweep, pre) / "export", [cell_fingerprint(sweep, pre)]
+    return {cell["name"]: cell_fingerprint(sweep, cell, upstream)
+            for cell in (finetune_cell(plan, row, seed, export) for seed in plan["seeds"] for row in plan["rows"])}
+
+
+def kept_scores(plan: dict, ledger: Optional[Path]) -> dict[str, dict]:
+    """The ledger's current entries (``SCORES_FILE``: made by the recipe the plan makes now, scored with the plan's
+    bootstrap count), by cell name; none without a ledger."""
+    path = None if ledger is None else ledger / SCORES_FILE
+    if path is None or not path.is_file():
+        return {}
+    from ptm_app.experiments.chain import read_object
+
+    planned = planned_fingerprints(plan)
+    return {name: entry for name, entry in read_object(path).items()
+            if isinstance(entry, dict) and name in planned and entry.get("fingerprint") == planned[name]
+            and entry.get("bootstrap") == plan["bootstrap"]}
+
+
+def keep_scores(plan: dict, sources: dict, ledger: Path) -> int:
+    """Put the scores of every run on disk that the plan makes now into ``ledger/SCORES_FILE`` (a stale run's never);
+    the ledger's other entries stay.  Returns how many entries changed."""
+    from ptm_app.experiments.chain import read_object
+
+    planned, path = planned_fingerprints(plan), ledger / SCORES_FILE
+    old = read_object(path) if path.is_file() else {}
+    new = dict(old)
+    for row, seeds in sources.items():
+        for seed, scores in seeds.items():
+            name = f"{row}-seed{seed}"
+            if scores["run"] != "ledger" and recorded_fingerprint(Path(scores["run"])) == planned[name]:
+                new[name] = {**{k: v for k, v in scores.items() if k != "run"}, "fingerprint": planned[name],
+                             "bootstrap": plan["bootstrap"]}
+    changed = sum(new[name] != old.get(name) for name in new)
+    if changed:
+        ledger.mkdir(parents=True, exist_ok=True)
+        write_json(path, new)
+    return changed
+
+
+def run_translation_plan(plan: dict, only: Optional[list[str]] = None, kept: Optional[dict] = None) -> list[str]:
+    """Pre-train, export, fine-tune every row and seed, predict the test split; the failed cells' names.  A cell
+    with a current ``kept`` score (``kept_scores``) is done; the pre-training runs only when a cell is left."""
     from ptm_app.training.cli import run_lightning
     from ptm_app.errors import guarded
     from ptm_app.experiments.knowledge_report import export_once
 
+    kept = kept or {}
+    todo = [(seed, row) for seed in plan["seeds"] for row in plan["rows"]  # every row's first seed before a second
+            if not (only and row["id"] not in only)]
+    for seed, row in todo:
+        if f"{row['id']}-seed{seed}" in kept:
+            print(f"{row['id']}-seed{seed}: kept in the ledger, skipped", flush=True)
+    todo = [(seed, row) for seed, row in todo if f"{row['id']}-seed{seed}" not in kept]
+    if not todo:
+        return []
     sweep = fit_plan(plan)
     pre = pretrain_cell(plan)
     pre_run, fingerprint = runs_root() / run_name(sweep, pre), cell_fingerprint(sweep, pre)
@@ -114,23 +175,20 @@ def run_translation_plan(plan: dict, only: Optional[list[str]] = None) -> list[s
     export = export_once(pre_run)
     upstream = [recorded_fingerprint(pre_run) or ""]
     failed = []
-    for seed in plan["seeds"]:  # seed by seed: every row has its first seed before any has a second
-        for row in plan["rows"]:
-            if only and row["id"] not in only:
-                continue
-            cell = finetune_cell(plan, row, seed, export)
-            run = runs_root() / run_name(sweep, cell)
-            current = recorded_fingerprint(run) == cell_fingerprint(sweep, cell, upstream)
-            if current and cell_record(run).get("upstream") == upstream and (run / "predictions.jsonl").is_file():
-                print(f"{cell['name']}: done, skipped", flush=True)
-                continue
-            code = run_cell(sweep, cell, upstream=upstream)
-            if not code:
-                argv = ["predict", "--config", cell["config"], *override_args(cell["set"]), "--run_name",
-                        run_name(sweep, cell), "--ckpt_path", "last"]
-                code = guarded(run_lightning, argv)
-            if code:
-                failed.append(cell["name"])
+    for seed, row in todo:
+        cell = finetune_cell(plan, row, seed, export)
+        run = runs_root() / run_name(sweep, cell)
+        current = recorded_fingerprint(run) == cell_fingerprint(sweep, cell, upstream)
+        if current and cell_record(run).get("upstream") == upstream and (run / "predictions.jsonl").is_file():
+            print(f"{cell['name']}: done, skipped", flush=True)
+            continue
+        code = run_cell(sweep, cell, upstream=upstream)
+        if not code:
+            argv = ["predict", "--config", cell["config"], *override_args(cell["set"]), "--run_name",
+                    run_name(sweep, cell), "--ckpt_path", "last"]
+            code = guarded(run_lightning, argv)
+        if code:
+            failed.append(cell["name"])
     return failed
 
 
@@ -157,9 +215,12 @@ def _cell(mean: float, half: Optional[float]) -> str:
     return f"{mean:.2f}" if half is None else f"{mean:.2f} ± {half:.2f}"
 
 
-def collect(plan: dict) -> tuple[list[dict], dict]:
+def collect(plan: dict, kept: Optional[dict] = None) -> tuple[list[dict], dict]:
     """Table rows (one per plan row with predictions) and, per row, the runs and per-seed scores behind them.  A
-    run made from an earlier pre-training than the current one is left out (stale)."""
+    run made from an earlier pre-training than the one there is left out (stale); a seed with no run on disk, or
+    one made by an older recipe than its ``kept`` entry's (``kept_scores``: current), takes the entry's scores (run
+    ``"ledger"``)."""
+    kept = kept or {}
     sweep = fit_plan(plan)
     pre_run = runs_root() / run_name(sweep, pretrain_cell(plan))
     upstream = [recorded_fingerprint(pre_run) or ""]
@@ -169,8 +230,13 @@ def collect(plan: dict) -> tuple[list[dict], dict]:
         for seed in plan["seeds"]:
             run = runs_root() / run_name(sweep, finetune_cell(plan, row, seed, pre_run / "export"))
             predictions = run / "predictions.jsonl"
-            if predictions.is_file() and cell_record(run).get("upstream") == upstream:
+            entry = kept.get(f"{row['id']}-seed{seed}")
+            on_disk = predictions.is_file() and cell_record(run).get("upstream") == upstream
+            if on_disk and (entry is None or recorded_fingerprint(run) == entry["fingerprint"]):
                 seeds[seed] = {"run": str(run), **score_predictions(predictions, plan["bootstrap"])}
+            elif entry is not None:  # no run, or one made by an older recipe than the kept one
+                seeds[seed] = {"run": "ledger", **{k: v for k, v in entry.items() if k not in ("fingerprint",
+                                                                                               "bootstrap")}}
         if not seeds:
             continue
         bleu = seed_mean_interval([s["bleu"] for s in seeds.values()])
@@ -187,11 +253,14 @@ def collect(plan: dict) -> tuple[list[dict], dict]:
 COLUMNS = ["model", "seeds", "test verses", "BLEU", "chrF", "per seed: BLEU / chrF (95 % bootstrap)"]
 
 
-def write_translation_report(plan: dict) -> Path:
-    """``translation.md|csv|json`` and ``translation_runs.json`` in ``<runs>/<plan name>/``."""
+def write_translation_report(plan: dict, kept: Optional[dict] = None, ledger: Optional[Path] = None) -> Path:
+    """``translation.md|csv|json`` and ``translation_runs.json`` in ``<runs>/<plan name>/`` (``collect``); with a
+    ``ledger``, the current runs' scores kept there (``keep_scores``)."""
     from ptm_app.analysis.tables import write_table
 
-    rows, sources = collect(plan)
+    rows, sources = collect(plan, kept)
+    if ledger is not None and keep_scores(plan, sources, ledger):
+        print(f"kept the finished runs' scores in {ledger / SCORES_FILE}", flush=True)
     out = runs_root() / plan["name"]
     signature = next((s["bleu_signature"] for seeds in sources.values() for s in seeds.values()), "")
     md = write_table(rows, COLUMNS, out / "translation",
@@ -206,7 +275,7 @@ def write_translation_report(plan: dict) -> Path:
 
 
 def translation_report(plan: str, collect_only: bool = False, only: Optional[list[str]] = None,
-                       readme: Optional[str] = None) -> int:
+                       readme: Optional[str] = None, ledger: Optional[str] = None) -> int:
     """Machine translation, pre-trained (mBART) against random init: pre-train, export, fine-tune per seed, predict
     the held-out books (resumable), then the sacreBLEU table.
 
@@ -216,6 +285,8 @@ def translation_report(plan: str, collect_only: bool = False, only: Optional[lis
         only: row ids to run (the table has every row that has predictions).
         readme: also put the table into this file (e.g. docs/results/translation.md), between the lines
             <!-- <plan name>:start --> and <!-- <plan name>:end -->.
+        ledger: keep every current fine-tuning's scores in this folder (e.g. docs/results/ledger/translation_bible;
+            ``DIR/scores.json``), and count a cell whose run directory is gone as done when its entry there is current.
     """
     path, plan = plan, load_translation_plan(plan)
     if readme:
@@ -223,9 +294,11 @@ def translation_report(plan: str, collect_only: bool = False, only: Optional[lis
     unknown = sorted(set(only or []) - {r["id"] for r in plan["rows"]})
     if unknown:
         raise PtmError(f"--only {' '.join(unknown)}: no such row in {path} ({', '.join(r['id'] for r in plan['rows'])})")
-    failed = [] if collect_only else run_translation_plan(plan, only)
+    where = Path(ledger) if ledger else None
+    kept = kept_scores(plan, where)
+    failed = [] if collect_only else run_translation_plan(plan, only, kept)
     from ptm_app.experiments.report import publish
 
-    md = write_translation_report(plan)
+    md = write_translation_report(plan, kept, where)
     return publish(md, readme, plan["name"], f"(+ .csv, .json) and {md.parent / 'translation_runs.json'}",
                    "translation-report", failed)

@@ -70,7 +70,9 @@ def test_plan_is_checked_in_one_line(tmp_path):
         load_translation_plan(tmp_path / "missing.yaml")
 
 
-def test_report_scores_predictions_per_seed_and_leaves_out_stale_runs(tmp_path, monkeypatch):
+def made_runs(tmp_path: Path, monkeypatch) -> Path:
+    """A plan whose pre-training is recorded, its mbart row predicted with seeds 1 and 2 (seed 2's first verse
+    worse) and its random row's seed 1 made from another pre-training (stale); the plan's path."""
     monkeypatch.setenv("PTM_RUNS_DIR", str(tmp_path / "runs"))
     path = write_plan(tmp_path)
     plan = load_translation_plan(path)
@@ -90,7 +92,13 @@ def test_report_scores_predictions_per_seed_and_leaves_out_stale_runs(tmp_path, 
     stale_run = tmp_path / "runs" / run_name(sweep, stale)
     record_cell(stale_run, "x", stale, ["older"])
     (stale_run / "predictions.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    return path
 
+
+def test_report_scores_predictions_per_seed_and_leaves_out_stale_runs(tmp_path, monkeypatch):
+    path = made_runs(tmp_path, monkeypatch)
+    plan = load_translation_plan(path)
+    sweep, pre_run = fit_plan(plan), tmp_path / "runs" / run_name(fit_plan(plan), pretrain_cell(plan))
     table, sources = collect(plan)
     assert [r["model"] for r in table] == ["mBART pre-trained"]  # the stale random-init run is left out
     scores = [sources["mbart"][s]["bleu"] for s in (1, 2)]
@@ -109,3 +117,42 @@ def test_report_scores_predictions_per_seed_and_leaves_out_stale_runs(tmp_path, 
     assert "old" not in text and "mBART pre-trained" in text and text.endswith("tail\n") and "nrefs:1" in text
     with pytest.raises(PtmError, match="no '<!-- translation_bible:start -->'"):
         translation_report(str(path), collect_only=True, readme=str(tmp_path / "plan.yaml"))
+
+
+def test_a_ledger_keeps_the_current_scores_and_a_run_gone_counts_as_done(tmp_path, monkeypatch, capsys):
+    """--ledger: the current runs' scores go to DIR/scores.json (the stale run's never); with the runs directory
+    gone the table is the same from the entries, nothing runs (not even the pre-training), and an entry of another
+    recipe or bootstrap count does not count."""
+    from ptm_app.experiments.translation_report import SCORES_FILE, kept_scores, run_translation_plan
+
+    path = made_runs(tmp_path, monkeypatch)
+    plan, ledger, readme = load_translation_plan(path), tmp_path / "ledger", tmp_path / "translation.md"
+    readme.write_text("<!-- translation_bible:start -->\n<!-- translation_bible:end -->\n")
+    assert translation_report(str(path), collect_only=True, readme=str(readme), ledger=str(ledger)) == 0
+    entries = json.loads((ledger / SCORES_FILE).read_text())
+    assert sorted(entries) == ["mbart-seed1", "mbart-seed2"]  # random-seed1 was made from another pre-training
+    assert entries["mbart-seed1"]["bootstrap"] == 1000 and entries["mbart-seed2"]["bleu"] < entries["mbart-seed1"]["bleu"]
+    table = readme.read_text()
+    kept = kept_scores(plan, ledger)
+    sources = collect(plan, kept)[1]["mbart"]
+    assert sources[1]["run"] != "ledger" and sources[2]["run"] != "ledger"  # current runs on disk are scored
+    seed1 = Path(sources[1]["run"]) / "cell.json"
+    seed1.write_text(json.dumps({**json.loads(seed1.read_text()), "fingerprint": "an older recipe"}))
+    assert collect(plan, kept)[1]["mbart"][1]["run"] == "ledger"  # a run older than the kept entry: the entry
+
+    (tmp_path / "runs").rename(tmp_path / "gone")
+    assert collect(plan)[0] == []  # without the ledger: no runs, no rows
+    kept = kept_scores(plan, ledger)
+    assert sorted(kept) == ["mbart-seed1", "mbart-seed2"]
+    assert run_translation_plan(plan, ["mbart"], kept) == []  # all kept: nothing runs, the pre-training neither
+    assert "mbart-seed2: kept in the ledger, skipped" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()
+    assert translation_report(str(path), collect_only=True, readme=str(readme), ledger=str(ledger)) == 0
+    assert readme.read_text() == table  # the same table from the entries
+    assert json.loads((ledger / SCORES_FILE).read_text()) == entries  # entries are not rewritten from themselves
+
+    stale = {**entries, "mbart-seed1": {**entries["mbart-seed1"], "fingerprint": "0123456789abcdef"}}
+    (ledger / SCORES_FILE).write_text(json.dumps(stale))
+    assert sorted(kept_scores(plan, ledger)) == ["mbart-seed2"]
+    assert sorted(kept_scores({**plan, "bootstrap": 500}, ledger)) == []
+    assert sorted(kept_scores({**plan, "set": {**plan["set"], "trainer.max_steps": 7}}, ledger)) == []
