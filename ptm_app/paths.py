@@ -255,6 +255,17 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         fh.write("\n")
 
 
+def read_object(path: str | os.PathLike) -> dict:
+    """A JSON object file (a kept result: a ledger's derived file, an attack's progress); one line if it is not one."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise PtmError(f"{path}: not readable JSON ({err}); move it away to make it again") from None
+    if not isinstance(value, dict):
+        raise PtmError(f"{path}: holds a JSON {type(value).__name__}, not an object; move it away to make it again")
+    return value
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's content, read in 1 MiB chunks."""
     digest = hashlib.sha256()

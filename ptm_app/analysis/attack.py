@@ -16,7 +16,8 @@ For each test example the classifier gets right:
 Reports, per classifier: clean accuracy, accuracy under attack, attack success rate (flipped / correctly classified),
 the mean share of words changed in successful attacks, and the mean model queries per attacked example; writes
 ``attack.md|csv|json``, ``attack.png``, ``examples.jsonl`` (each successful adversarial text beside its original)
-and ``settings.json``.  Models: run directories (or ``.ckpt``) of ``SequenceClassificationModule``; anything else is
+and ``settings.json``; ``progress.json`` keeps every example's outcome as it is attacked, so a run cut short
+continues where it stopped (``Progress``).  Models: run directories (or ``.ckpt``) of ``SequenceClassificationModule``; anything else is
 refused in one line.  ``examples.jsonl`` of a training split is what ``defence`` by adversarial data augmentation
 would train on; the defence built in is FreeLB (``training.adversarial``).
 """
@@ -189,6 +190,43 @@ class MiniLMSimilarity:
         return (vectors[1:] @ vectors[0]).tolist()
 
 
+PROGRESS = "progress.json"
+OUTCOME_SETTINGS = ("checkpoint", "split", "source", "examples", "similarity", "max_candidates", "max_perturbed",
+                    "similarity_model", "batch_size", "seed")  # what decides an example's outcome, beside the model
+
+
+class Progress:
+    """The outcomes attacked so far (``progress.json`` in the output directory, rewritten atomically after every
+    example), so an attack cut short (a long article costs hundreds of queries) goes on where it stopped: per
+    classifier checkpoint (its sha256) and example index, each with its text, under the settings that decide an
+    outcome (``OUTCOME_SETTINGS``); a file of other settings is started afresh."""
+
+    def __init__(self, path: Path, settings: dict):
+        from ptm_app.paths import read_object
+
+        self.path, self.settings = path, settings
+        kept = read_object(path) if path.is_file() else {}
+        self.runs = kept.get("runs", {}) if kept.get("settings") == settings else {}
+        self._sha: dict[Path, str] = {}
+
+    def _key(self, ckpt: Path) -> str:
+        from ptm_app.paths import sha256_file
+
+        if ckpt not in self._sha:
+            self._sha[ckpt] = sha256_file(ckpt)
+        return self._sha[ckpt]
+
+    def of(self, ckpt: Path) -> dict[str, dict]:
+        """Example index (a string) -> the kept outcome's fields, for this checkpoint."""
+        return self.runs.get(self._key(ckpt), {})
+
+    def add(self, ckpt: Path, index: int, outcome: Outcome) -> None:
+        from dataclasses import asdict
+
+        self.runs.setdefault(self._key(ckpt), {})[str(index)] = asdict(outcome)
+        write_json(self.path, {"settings": self.settings, "runs": self.runs})
+
+
 def summary(name: str, outcomes: list[Outcome]) -> dict:
     attacked = [o for o in outcomes if o.status != "skipped"]
     won = [o for o in attacked if o.status == "success"]
@@ -261,6 +299,7 @@ def attack(runs: list[str], checkpoint: Literal["best", "last"] = "best",
     out = Path(output_dir) if output_dir else run_path(run_name)
     check_readme(readme, out)
     rows, adversarial = [], []
+    progress = Progress(out / PROGRESS, {k: v for k, v in resolved.items() if k in OUTCOME_SETTINGS})
     for run in runs:
         ckpt, config = run_files(run, checkpoint)
         model = load_classifier(ckpt, "attack")
@@ -280,10 +319,18 @@ def attack(runs: list[str], checkpoint: Literal["best", "last"] = "best",
             raise PtmError(f"{files[split]}: labels {', '.join(strangers)} are not among the classifier's "
                            f"({', '.join(labels)}); give the data it was trained on")
         victim = Victim(model, data["max_length"], batch_size)
-        outcomes = []
+        outcomes, done = [], progress.of(ckpt)
+        reused = sum(str(i) in done and done[str(i)]["text"] == records.texts[i] for i in chosen)
+        if reused:
+            print(f"attack: {run}: {reused} of {len(chosen)} examples attacked before, reused ({progress.path}; "
+                  f"move it away to attack them again)", flush=True)
         for i in chosen:
-            o = attack_one(victim, records.texts[i], labels.index(str(records.labels[i])), synonyms, word_class,
-                           similar, similarity, max_candidates, max_perturbed)
+            if str(i) in done and done[str(i)]["text"] == records.texts[i]:
+                o = Outcome(**done[str(i)])
+            else:
+                o = attack_one(victim, records.texts[i], labels.index(str(records.labels[i])), synonyms, word_class,
+                               similar, similarity, max_candidates, max_perturbed)
+                progress.add(ckpt, i, o)
             outcomes.append(o)
             if o.status == "success":
                 adversarial.append({"model": Path(run).name, "id": records.ids[i], "label": str(records.labels[i]),

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from ptm_app.errors import PtmError
 from ptm_app.experiments.sweep import (cell_fingerprint, forget_remade, is_current, is_done, is_restored, record_cell,
                                       restore_entry, run_cell, run_name, write_entry)
-from ptm_app.paths import require_markers, runs_root, write_json
+from ptm_app.paths import read_object, require_markers, runs_root, write_json
 
 
 @dataclass(frozen=True)
@@ -116,17 +116,6 @@ def merge_json(source: Path, target: Path, overwrite: bool,
         return False
     write_json(target, merged)
     return True
-
-
-def read_object(path: Path) -> dict:
-    """A JSON object file (a kept derived result); one line if it is not one."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise PtmError(f"{path}: not readable JSON ({err}); move it away to make it again") from None
-    if not isinstance(value, dict):
-        raise PtmError(f"{path}: holds a JSON {type(value).__name__}, not an object; move it away to make it again")
-    return value
 
 
 def run_chain(plan_name: str, links: list[Link], command: str, stop_on_bad_input: bool = False) -> list[str]:

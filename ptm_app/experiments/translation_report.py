@@ -120,7 +120,7 @@ def kept_scores(plan: dict, ledger: Optional[Path]) -> dict[str, dict]:
     path = None if ledger is None else ledger / SCORES_FILE
     if path is None or not path.is_file():
         return {}
-    from ptm_app.experiments.chain import read_object
+    from ptm_app.paths import read_object
 
     planned = planned_fingerprints(plan)
     return {name: entry for name, entry in read_object(path).items()
@@ -131,7 +131,7 @@ def kept_scores(plan: dict, ledger: Optional[Path]) -> dict[str, dict]:
 def keep_scores(plan: dict, sources: dict, ledger: Path) -> int:
     """Put the scores of every run on disk that the plan makes now into ``ledger/SCORES_FILE`` (a stale run's never);
     the ledger's other entries stay.  Returns how many entries changed."""
-    from ptm_app.experiments.chain import read_object
+    from ptm_app.paths import read_object
 
     planned, path = planned_fingerprints(plan), ledger / SCORES_FILE
     old = read_object(path) if path.is_file() else {}

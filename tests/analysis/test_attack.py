@@ -150,7 +150,7 @@ def keyword_rows(n, seed):
     return rows
 
 
-def test_attack_and_a_freelb_fit_end_to_end(tmp_path, capsys):
+def test_attack_and_a_freelb_fit_end_to_end(tmp_path, capsys, monkeypatch):
     from tests.conftest import TINY_BERT, write_jsonl
     root = tmp_path / "data"
     for split, seed, n in (("train", 1, 64), ("validation", 2, 16), ("test", 3, 12)):
@@ -205,6 +205,40 @@ def test_attack_and_a_freelb_fit_end_to_end(tmp_path, capsys):
         assert labels[before] == flip["label"] and labels[after] != flip["label"]
         assert 0 < len(flip["changes"]) <= 0.3 * len(flip["text"].split()) + 1
     assert (out / "attack.png").stat().st_size > 1000
+
+    # progress.json: an attack cut short goes on where it stopped, to the same table; other settings start afresh
+    table = json.loads((out / "attack.json").read_text())
+    assert sorted(len(v) for v in json.loads((out / "progress.json").read_text())["runs"].values()) == [12, 12]
+    from ptm_app.analysis import attack as attack_module
+
+    class Cut(Exception):
+        pass
+
+    real, state = attack_module.attack_one, {"calls": 0, "cut_at": None}
+
+    def counted(*args, **kwargs):
+        if state["calls"] == state["cut_at"]:
+            raise Cut
+        state["calls"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attack_module, "attack_one", counted)
+    argv = ["attack", "--runs", str(runs / "cls"), str(runs / "freelb"), "--examples", "null", "--similarity", "0.5",
+            "--output_dir", str(out)]
+    capsys.readouterr()
+    assert run_main(argv, runs) == 0 and state["calls"] == 0  # all 24 outcomes kept: nothing attacked again
+    assert capsys.readouterr().out.count("12 of 12 examples attacked before, reused") == 2
+    assert json.loads((out / "attack.json").read_text()) == table
+    (out / "progress.json").unlink()
+    state["cut_at"] = 17  # cut short in the second classifier's examples
+    with pytest.raises(Cut):
+        run_main(argv, runs)
+    assert sorted(len(v) for v in json.loads((out / "progress.json").read_text())["runs"].values()) == [5, 12]
+    state.update(calls=0, cut_at=None)
+    assert run_main(argv, runs) == 0 and state["calls"] == 7
+    assert json.loads((out / "attack.json").read_text()) == table
+    state["calls"] = 0
+    assert run_main([*argv, "--max_candidates", "20"], runs) == 0 and state["calls"] == 24
 
     qa = tmp_path / "not_a_classifier.ckpt"
     torch.save({"state_dict": {}, "ptm_app": {"module": "ptm_app.adaptation.qa.QuestionAnsweringModule"}}, qa)
