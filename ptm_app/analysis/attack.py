@@ -289,6 +289,7 @@ def attack(runs: list[str], checkpoint: Literal["best", "last"] = "best",
     from ptm_app.analysis.representations import sample_indices
     from ptm_app.analysis.tables import check_readme, show, write_table
     from ptm_app.data.datamodules import resolve_source
+    from ptm_app.data.sources.fetch import progress as progress_bar
     from ptm_app.data.tasks import read_labelled
     from ptm_app.paths import atomic_file
 
@@ -324,7 +325,7 @@ def attack(runs: list[str], checkpoint: Literal["best", "last"] = "best",
         if reused:
             print(f"attack: {run}: {reused} of {len(chosen)} examples attacked before, reused ({progress.path}; "
                   f"move it away to attack them again)", flush=True)
-        for i in chosen:
+        for i in progress_bar(chosen, f"attack: {Path(run).name}"):
             if str(i) in done and done[str(i)]["text"] == records.texts[i]:
                 o = Outcome(**done[str(i)])
             else:
