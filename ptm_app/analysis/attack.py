@@ -321,14 +321,14 @@ def attack(runs: list[str], checkpoint: Literal["best", "last"] = "best",
                            f"({', '.join(labels)}); give the data it was trained on")
         victim = Victim(model, data["max_length"], batch_size)
         outcomes, done = [], progress.of(ckpt)
-        reused = sum(str(i) in done and done[str(i)]["text"] == records.texts[i] for i in chosen)
-        if reused:
-            print(f"attack: {run}: {reused} of {len(chosen)} examples attacked before, reused ({progress.path}; "
+        kept = {i: Outcome(**done[str(i)]) for i in chosen
+                if str(i) in done and done[str(i)]["text"] == records.texts[i]}
+        if kept:
+            print(f"attack: {run}: {len(kept)} of {len(chosen)} examples attacked before, reused ({progress.path}; "
                   f"move it away to attack them again)", flush=True)
         for i in progress_bar(chosen, f"attack: {Path(run).name}"):
-            if str(i) in done and done[str(i)]["text"] == records.texts[i]:
-                o = Outcome(**done[str(i)])
-            else:
+            o = kept.get(i)
+            if o is None:
                 o = attack_one(victim, records.texts[i], labels.index(str(records.labels[i])), synonyms, word_class,
                                similar, similarity, max_candidates, max_perturbed)
                 progress.add(ckpt, i, o)

@@ -157,12 +157,15 @@ def run_translation_plan(plan: dict, only: Optional[list[str]] = None, kept: Opt
     from ptm_app.experiments.knowledge_report import export_once
 
     kept = kept or {}
-    todo = [(seed, row) for seed in plan["seeds"] for row in plan["rows"]  # every row's first seed before a second
-            if not (only and row["id"] not in only)]
-    for seed, row in todo:
-        if f"{row['id']}-seed{seed}" in kept:
-            print(f"{row['id']}-seed{seed}: kept in the ledger, skipped", flush=True)
-    todo = [(seed, row) for seed, row in todo if f"{row['id']}-seed{seed}" not in kept]
+    todo = []
+    for seed in plan["seeds"]:  # every row's first seed before a second
+        for row in plan["rows"]:
+            if only and row["id"] not in only:
+                continue
+            if f"{row['id']}-seed{seed}" in kept:
+                print(f"{row['id']}-seed{seed}: kept in the ledger, skipped", flush=True)
+            else:
+                todo.append((seed, row))
     if not todo:
         return []
     sweep = fit_plan(plan)
