@@ -6,7 +6,7 @@ written to ``console.log`` only:
 
 - Lightning's info notices (``lightning.pytorch`` / ``lightning.fabric`` loggers below WARNING: "GPU available",
   "Seed set to", the litlogger tip, "`weights_only` was not set"); their warnings stay on the console;
-- warnings whose category and text match ``NOISE_WARNINGS`` (deprecations inside third-party code, and Lightning
+- warnings whose category (or a base of it) and text match ``NOISE_WARNINGS`` (deprecations inside third-party code, and Lightning
   notices about what ptm_app does on purpose, such as a frozen backbone kept in eval mode);
 - transformers' records matching ``NOISE_TRANSFORMERS`` (the ``loss_type=None`` notice ...), and its weight-loading
   progress bar;
@@ -181,7 +181,8 @@ def load_report_line(report: str) -> str:
 def _show_warning(original):
     def show(message, category, filename, lineno, file=None, line=None):
         text = str(message)
-        if any(category.__name__ == name and re.search(p, text) for name, p in NOISE_WARNINGS):
+        kinds = {c.__name__ for c in category.__mro__}  # Lightning's PossibleUserWarning is a UserWarning
+        if any(name in kinds and re.search(p, text) for name, p in NOISE_WARNINGS):
             CONSOLE_LOG.write(warnings.formatwarning(message, category, filename, lineno, line))
             return
         original(message, category, filename, lineno, file, line)

@@ -134,3 +134,28 @@ def test_a_resume_is_quiet_and_a_fresh_fit_over_a_run_says_so_once(tiny_corpus, 
     assert len(notes) == 1 and "--ckpt_path last" in notes[0], notes
     assert "note: " not in resumed.stdout + resumed.stderr
     assert "exists and is not empty" in (runs / "tiny_mlm" / "logs" / "console.log").read_text(encoding="utf-8")
+
+
+def test_a_frozen_backbone_notice_goes_to_the_log_under_its_subclassed_category(tmp_path):
+    """Lightning's "Found N module(s) in eval mode" is a PossibleUserWarning (a UserWarning subclass): the
+    NOISE_WARNINGS rule names UserWarning and must still take it off the console (a feature-extraction sweep
+    printed it for every cell); another UserWarning stays on the console."""
+    import warnings
+
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    from ptm_app.training.console import _show_warning, close_console_log, open_console_log
+
+    shown = []
+    open_console_log(tmp_path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = _show_warning(lambda message, *rest: shown.append(str(message)))
+            warnings.warn("Found 120 module(s) in eval mode at the start of training. This may lead to unexpected "
+                          "behavior", PossibleUserWarning)
+            warnings.warn("a warning of the user's own", UserWarning)
+    finally:
+        close_console_log()
+    assert shown == ["a warning of the user's own"]
+    assert "Found 120 module(s) in eval mode" in (tmp_path / "logs" / "console.log").read_text()
