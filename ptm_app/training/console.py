@@ -6,8 +6,8 @@ written to ``console.log`` only:
 
 - Lightning's info notices (``lightning.pytorch`` / ``lightning.fabric`` loggers below WARNING: "GPU available",
   "Seed set to", the litlogger tip, "`weights_only` was not set"); their warnings stay on the console;
-- warnings whose category (or a base of it) and text match ``NOISE_WARNINGS`` (deprecations inside third-party code, and Lightning
-  notices about what ptm_app does on purpose, such as a frozen backbone kept in eval mode);
+- warnings whose category (or a base of it) and text match ``NOISE_WARNINGS`` (deprecations inside third-party
+  code, and Lightning notices about what ptm_app does on purpose, such as a frozen backbone kept in eval mode);
 - transformers' records matching ``NOISE_TRANSFORMERS`` (the ``loss_type=None`` notice ...), and its weight-loading
   progress bar;
 - transformers' load report (a table of every missing / unexpected key) becomes one line; the table goes to
@@ -35,6 +35,8 @@ NOISE_WARNINGS = (  # (category name, message pattern): third-party notices that
     ("FutureWarning", r"`is_gradient_checkpointing` is deprecated"),  # transformers 5, asked by peft
     ("UserWarning", r"Found \d+ module\(s\) in eval mode at the start of training"),  # frozen backbones, on purpose
     ("UserWarning", r"Checkpoint directory .* exists and is not empty"),  # every resume; the CLI says it once
+    # few-shot recipes: Lightning logs by optimizer steps across epochs, so a step-bounded run still logs every n
+    ("UserWarning", r"The number of training batches \(\d+\) is smaller than the logging interval"),
     # MaskedLMModule reads the batch on the CPU before the transfer (mlm.py): on purpose, with any DataModule
     ("UserWarning", r"You have overridden `on_before_batch_transfer` in `LightningModule` but have passed in a"),
 )

@@ -2,7 +2,9 @@
 third-party noise; ``<run>/logs/console.log`` holds the console and the noise (training/console.py)."""
 from __future__ import annotations
 
+import contextlib
 import re
+import warnings
 
 import pytest
 import yaml
@@ -136,6 +138,23 @@ def test_a_resume_is_quiet_and_a_fresh_fit_over_a_run_says_so_once(tiny_corpus, 
     assert "exists and is not empty" in (runs / "tiny_mlm" / "logs" / "console.log").read_text(encoding="utf-8")
 
 
+@contextlib.contextmanager
+def console_warnings(run_dir):
+    """Warnings raised inside go through the console's rules, with ``<run_dir>/logs/console.log`` open; yields the
+    list of messages that reached the console."""
+    from ptm_app.training.console import _show_warning, close_console_log, open_console_log
+
+    shown = []
+    open_console_log(run_dir)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = _show_warning(lambda message, *rest: shown.append(str(message)))
+            yield shown
+    finally:
+        close_console_log()
+
+
 def test_a_frozen_backbone_notice_goes_to_the_log_under_its_subclassed_category(tmp_path):
     """Lightning's "Found N module(s) in eval mode" is a PossibleUserWarning (a UserWarning subclass): the
     NOISE_WARNINGS rule names UserWarning and must still take it off the console (a feature-extraction sweep
@@ -144,18 +163,45 @@ def test_a_frozen_backbone_notice_goes_to_the_log_under_its_subclassed_category(
 
     from lightning.fabric.utilities.warnings import PossibleUserWarning
 
-    from ptm_app.training.console import _show_warning, close_console_log, open_console_log
-
-    shown = []
-    open_console_log(tmp_path)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = _show_warning(lambda message, *rest: shown.append(str(message)))
-            warnings.warn("Found 120 module(s) in eval mode at the start of training. This may lead to unexpected "
-                          "behavior", PossibleUserWarning)
-            warnings.warn("a warning of the user's own", UserWarning)
-    finally:
-        close_console_log()
+    with console_warnings(tmp_path) as shown:
+        warnings.warn("Found 120 module(s) in eval mode at the start of training. This may lead to unexpected "
+                      "behavior", PossibleUserWarning)
+        warnings.warn("a warning of the user's own", UserWarning)
     assert shown == ["a warning of the user's own"]
     assert "Found 120 module(s) in eval mode" in (tmp_path / "logs" / "console.log").read_text()
+
+
+def test_a_short_epoch_notice_goes_to_the_log_because_steps_still_log_across_epochs(tmp_path):
+    """Lightning warns "number of training batches (4) is smaller than the logging interval" for every few-shot
+    recipe (minilm_pet_few_shot_bbc: 32 articles, batch 8, log every 5).  It is noise there: logging counts
+    optimizer steps across epochs, so a step-bounded run still logs train/loss at steps 5 and 10.  The notice goes
+    to console.log, not the console."""
+    import csv
+
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, _):
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("train/loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 2)), batch_size=8)
+    with console_warnings(tmp_path) as shown:
+        trainer = L.Trainer(max_steps=10, log_every_n_steps=5, accelerator="cpu", logger=CSVLogger(tmp_path),
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Tiny(), data)
+    assert not [m for m in shown if "smaller than the logging interval" in m], shown
+    assert "is smaller than the logging interval" in (tmp_path / "logs" / "console.log").read_text()
+    with open(next(tmp_path.rglob("metrics.csv"))) as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")]
+    assert steps == [4, 9]  # 0-based steps 5 and 10: logged although each epoch has 4 batches
