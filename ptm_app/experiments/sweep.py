@@ -448,12 +448,17 @@ def sweep(plan: str, only: Optional[list[str]] = None, force: bool = False, list
             for c in plan["cells"]:
                 if c["name"] in current:
                     groups.setdefault(c["base"], []).append(current[c["name"]])
-            seeds_md = write_seed_report(groups, runs_root() / f"{plan['name']}_seeds", stages, plan.get("baseline"))
+            seeds_md = write_seed_report(groups, runs_root() / f"{plan['name']}_seeds", stages, plan.get("baseline"),
+                                         by="data")
             print(seeds_md.read_text(), end="")
-            print(f"wrote {seeds_md}")
-        if readme:
-            tables = [md] + ([seeds_md] if plan.get("seeds") else [])
+            print(f"wrote {seeds_md} and {seeds_md.with_suffix('.png')}")
+        if readme:  # with seeds: the intervals first, then every run
+            tables = ([seeds_md] if plan.get("seeds") else []) + [md]
             write_between_markers(readme, plan["name"], "\n".join(t.read_text(encoding="utf-8") for t in tables))
+            if plan.get("seeds"):
+                from ptm_app.analysis.tables import copy_figure
+
+                print(f"wrote {copy_figure(seeds_md.with_suffix('.png'), readme, plan['name'])}")
     if failed:
         raise PtmError(f"sweep: {len(failed)} cell(s) failed: {', '.join(failed)}; see their output above")
     return 0

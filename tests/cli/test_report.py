@@ -174,6 +174,8 @@ def test_a_plan_with_seeds_runs_each_cell_per_seed_and_reports_intervals(tiny_co
     written = page.read_text()
     assert "old" not in written and written.endswith("<!-- s:end -->\nafter\n")
     assert (runs / "s.md").read_text().strip() in written and (runs / "s_seeds.md").read_text().strip() in written
+    assert written.index("Mean ± std") < written.index("| run |")  # the intervals first, then every run
+    assert (tmp_path / "figures" / "s.png").read_bytes() == (runs / "s_seeds.png").read_bytes()
     accs = []
     for seed in (1, 2):
         cfg = yaml.safe_load((runs / f"s-tiny-full-seed{seed}" / "config.yaml").read_text())
@@ -485,3 +487,37 @@ def test_seed_report_leaves_out_the_pairs_of_a_cell_not_run_yet(tmp_path):
     assert not any(line.startswith("| later/lora |") for line in lines)
     row = next(line for line in lines if line.startswith("| lora | full | 2 |"))
     assert row.endswith(f"| {paired([0.70, 0.65], [0.50, 0.40]).text()} |")
+
+
+def test_seed_report_by_data_gives_each_data_set_its_own_columns_pairs_and_panel(tmp_path):
+    """``by="data"`` (as ``sweep`` calls it): one seeds table per data set with only its metrics (a QA set has no
+    acc column), each style paired with its own set's baseline; the figure has one panel per set, on the set's
+    headline metric (``headline_metric``)."""
+    from ptm_app.experiments.report import headline_metric, write_seed_report
+    from ptm_app.experiments.stats import paired
+
+    scores = {("tweets", "full"): (0.75, 0.74, 0.76), ("tweets", "lora"): (0.71, 0.70, 0.73),
+              ("qa", "full"): (0.85, 0.84, 0.86), ("qa", "lora"): (0.72, 0.75, 0.70)}
+    groups = {}
+    for (data, style), values in scores.items():
+        metric = "test/acc" if data == "tweets" else "test/em"
+        for seed, value in enumerate(values, 1):
+            run = tmp_path / f"p-{data}-{style}-seed{seed}"
+            run.mkdir()
+            (run / "summary.json").write_text(json.dumps({"seed": seed, "data": data,
+                                                          "metrics": {metric: value, "test/loss": 1 - value}}))
+            groups.setdefault(f"{data}/{style}", []).append(str(run))
+    md = write_seed_report(groups, tmp_path / "p_seeds", baseline={"tweets/lora": "tweets/full", "qa/lora": "qa/full"},
+                           by="data")
+    text = md.read_text()
+    tweets, qa = text.split("### data: tweets\n")[1].split("### data: qa\n")
+    assert tweets.splitlines()[1] == "| cell | seeds | test/acc | test/loss |"
+    assert qa.splitlines()[1] == "| cell | seeds | test/em | test/loss |"
+    row = next(line for line in qa.splitlines() if line.startswith("| qa/lora | qa/full | 3 |"))
+    assert row.split(" | ")[3] == paired(scores["qa", "lora"], scores["qa", "full"]).text()
+    assert "tweets/lora" not in qa and "qa/lora" not in tweets
+    assert md.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert headline_metric(["test/em", "test/f1", "test/loss"]) == "test/em"
+    assert headline_metric(["test/bbc/acc", "test/macro", "test/tweets/acc"]) == "test/macro"
+    assert headline_metric(["test/bleu", "test/chrf", "test/loss", "test/rougeL"]) == "test/rougeL"
+    assert headline_metric(["test/loss", "test/perplexity"]) == "test/perplexity"
