@@ -337,8 +337,9 @@ def seeded_markdown(plan: dict, rows: list[dict], columns: list[str], sources: d
     return "\n".join(out)
 
 
-def draw(rows: list[dict], columns: list[str]):
-    """One panel per metric column, one bar per model that has the number (a cell that does not apply: no bar)."""
+def draw(rows: list[dict], columns: list[str], sources: Optional[dict] = None):
+    """One panel per metric column, one bar per model that has the number (a cell that does not apply: no bar);
+    with a seeded plan's ``sources`` (``collect``), each bar is the mean with its 95 % t interval as a whisker."""
     from ptm_app.analysis.figures import new_figure
 
     metrics = [c for c in columns if c != "model"]
@@ -347,10 +348,17 @@ def draw(rows: list[dict], columns: list[str]):
         shown = [(i, r["model"], r[column]) for i, r in enumerate(rows)
                  if r.get(column) is not None and math.isfinite(r[column])]
         ax.barh([n for _, n, _ in shown], [v for _, _, v in shown], color=[f"C{i % 10}" for i, _, _ in shown])
-        for y, (_, _, v) in enumerate(shown):
-            ax.annotate(f"{v:.3g}", (v, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize="x-small")
+        ends = [0.0] + [v for _, _, v in shown]  # the axis spans the bars and their whiskers
+        for y, (_, name, v) in enumerate(shown):
+            interval = ((sources or {}).get(name, {}).get(column) or {}).get("interval")
+            if interval:
+                ax.errorbar(v, y, xerr=[[v - interval[0]], [interval[1] - v]], fmt="none", ecolor="black",
+                            capsize=2, lw=0.8)
+                ends += interval
+            ax.annotate(f"{v:.3g}", (v, y), xytext=(2, 4 if interval else 0), textcoords="offset points",
+                        va="center", fontsize="x-small")
         ax.set_title(column, fontsize="small")
-        ax.set_xlim(0, max([v for _, _, v in shown] + [0.0]) * 1.25 or 1.0)
+        ax.set_xlim(min(ends) * 1.25, max(ends) * 1.25 or 1.0)
         ax.invert_yaxis()  # the table's order, top down
         ax.tick_params(axis="y", labelsize="x-small")
         ax.grid(alpha=0.3, axis="x")
@@ -374,7 +382,7 @@ def write_knowledge_report(plan: dict) -> Path:
         with atomic_file(md, "w", encoding="utf-8") as fh:
             fh.write(f"### {title}\n\n" + seeded_markdown(plan, rows, columns, sources))
     write_json(out / "knowledge_runs.json", sources)
-    save_png(draw(rows, columns), out / "knowledge.png")
+    save_png(draw(rows, columns, sources if plan.get("seeds") else None), out / "knowledge.png")
     return md
 
 

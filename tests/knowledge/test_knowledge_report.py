@@ -413,3 +413,17 @@ def test_seeded_cells_are_means_with_intervals_and_paired_against_the_baseline(r
 ])
 def test_bad_seeds_or_baseline_are_one_line(change, message, tmp_path, monkeypatch, capsys):
     test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys)
+
+
+def test_a_seeded_figure_draws_each_mean_with_its_interval():
+    """With seeds, a bar is the mean and its whisker the 95 % t interval the table prints (``collect``'s sources);
+    a cell of one seed has no whisker."""
+    from ptm_app.experiments.knowledge_report import draw
+
+    columns = ["model", "Brown POS acc"]
+    rows = [{"model": "a", "Brown POS acc": 0.9}, {"model": "b", "Brown POS acc": 0.8}]
+    sources = {"a": {"Brown POS acc": {"interval": [0.85, 0.95]}}, "b": {"Brown POS acc": {"interval": None}}}
+    ax = next(ax for ax in draw(rows, columns, sources).axes if ax.get_visible())
+    whiskers = [seg for c in ax.collections for seg in c.get_segments()]
+    assert len(whiskers) == 1 and sorted(whiskers[0][:, 0].tolist()) == [0.85, 0.95]
+    assert [p.get_width() for p in ax.patches] == [0.9, 0.8]
