@@ -119,12 +119,15 @@ class KeplerModule(MaskedLMModule):
     # -- link prediction ---------------------------------------------------------------------------------
     @torch.no_grad()
     def entity_vectors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(candidate entity indices, their vectors) for held-out file ``name``, once per evaluation."""
+        """(candidate entity indices, their vectors) for held-out file ``name``, once per evaluation.  The
+        descriptions are encoded shortest first, so each chunk holds descriptions of like length: on WordNet's
+        77,642 test candidates, 1.70M tokens with padding instead of 3.63M (``docs/knowledge.md``)."""
         if name not in self._entity_cache:
             from ptm_app.data.collators import pad
 
             candidates = self.data_facts.candidates(name)
             tokens = self.data_facts.entity_tokens()
+            order = torch.argsort(torch.tensor([len(tokens[i]) for i in candidates.tolist()]), stable=True)
             pad_id = self.tokenizer.pad_token_id
             parts = []
             for start in range(0, len(candidates), self.entity_batch_size):
@@ -132,11 +135,14 @@ class KeplerModule(MaskedLMModule):
                     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
                     raise SIGTERMException  # tens of minutes over every entity: stop now, not after the batch
-                ids = [tokens[i] for i in candidates[start:start + self.entity_batch_size].tolist()]
+                ids = [tokens[i] for i in candidates[order[start:start + self.entity_batch_size]].tolist()]
                 input_ids = pad(ids, pad_id).to(self.device)
                 mask = pad([torch.ones_like(i) for i in ids], 0).to(self.device)
                 parts.append(self.encode_entities(input_ids, mask).float())
-            self._entity_cache[name] = (candidates, torch.cat(parts))
+            encoded = torch.cat(parts)
+            vectors = torch.empty_like(encoded)
+            vectors[order.to(encoded.device)] = encoded  # back in the candidates' order
+            self._entity_cache[name] = (candidates, vectors)
         return self._entity_cache[name]
 
     def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:

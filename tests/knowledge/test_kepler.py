@@ -310,3 +310,35 @@ def test_a_sigterm_stops_the_entity_embedding_at_once(tiny_corpus, tmp_path, mon
     cfg.write_text(yaml.safe_dump(data))
     assert run_main(["test", "--config", str(cfg), "--run_name", "k", "--ckpt_path", "last"], runs) == 143
     assert calls == []  # not one chunk embedded after the signal
+
+
+def test_entity_vectors_are_encoded_shortest_first_and_returned_in_candidate_order(tiny_corpus, tmp_path):
+    """Link prediction embeds the candidates in chunks of like-length descriptions (less padding), and every vector
+    lands at its candidate's place: equal to encoding each description alone."""
+    from types import SimpleNamespace
+
+    from ptm_app.inference.export import load_exported_module
+
+    graph = make_graph(tmp_path / "kg")
+    runs = tmp_path / "runs"
+    assert run_main(["fit", "--config", str(kepler_config(tiny_corpus, graph, tmp_path, max_steps=2)),
+                     "--run_name", "k"], runs) == 0
+    export = tmp_path / "export"
+    assert run_main(["export", "--ckpt_path", str(runs / "k"), "--output_dir", str(export)], runs) == 0
+    module = load_exported_module(export).eval()
+    texts = ["a", "a b c d e f g h", "a b", "a b c d e f", "a b c", "a b c d e f g h i j"]
+    tokens = [torch.tensor(module.tokenizer(t)["input_ids"]) for t in texts]
+    assert len({len(t) for t in tokens}) == len(tokens)  # six lengths, so the order is checkable
+    candidates = torch.tensor([0, 1, 3, 4, 5])  # not every entity: indices into the description list
+    module.data_facts = SimpleNamespace(candidates=lambda name: candidates, entity_tokens=lambda: tokens)
+    module.entity_batch_size = 2
+    widths, encode = [], module.encode_entities
+    module.encode_entities = lambda ids, mask: widths.append(ids.shape[1]) or encode(ids, mask)
+    kept, vectors = module.entity_vectors("test")
+    by_length = sorted(len(tokens[i]) for i in candidates.tolist())
+    assert widths == [by_length[1], by_length[3], by_length[4]]  # each chunk as wide as its longest, shortest first
+    assert torch.equal(kept, candidates) and vectors.shape[0] == len(candidates)
+    with torch.no_grad():
+        alone = torch.cat([encode(tokens[i][None], torch.ones_like(tokens[i])[None]) for i in candidates.tolist()])
+    assert torch.allclose(vectors, alone, atol=1e-5)
+    assert not torch.allclose(vectors, alone.flip(0), atol=1e-3)  # the vectors differ, so the order is tested
