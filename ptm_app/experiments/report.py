@@ -39,8 +39,7 @@ def collect(patterns: list[str]) -> list[dict]:
 def table(rows: list[dict], stages: tuple[str, ...] = METRIC_PREFIXES,
           drop: tuple[str, ...] = ()) -> tuple[list[str], list[list[str]]]:
     """Header and formatted cells: the fixed columns but ``drop``, then every metric of ``stages`` the rows have."""
-    metric_names = sorted({k for r in rows for k in r.get("metrics", {}) if k.startswith(stages)
-                           and not k.endswith("_step")}, key=lambda k: (not k.startswith("test/"), k))
+    metric_names = sorted(metric_columns([rows], stages), key=lambda k: (not k.startswith("test/"), k))
     columns = [c for c in COLUMNS if c not in drop]
     header = columns + metric_names
     body = []
@@ -175,7 +174,7 @@ def seed_tables(summaries: dict[str, list[dict]], names: list[str], stages: tupl
     if baseline is not None:
         against = ({n: b for n, b in baseline.items() if n in names} if isinstance(baseline, dict)
                    else {n: baseline for n in names if n != baseline})
-        against = {n: b for n, b in against.items() if n in summaries}  # a cell not run yet has no row
+        against = {n: b for n, b in against.items() if b in summaries}  # a baseline not run yet: no pairs to show
         if against:
             one = f"cell − {baseline}" if isinstance(baseline, str) else "cell − its baseline"
             lines += ["", f"Paired difference: {one}, on the seeds both ran (95 % t interval, exact sign-flip "
@@ -231,7 +230,8 @@ def draw_seeds(summaries: dict[str, list[dict]], parts: dict[str, list[str]], st
                             color="C0", capsize=3)
         ax.set_yticks(range(len(names)), names, fontsize="x-small")
         ax.set_ylim(len(names) - 0.5, -0.5)  # the table's order, top down
-        ax.set_title(f"{part + ': ' if by else ''}{metric} (mean, 95 % interval)", fontsize="small")
+        what = f"{metric} (mean, 95 % interval)" if metric else "no metric logged"
+        ax.set_title(f"{part + ': ' if by else ''}{what}", fontsize="small")
         ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return fig

@@ -488,6 +488,20 @@ def test_seed_report_leaves_out_the_pairs_of_a_cell_not_run_yet(tmp_path):
     row = next(line for line in lines if line.startswith("| lora | full | 2 |"))
     assert row.endswith(f"| {paired([0.70, 0.65], [0.50, 0.40]).text()} |")
 
+    alone = write_seed_report({"lora": groups["lora"]}, tmp_path / "q_seeds", baseline={"lora": "full"})
+    assert "Paired difference" not in alone.read_text()  # its baseline has not run: no table of empty pairs
+
+
+def test_seed_figure_names_a_panel_without_metrics(tmp_path):
+    """A data set whose runs logged no metric of the stages yet gets a panel that says so (was titled "None")."""
+    from ptm_app.experiments.report import collect, draw_seeds
+
+    run = tmp_path / "p-a-seed1"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"seed": 1, "data": "tweets", "metrics": {"train/loss": 0.3}}))
+    fig = draw_seeds({"a": collect([str(run)])}, {"tweets": ["a"]}, ("test/",), by="data")
+    assert [ax.get_title() for ax in fig.axes] == ["tweets: no metric logged"]
+
 
 def test_seed_report_by_data_gives_each_data_set_its_own_columns_pairs_and_panel(tmp_path):
     """``by="data"`` (as ``sweep`` calls it): one seeds table per data set with only its metrics (a QA set has no
