@@ -213,16 +213,19 @@ class ChainLedger:
 def chain_command(command: str, path: str, plan: dict, rows: list[str], kind: str, only: Optional[list[str]],
                   readme: Optional[str], collect_only: bool, run: Callable[[dict, Optional[list[str]]], list[str]],
                   write: Callable[[dict], Path], also: str, ledger: Optional[str] = None,
-                  how: Optional[ChainLedger] = None) -> int:
-    """A chain report command: check ``--readme``'s markers and ``--only``'s ids (of ``rows``, each a ``kind``) before
-    anything runs, remake what ``ledger`` holds (``how``), ``run`` the plan (unless ``collect_only``), keep the
-    finished runs' entries, ``write`` the report, print it and put it into the readme; the failed runs are one line
-    at the end (a run refused as bad input has said its line: exit 2)."""
+                  how: Optional[ChainLedger] = None, seeds: Optional[list[int]] = None) -> int:
+    """A chain report command: check ``--readme``'s markers and ``--only``'s ids (of ``rows``, each a ``kind``; with
+    ``seeds``, also ``<id>/seed<N>``: one seed's chain) before anything runs, remake what ``ledger`` holds (``how``),
+    ``run`` the plan (unless ``collect_only``), keep the finished runs' entries, ``write`` the report, print it and
+    put it into the readme; the failed runs are one line at the end (a run refused as bad input has said its line:
+    exit 2)."""
     if readme:
         require_markers(readme, plan["name"])
-    unknown = sorted(set(only or []) - set(rows))
+    one_seed = {f"{row}/seed{seed}" for row in rows for seed in seeds or []}
+    unknown = sorted(set(only or []) - set(rows) - one_seed)
     if unknown:
-        raise PtmError(f"--only {' '.join(unknown)}: no such {kind} in {path} ({', '.join(rows)})")
+        also = f"; one seed's chain: {rows[0]}/seed<N>, N one of {', '.join(map(str, seeds))}" if seeds else ""
+        raise PtmError(f"--only {' '.join(unknown)}: no such {kind} in {path} ({', '.join(rows)}{also})")
     if ledger and how is not None:
         restored = how.restore(plan, Path(ledger))
         if restored:

@@ -1,4 +1,4 @@
-"""``python main.py knowledge-report PLAN.yaml [--collect_only] [--only ID ...]``: the knowledge-enhanced PTMs
+"""``python main.py knowledge-report PLAN.yaml [--collect_only] [--only ID[/seedN] ...]``: the knowledge-enhanced PTMs
 side by side (issue 16; Qiu et al. 2020 §4.1, Han et al. 2021 on knowledge), from the runs, never typed.
 
 A plan (``configs/sweeps/knowledge_brown.yaml``) names the rows (``models``) and the downstream ``tasks``.  A model
@@ -164,11 +164,20 @@ def links(plan: dict, models: list[dict]) -> list[Link]:
 def run_plan(plan: dict, only: Optional[list[str]] = None) -> list[str]:
     """Run every cell that has no test metrics yet (resuming interrupted fits), export each pre-trained model and
     probe it; returns the cells that failed.  A SIGTERM stops at once (exit 143 raised as one line)."""
-    models = [m for m in plan["models"] if not only or m["id"] in only]
-    failed = run_chain(plan["name"], links(plan, models), "knowledge-report")
-    probe_models(plan, [(m, seed) for m in models for seed in seeds_of(plan)
+    chains = chosen(plan, only)
+    rows = {probe_key(m, seed) for m, seed in chains}
+    failed = run_chain(plan["name"], [link for link in links(plan, plan["models"]) if link.row in rows],
+                       "knowledge-report")
+    probe_models(plan, [(m, seed) for m, seed in chains
                         if m.get("pretrain") and cells(plan, m, seed)[0][0]["name"] not in failed])
     return failed
+
+
+def chosen(plan: dict, only: Optional[list[str]] = None) -> list[tuple[dict, Optional[int]]]:
+    """The (model, seed) chains to run, in the plan's order: all of them, or those ``only`` names (a model id: each
+    of its seeds; ``<id>/seed<N>``: that seed's chain alone, so a long plan can be run a part at a time)."""
+    return [(m, seed) for m in plan["models"] for seed in seeds_of(plan)
+            if not only or m["id"] in only or (seed is not None and probe_key(m, seed) in only)]
 
 
 PROBE_FILE = "probe.json"
@@ -393,7 +402,7 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
     Args:
         plan: the knowledge plan (YAML), e.g. configs/sweeps/knowledge_brown.yaml.
         collect_only: run nothing: the table from the runs there are.
-        only: model ids to run (the table has every row).
+        only: model ids to run, or one seed's chain of a model: ``mlm/seed2`` (the table has every row).
         readme: also put the table into this file (e.g. README.md), between the lines <!-- <plan name>:start -->
             and <!-- <plan name>:end -->.
         ledger: keep each finished run's results and the probe results in this folder (e.g.
@@ -405,7 +414,8 @@ def knowledge_report(plan: str, collect_only: bool = False, only: Optional[list[
                          collect_only, run_plan, write_knowledge_report,
                          f"(+ .csv, .json, .png) and {runs_root() / plan['name'] / 'knowledge_runs.json'}", ledger,
                          ChainLedger(lambda p: links(p, p["models"]), files=(PROBE_FILE,),
-                                      first_ok=probe_in_ledger, current_entry=probe_of_current_pretraining))
+                                      first_ok=probe_in_ledger, current_entry=probe_of_current_pretraining),
+                         seeds=plan.get("seeds"))
 
 
 def probe_of_current_pretraining(plan: dict) -> Callable[[str, object], bool]:

@@ -415,6 +415,39 @@ def test_bad_seeds_or_baseline_are_one_line(change, message, tmp_path, monkeypat
     test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys)
 
 
+def test_only_one_seeds_chain_runs_that_chain_and_probes_that_pretraining(monkeypatch):
+    """``--only mlm/seed2 kepler``: the MLM chain of seed 2 alone (its pre-training first, then its tasks) and every
+    seed of KEPLER's chain; the probe is asked for exactly those pre-trainings."""
+    from ptm_app.experiments import knowledge_report as kr
+
+    monkeypatch.chdir(ROOT)
+    ran, probed = [], []
+    monkeypatch.setattr(kr, "run_chain", lambda name, links, command: ran.extend(l.cell["name"] for l in links) or [])
+    monkeypatch.setattr(kr, "probe_models", lambda plan, models: probed.extend(
+        kr.probe_key(m, seed) for m, seed in models))
+    assert kr.run_plan(seeded_plan(), ["mlm/seed2", "kepler"]) == []
+    assert ran[:4] == ["mlm/pretrain/seed2", "mlm/wordnet_supersense/seed2", "mlm/wordnet_pairs/seed2",
+                       "mlm/brown_pos/seed2"]
+    assert ran[4:] == [f"kepler/{cell}/seed{s}" for s in (1, 2, 3)
+                       for cell in ("pretrain", "wordnet_supersense", "wordnet_pairs", "brown_pos")]
+    assert probed == ["mlm/seed2", "kepler/seed1", "kepler/seed2", "kepler/seed3"]
+
+
+@pytest.mark.parametrize("only, message", [
+    ("mlm/seed4", "--only mlm/seed4: no such model in {plan} (mlm, ernie, sensebert, libert, kepler, minilm, "
+                  "minilm_frozen, minilm_k_adapter; one seed's chain: mlm/seed<N>, N one of 1, 2, 3)"),
+    ("bert/seed1", "--only bert/seed1: no such model in {plan} (mlm, "),
+])
+def test_an_unknown_model_or_seed_in_only_is_one_line_before_anything_runs(only, message, monkeypatch, capsys):
+    from ptm_app.experiments import knowledge_report as kr
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(kr, "run_chain", lambda *a, **k: pytest.fail("nothing may run"))
+    assert main(["knowledge-report", str(PLAN), "--only", only]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message.format(plan=PLAN) in err[0], err
+
+
 def test_a_seeded_figure_draws_each_mean_with_its_interval():
     """With seeds, a bar is the mean and its whisker the 95 % t interval the table prints (``collect``'s sources);
     a cell of one seed has no whisker."""
