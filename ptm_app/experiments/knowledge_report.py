@@ -314,7 +314,8 @@ def collect(plan: dict) -> tuple[list[dict], list[str], dict]:
 
 def seeded_markdown(plan: dict, rows: list[dict], columns: list[str], sources: dict) -> str:
     """The seeded table (each cell mean ± std [95 % t interval] over its seeds) and, with a ``baseline``, each row's
-    paired difference from it per column, on the seeds both have (``stats.paired``)."""
+    paired difference from it per column, on the seeds both have (``stats.paired``); a row without such a pair
+    is left out of that table."""
     from ptm_app.analysis.tables import markdown as table
     from ptm_app.experiments.stats import Summary
 
@@ -340,9 +341,11 @@ def seeded_markdown(plan: dict, rows: list[dict], columns: list[str], sources: d
                 keys = sorted(set(mine) & set(theirs))
                 if len(keys) >= 2:
                     line[c] = paired([mine[k]["value"] for k in keys], [theirs[k]["value"] for k in keys]).text()
-            diffs.append(line)
+            if len(line) > 1:  # a row with no column of 2 seeds shared with the baseline has no pair to show
+                diffs.append(line)
         out += [f"\n#### Paired difference: model − {name} (the same seeds; 95 % t interval, exact sign-flip p; "
-                f"* the interval excludes 0)\n", table(diffs, columns)]
+                f"* the interval excludes 0)\n",
+                table(diffs, columns) if diffs else f"None yet: no model has 2 seeds of a column that {name} has too."]
     return "\n".join(out)
 
 

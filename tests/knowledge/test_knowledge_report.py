@@ -401,6 +401,7 @@ def test_seeded_cells_are_means_with_intervals_and_paired_against_the_baseline(r
     assert "| BERT-small MLM |  |  |  |  |  | 0.5100 ± 0.0100 [0.4852, 0.5348] (3 seeds) |" in md
     assert "0.9000 (1 seed: an observation), 1 of 3" in md
     assert "| BERT-small ERNIE masking |  |  |  |  |  | +0.1100 [+0.0852, +0.1348] p=0.25 * |" in md
+    assert md.count("| BERT-small SenseBERT |") == 1  # no runs: a row of the seeds table, none of the pairs table
     assert json.loads((runs_dir / "knowledge_brown" / "knowledge.json").read_text())[1]["wordnet_supersense acc"] \
         == pytest.approx(0.62)
 
@@ -414,6 +415,18 @@ def test_seeded_cells_are_means_with_intervals_and_paired_against_the_baseline(r
 def test_bad_seeds_or_baseline_are_one_line(change, message, tmp_path, monkeypatch, capsys):
     test_a_bad_plan_is_one_line(change, message, tmp_path, monkeypatch, capsys)
 
+
+def test_a_paired_table_without_any_pair_yet_says_so(runs_dir, monkeypatch):
+    """Only the baseline has run (one seed): the paired section says no model has a pair yet, not a table of
+    empty rows."""
+    from ptm_app.experiments.knowledge_report import write_knowledge_report
+
+    monkeypatch.chdir(ROOT)
+    write_summary(runs_dir / "knowledge_brown-mlm-wordnet_supersense-seed1", {"test/acc": 0.45})
+    md = write_knowledge_report(seeded_plan(baseline="mlm")).read_text()
+    pairs = md.split("#### Paired difference")[1]
+    assert "None yet: no model has 2 seeds of a column that BERT-small MLM has too." in pairs
+    assert "| BERT-small ERNIE masking |" not in pairs
 
 def test_only_one_seeds_chain_runs_that_chain_and_probes_that_pretraining(monkeypatch):
     """``--only mlm/seed2 kepler``: the MLM chain of seed 2 alone (its pre-training first, then its tasks) and every
