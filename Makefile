@@ -39,7 +39,7 @@ demo: setup
 	$(PY) main.py fit --config configs/demo/demo_mlm_full_bbc.yaml
 	$(PY) main.py test --config configs/demo/demo_mlm_full_bbc.yaml --ckpt_path best
 
-# Two pytest workers (pytest-xdist), one test file each at a time, one thread each: 12-17 minutes on 2 cores (README, Tests)
+# Two pytest workers (pytest-xdist), one test file each at a time, one thread each: 12-18 minutes on 2 cores (README, Tests)
 TEST_WORKERS ?= 2
 # Files are handed out longest first (tests/file_seconds.json, rewritten by make test-durations), not by test count
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -428,6 +428,7 @@ def test_a_paired_table_without_any_pair_yet_says_so(runs_dir, monkeypatch):
     assert "None yet: no model has 2 seeds of a column that BERT-small MLM has too." in pairs
     assert "| BERT-small ERNIE masking |" not in pairs
 
+
 def test_only_one_seeds_chain_runs_that_chain_and_probes_that_pretraining(monkeypatch):
     """``--only mlm/seed2 kepler``: the MLM chain of seed 2 alone (its pre-training first, then its tasks) and every
     seed of KEPLER's chain; the probe is asked for exactly those pre-trainings."""
